@@ -108,7 +108,7 @@ def _which(binary: str) -> str:
 # --------------------------------------------------------------------------------- Slurm
 
 SLURM_BINARIES = ("munged", "mungekey", "munge", "unmunge", "slurmctld", "slurmd",
-                  "srun", "sbatch", "sinfo", "squeue", "scancel")
+                  "srun", "sbatch", "sinfo", "squeue", "scancel", "scontrol")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,7 +299,7 @@ def _stop(procs: Mapping[str, subprocess.Popen], root: Path) -> None:
 
 
 def _wait_for(what: str, check, deadline: float, procs: Mapping[str, subprocess.Popen],
-              root: Path) -> None:
+              root: Path, start_timeout: float) -> None:
     """Poll ``check()`` until true; raise EngineUnavailable when a daemon dies or time is up."""
     while True:
         if check():
@@ -311,7 +311,7 @@ def _wait_for(what: str, check, deadline: float, procs: Mapping[str, subprocess.
                     f"{what}; {_tail(root / 'log' / f'{name}.log')}")
         if time.monotonic() > deadline:
             logs = "; ".join(_tail(p, 5) for p in sorted((root / "log").glob("*.log")))
-            raise EngineUnavailable(f"slurm: {what} not within {SLURM_START_TIMEOUT:.0f} s; "
+            raise EngineUnavailable(f"slurm: {what} not within {start_timeout:g} s; "
                                     f"{logs}")
         time.sleep(0.1)
 
@@ -364,7 +364,8 @@ def slurm_cluster(start_timeout: float = SLURM_START_TIMEOUT,
                                   capture_output=True, timeout=5)
             return cred.returncode == 0 and back.returncode == 0
 
-        _wait_for("munged signing credentials", munge_works, deadline, procs, root)
+        _wait_for("munged signing credentials", munge_works, deadline, procs, root,
+                  start_timeout)
 
         node = _read_node_shape(base_env)
         ctld_port, slurmd_port = free_ports(2)
@@ -388,7 +389,7 @@ def slurm_cluster(start_timeout: float = SLURM_START_TIMEOUT,
             return proc.returncode == 0 and proc.stdout.split() == ["idle"]
 
         try:
-            _wait_for("node idle in sinfo", node_idle, deadline, procs, root)
+            _wait_for("node idle in sinfo", node_idle, deadline, procs, root, start_timeout)
         except EngineUnavailable as exc:
             raise EngineUnavailable(f"{exc}; last sinfo: {last[:1]}") from None
         try:
