@@ -273,3 +273,28 @@ def cpu_flags(root: str | os.PathLike = "/") -> frozenset:
     from cpulaunch.topology import parse_cpuinfo
 
     return parse_cpuinfo(_Fs(root).read("proc/cpuinfo"))[0]
+
+
+def check_numactl(numactl: str, prefixes: list, timeout: float = 10.0) -> Optional[str]:
+    """Run each planned ``numactl ... true`` once; None if all work, else numactl's reason.
+
+    Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
+    CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
+    and a cpuset may refuse some CPUs.
+    """
+    seen = set()
+    for prefix in prefixes:
+        key = tuple(prefix)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            res = subprocess.run(
+                list(prefix) + ["true"], capture_output=True, text=True, timeout=timeout
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{' '.join(prefix)} could not run ({exc})"
+        if res.returncode != 0:
+            msg = (res.stderr or res.stdout).strip().splitlines()
+            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % res.returncode}"
+    return None
