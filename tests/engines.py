@@ -302,8 +302,11 @@ def _wait_for(what: str, check, deadline: float, procs: Mapping[str, subprocess.
               root: Path, start_timeout: float) -> None:
     """Poll ``check()`` until true; raise EngineUnavailable when a daemon dies or time is up."""
     while True:
-        if check():
-            return
+        try:
+            if check():
+                return
+        except subprocess.TimeoutExpired:  # a client blocked on a daemon: poll again
+            pass
         for name, proc in procs.items():
             if proc.poll() is not None:
                 raise EngineUnavailable(
