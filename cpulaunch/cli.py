@@ -143,7 +143,7 @@ def _opt(name, *decls, **kw):
       help="Tell the program which inference path to use (CPULAUNCH_INFERENCE_PATH).")
 @_opt("--ddp", is_flag=True, help="Distributed training: one rank per socket (see --nproc-per-node).")
 @_opt("--nproc-per-node", default=None, help="--ddp ranks on this node: a number, 'socket' or 'node'.")
-@_opt("--nnodes", type=int, default=1, show_default=True, help="--ddp: number of machines.")
+@_opt("--nnodes", default="1", show_default=True, help="--ddp: number of machines (MIN:MAX with --rdzv-endpoint).")
 @_opt("--node-rank", type=int, default=0, show_default=True, help="--ddp: this machine's rank.")
 @_opt("--master-addr", default=None, help="--ddp: address of rank 0's machine (default 127.0.0.1).")
 @_opt("--master-port", type=int, default=None, help="--ddp: port of the rendezvous (default 29500).")
@@ -244,9 +244,7 @@ def run(**kw) -> int:
             raise UsageError(str(exc)) from None
 
     if kw["ddp"] or kw["rank_entry"]:
-        from cpulaunch import ddp_cli
-
-        return ddp_cli.run_ddp(topo, req, program, kw)
+        return run_ddp(topo, req, program, kw)
 
     try:
         the_plan = plan(topo, req)
@@ -418,6 +416,256 @@ def emit_or_launch(rendered, settings, topo, program, kw, extra_json=None) -> in
             "" if kw["keep_going"] else "; the others were stopped",
         )
     return outcome.exit_code
+
+
+# --------------------------------------------------------------------------- DDP
+
+#: Set by cpulaunch for the torchrun it starts: where each rank entry records its exit code.
+STATUS_DIR_ENV = "CPULAUNCH_DDP_STATUS_DIR"
+#: Set by cpulaunch for the torchrun it starts when the user had OMP_NUM_THREADS set
+#: (torchrun sets it to 1 otherwise, and that must not count as the user's value).
+USER_OMP_ENV = "CPULAUNCH_USER_OMP_NUM_THREADS"
+
+
+def _ddp_request(req, spec, topo, local_size=None):
+    """The planner request for this machine's ranks (pure): ``--nproc-per-node`` socket,
+    node or a number; under an engine without it, the engine's local rank count decides."""
+    from dataclasses import replace
+
+    modes = [n for n, v in (("--ninstances", req.ninstances), ("--instances-per-socket",
+             req.instances_per_socket), ("--instances-per-node", req.instances_per_node),
+             ("--latency-mode", req.latency_mode), ("--throughput-mode", req.throughput_mode),
+             ("--ncores-per-instance", req.ncores_per_instance)) if v]
+    if modes:
+        raise UsageError(f"--ddp places one rank per socket; {modes[0]} does not apply "
+                         "(use --nproc-per-node socket|node|N)")
+    spec = (spec or "").lower() or None
+    if spec is None and local_size is not None:
+        sockets = {c.socket for c in topo.cores if set(c.cpus) & topo.allowed}
+        nodes = {c.node for c in topo.cores if set(c.cpus) & topo.allowed}
+        if local_size == len(sockets):
+            spec = "socket"
+        elif local_size == len(nodes):
+            spec = "node"
+        else:
+            spec = str(local_size)
+    spec = spec or "socket"
+    if spec == "socket":
+        return replace(req, instances_per_socket=1)
+    if spec == "node":
+        return replace(req, instances_per_node=1)
+    if not spec.isdigit() or int(spec) < 1:
+        raise UsageError(f"--nproc-per-node {spec!r}: use a positive number, 'socket' or 'node'")
+    return replace(req, ninstances=int(spec))
+
+
+def run_ddp(topo, req, program, kw) -> int:
+    """``--ddp``: under an engine (torchrun, mpirun, srun) bind and run this one rank;
+    otherwise start torchrun with cpulaunch itself as every rank's entry."""
+    from dataclasses import replace
+
+    from cpulaunch import distributed as dist
+    from cpulaunch.plan import Plan, PlanError, plan
+
+    environ = dict(os.environ)
+    try:
+        ctx = dist.detect_engine(environ)
+        backend, backend_note = dist.select_backend(kw["backend"].lower())
+    except dist.DistributedError as exc:
+        raise UsageError(str(exc)) from None
+    if kw["ccl_worker_count"] < 0:
+        raise UsageError("--ccl-worker-count must be 0 or more")
+    reserve = kw["ccl_worker_count"] if backend == "ccl" else 0
+    if ctx is None:
+        if kw["rank_entry"]:
+            raise UsageError("--rank-entry is internal: it runs under torchrun started by cpulaunch --ddp")
+        return _ddp_start_torchrun(topo, req, program, kw, backend, backend_note, reserve)
+
+    notes = [backend_note, *ctx.notes]
+    # torchrun sets OMP_NUM_THREADS=1 for its workers when unset: not the user's choice.
+    if ctx.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(USER_OMP_ENV):
+        environ.pop("OMP_NUM_THREADS")
+        if not kw["rank_entry"]:
+            notes.append("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count")
+    engine_bound = (
+        ctx.engine != "torchrun" and topo.cpuset is not None and topo.allowed < topo.cpuset
+    )
+    try:
+        if engine_bound:
+            # Slurm task/affinity, mpirun -bind-to, taskset: use exactly what we were given.
+            rank_plan = plan(topo, replace(req, reserve_cores=reserve))
+            if len(rank_plan.instances) != 1:
+                raise UsageError("internal: engine-bound rank planned as several instances")
+            inst = replace(rank_plan.instances[0], index=ctx.local_rank)
+            reserved_all = None
+            notes.append(f"{ctx.engine} bound this rank to CPUs {cpulist.format(topo.allowed)}: "
+                         "cpulaunch uses exactly those (never wider)")
+        else:
+            node_plan = plan(topo, replace(_ddp_request(req, kw["nproc_per_node"], topo,
+                                                        ctx.local_world_size), reserve_cores=reserve))
+            if len(node_plan.instances) != ctx.local_world_size:
+                raise UsageError(
+                    f"{ctx.engine} started {ctx.local_world_size} rank(s) on this machine, but "
+                    f"--nproc-per-node {kw['nproc_per_node'] or 'socket'} plans "
+                    f"{len(node_plan.instances)}; make them agree"
+                )
+            inst = node_plan.instances[ctx.local_rank]
+            reserved_all = [i.reserved_cpus for i in node_plan.instances]
+            notes.extend(node_plan.notes)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+
+    addr = kw["master_addr"] or ctx.master_addr
+    if not addr:
+        if ctx.local_world_size == ctx.world_size:
+            addr = "127.0.0.1"
+        else:
+            raise UsageError(
+                f"{ctx.engine}: cannot tell rank 0's host; pass --master-addr HOST or export "
+                "MASTER_ADDR (e.g. mpirun -genv MASTER_ADDR HOST)"
+            )
+    port = kw["master_port"] or ctx.master_port or dist.DEFAULT_MASTER_PORT
+    env = dist.rank_env(ctx, addr, port, backend)
+    env.update(dist.iface_env(kw["iface"]))
+    if backend == "ccl":
+        if reserved_all is not None:
+            env.update(dist.ccl_env(ctx, reserved_all))
+        else:
+            env.update(dist.ccl_env(ctx, [inst.reserved_cpus] * ctx.local_world_size))
+            env["CCL_WORKER_AFFINITY"] = "auto"
+            notes.append("CCL_WORKER_AFFINITY=auto: the engine bound each rank, so this rank "
+                         "cannot know its neighbours' worker cores")
+    rank_plan = Plan(instances=(inst,), num_instances=ctx.local_world_size, notes=tuple(notes))
+    rendered, settings = render_for_host(rank_plan, program, kw, topo, environ,
+                                         instance_env={inst.index: env})
+    status_dir = environ.get(STATUS_DIR_ENV)
+    if kw["rank_entry"] and status_dir and not (kw["dry_run"] or kw["print_env"]):
+        return _rank_entry_supervised(rendered, environ, status_dir, ctx, kw)
+    return emit_or_launch(rendered, settings, topo, program, kw,
+                          extra_json={"ddp": {"engine": ctx.engine, "rank": ctx.rank,
+                                              "world_size": ctx.world_size, "backend": backend}})
+
+
+def _rank_entry_supervised(rendered, environ, status_dir, ctx, kw) -> int:
+    """Run the rank as a child and record its exit code for the cpulaunch that started
+    torchrun (torchrun itself reports every failure as exit code 1)."""
+    import time
+
+    from cpulaunch import launch
+
+    program = rendered.instances[0].argv
+    exe = next((a for a in program if shutil.which(a)), None)
+    if exe is None:
+        raise UsageError(f"program {program[-1]!r} not found")
+    outcome = launch.supervise(rendered.instances, environ, prefix_output=False,
+                               grace_period=kw["grace_period"])
+    record = {"rank": ctx.rank, "exit_code": outcome.exit_code, "time": time.time()}
+    try:
+        Path(status_dir, f"rank{ctx.rank}.json").write_text(json.dumps(record))
+    except OSError:
+        pass
+    return outcome.exit_code
+
+
+def _ddp_start_torchrun(topo, req, program, kw, backend, backend_note, reserve) -> int:
+    """Plan this machine's ranks and start torchrun with cpulaunch as each rank's entry."""
+    import tempfile
+    from dataclasses import replace
+
+    from cpulaunch import distributed as dist
+    from cpulaunch import launch
+    from cpulaunch.plan import PlanError, plan
+    from cpulaunch.render import RenderedInstance
+
+    try:
+        node_plan = plan(topo, replace(_ddp_request(req, kw["nproc_per_node"], topo), reserve_cores=reserve))
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+    nproc = len(node_plan.instances)
+    nnodes = str(kw["nnodes"])
+    elastic = bool(kw["rdzv_endpoint"])
+    if not elastic and not nnodes.isdigit():
+        raise UsageError(f"--nnodes {nnodes}: a MIN:MAX range needs --rdzv-endpoint HOST:PORT (elastic)")
+    if not elastic and int(nnodes) > 1 and not kw["master_addr"]:
+        raise UsageError("--nnodes > 1 needs --master-addr HOST (rank 0's machine) or --rdzv-endpoint HOST:PORT")
+    if not elastic and not 0 <= kw["node_rank"] < int(nnodes):
+        raise UsageError(f"--node-rank {kw['node_rank']} must be between 0 and --nnodes - 1")
+    addr = kw["master_addr"] or "127.0.0.1"
+    port = kw["master_port"] or dist.DEFAULT_MASTER_PORT
+
+    # Each rank's variables as torchrun will set them (static rendezvous), for display.
+    notes = [backend_note]
+    instance_env = {}
+    reserved_all = [i.reserved_cpus for i in node_plan.instances]
+    for inst in node_plan.instances:
+        if elastic:
+            ctx = dist.RankContext("torchrun", -1, -1, inst.index, nproc)
+            env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc),
+                   dist.BACKEND_ENV: backend}
+        else:
+            ctx = dist.RankContext("torchrun", kw["node_rank"] * nproc + inst.index,
+                                   int(nnodes) * nproc, inst.index, nproc)
+            env = dist.rank_env(ctx, addr, port, backend)
+        env.update(dist.iface_env(kw["iface"]))
+        if backend == "ccl":
+            env.update(dist.ccl_env(ctx, reserved_all))
+        instance_env[inst.index] = env
+    if elastic:
+        notes.append("elastic rendezvous: RANK and WORLD_SIZE are known only after it")
+    rendered, settings = render_for_host(replace(node_plan, notes=node_plan.notes + tuple(notes)),
+                                         program, kw, topo, os.environ, instance_env=instance_env)
+
+    entry = [sys.executable, "-m", "cpulaunch", "--rank-entry", "--ddp",
+             "--nproc-per-node", str(kw["nproc_per_node"] or "socket"),
+             "--backend", backend, "--ccl-worker-count", str(kw["ccl_worker_count"]),
+             "--mem-policy", kw["mem_policy"], "--omp-runtime", kw["omp_runtime"],
+             "--allocator", kw["allocator"], "--bind", kw["bind"],
+             "--grace-period", str(kw["grace_period"])]
+    for flag in ("use_logical_cores", "use_e_cores", "override_env"):
+        if kw[flag]:
+            entry.append("--" + flag.replace("_", "-"))
+    for opt in ("core_list", "node_list", "iface", "inference_path"):
+        if kw[opt]:
+            entry += ["--" + opt.replace("_", "-"), str(kw[opt])]
+    entry += ["--no-python", "--", *program]
+    standalone = not elastic and nnodes == "1" and not kw["master_addr"] and not kw["master_port"]
+    if standalone:
+        # One machine, nothing given: let torchrun pick a free port (--standalone).
+        trun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(nproc), "--no-python", *entry]
+    else:
+        trun = dist.torchrun_argv(sys.executable, nproc, nnodes, kw["node_rank"], addr, port,
+                                  kw["rdzv_endpoint"], kw["rdzv_id"], entry)
+    if kw["dry_run"] or kw["print_env"]:
+        return emit_or_launch(rendered, settings, topo, program, kw,
+                              extra_json={"ddp": {"engine": "torchrun", "backend": backend,
+                                                  "nproc_per_node": nproc, "nnodes": nnodes,
+                                                  "launcher_argv": trun}})
+    if shutil.which(program[0]) is None:
+        raise UsageError(f"program {program[0]!r} not found (not a file, not on PATH)")
+    for note in rendered.notes:
+        log.warning("note: %s", note)
+    with tempfile.TemporaryDirectory(prefix="cpulaunch-ddp-") as status_dir:
+        env = {STATUS_DIR_ENV: status_dir}
+        if "OMP_NUM_THREADS" in os.environ:
+            env[USER_OMP_ENV] = "1"
+        runner = RenderedInstance(index=0, cpus=(), bound_cpus=(), mem_nodes=(), mem_policy="none",
+                                  env=env, argv=tuple(trun), prefix=())
+        outcome = launch.supervise([runner], os.environ, prefix_output=False,
+                                   grace_period=kw["grace_period"] + 5)
+        if outcome.exit_code == 0:
+            return 0
+        records = []
+        for f in Path(status_dir).glob("rank*.json"):
+            try:
+                records.append(json.loads(f.read_text()))
+            except (OSError, ValueError):
+                pass
+        failed = sorted((r for r in records if r.get("exit_code")), key=lambda r: r["time"])
+        if failed:
+            log.warning("rank %d failed first (exit code %d)", failed[0]["rank"], failed[0]["exit_code"])
+            return int(failed[0]["exit_code"])
+        return outcome.exit_code
 
 
 # --------------------------------------------------------------------------- topology view

@@ -1,12 +1,332 @@
-"""Distributed (DDP) support: backend choice and, in the program, process-group set-up.
+"""Distributed (DDP) support: which engine started us, each rank's variables, backend choice.
 
-The rank planner lives here too (added with the --ddp launcher work). Nothing here imports
-torch at module import; ``init_process_group`` imports it when called, in the program.
+Pure functions of the environment (a mapping) and the plan; the CLI does the side effects.
+Nothing here imports torch at module import; :func:`init_process_group` imports it when
+called, in the training program.
+
+Engines and the variables they document:
+
+- torchrun / torch.distributed.run (torchelastic): RANK, WORLD_SIZE, LOCAL_RANK,
+  LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID.
+- MPICH and Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
+- Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
+  OMPI_COMM_WORLD_LOCAL_SIZE (PMIX_RANK alongside).
+- Slurm srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
+  SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE ("2(x3),1"), SLURM_JOB_NODELIST
+  ("node[01-04,07]"), SLURM_JOB_ID.
+
+The order of detection is torchrun, MPI, Slurm: ``mpirun`` inside a Slurm allocation
+still sets SLURM_* for the job, but its own variables describe the ranks.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
+
+__all__ = [
+    "BACKEND_ENV",
+    "RankContext",
+    "DistributedError",
+    "detect_engine",
+    "first_host",
+    "expand_hostlist",
+    "tasks_on_node",
+    "select_backend",
+    "rank_env",
+    "ccl_env",
+    "iface_env",
+    "torchrun_argv",
+    "init_process_group",
+    "DEFAULT_MASTER_PORT",
+]
+
+DEFAULT_MASTER_PORT = 29500
+
+
+class DistributedError(ValueError):
+    """The engine's variables are incomplete or inconsistent; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """This process's place in a job, as the engine that started it tells.
+
+    Attributes:
+        engine: "torchrun", "mpich", "openmpi", "pmix" or "slurm".
+        rank: global rank (0 .. world_size-1).
+        world_size: number of ranks in the job.
+        local_rank: rank among the ranks on this machine.
+        local_world_size: ranks on this machine.
+        master_addr: host of rank 0, if the engine tells (None: unknown).
+        master_port: rendezvous port, if the engine tells.
+        notes: how values were derived.
+    """
+
+    engine: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    notes: tuple = field(default_factory=tuple)
+
+
+def _get_int(env: Mapping[str, str], *names: str) -> Optional[int]:
+    for n in names:
+        v = env.get(n)
+        if v is not None and v.strip().lstrip("-").isdigit():
+            return int(v)
+    return None
+
+
+def expand_hostlist(text: str) -> list:
+    """Expand a Slurm hostlist: ``"node[01-03,07],gpu1"`` -> ``["node01", "node02",
+    "node03", "node07", "gpu1"]`` (zero padding kept, as scontrol show hostnames does)."""
+    hosts: list = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", text):
+        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
+        if not prefix and not ranges:
+            continue
+        if ranges is None:
+            hosts.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                width = len(lo)
+                hosts += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
+            else:
+                hosts.append(f"{prefix}{part}{suffix}")
+    return hosts
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist (rank 0 runs there with the default block
+    distribution)."""
+    hosts = expand_hostlist(nodelist)
+    if not hosts:
+        raise DistributedError(f"SLURM_JOB_NODELIST {nodelist!r} names no host")
+    return hosts[0]
+
+
+def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """Tasks on node ``node_id`` from Slurm's ``"2(x3),1"`` form (3 nodes of 2, then 1)."""
+    counts: list = []
+    for item in tasks_per_node.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if not m:
+            raise DistributedError(f"cannot read SLURM_TASKS_PER_NODE {tasks_per_node!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if not 0 <= node_id < len(counts):
+        raise DistributedError(f"SLURM_NODEID {node_id} outside SLURM_TASKS_PER_NODE {tasks_per_node!r}")
+    return counts[node_id]
+
+
+def detect_engine(env: Mapping[str, str]) -> Optional[RankContext]:
+    """Which engine started this process, and this rank's place (pure).
+
+    Returns None when no engine variables are present (cpulaunch then starts torchrun).
+
+    Raises:
+        DistributedError: an engine is recognised but a variable it must set is missing.
+    """
+    if env.get("LOCAL_RANK") is not None and env.get("RANK") is not None and env.get("WORLD_SIZE"):
+        rank, world = _get_int(env, "RANK"), _get_int(env, "WORLD_SIZE")
+        local, local_size = _get_int(env, "LOCAL_RANK"), _get_int(env, "LOCAL_WORLD_SIZE")
+        if None in (rank, world, local):
+            raise DistributedError("RANK, WORLD_SIZE and LOCAL_RANK must be integers")
+        return RankContext(
+            engine="torchrun",
+            rank=rank,
+            world_size=world,
+            local_rank=local,
+            local_world_size=local_size if local_size is not None else 1,
+            master_addr=env.get("MASTER_ADDR"),
+            master_port=_get_int(env, "MASTER_PORT"),
+        )
+    if env.get("OMPI_COMM_WORLD_RANK") is not None:
+        return _mpi(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
+    if env.get("PMI_RANK") is not None:
+        return _mpi(env, "mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+    if env.get("SLURM_PROCID") is not None and env.get("SLURM_STEP_ID") is not None:
+        return _slurm(env)
+    if env.get("PMIX_RANK") is not None:
+        return _mpi(env, "pmix", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE")
+    return None
+
+
+def _mpi(env, engine, rank_v, size_v, local_v, local_size_v) -> RankContext:
+    rank, world = _get_int(env, rank_v), _get_int(env, size_v)
+    if rank is None or world is None:
+        raise DistributedError(f"{engine}: {rank_v} and {size_v} must be set to integers")
+    local = _get_int(env, local_v)
+    local_size = _get_int(env, local_size_v)
+    notes = []
+    if local is None or local_size is None:
+        # Without local variables, assume one machine (the only safe reading).
+        local, local_size = rank, world
+        notes.append(f"{engine}: {local_v}/{local_size_v} not set; assuming all ranks on this machine")
+    return RankContext(engine, rank, world, local, local_size, env.get("MASTER_ADDR"),
+                       _get_int(env, "MASTER_PORT"), tuple(notes))
+
+
+def _slurm(env) -> RankContext:
+    rank, world = _get_int(env, "SLURM_PROCID"), _get_int(env, "SLURM_NTASKS", "SLURM_NPROCS")
+    local = _get_int(env, "SLURM_LOCALID")
+    if None in (rank, world, local):
+        raise DistributedError("slurm: SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID must be set")
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    node_id = _get_int(env, "SLURM_NODEID") or 0
+    local_size = tasks_on_node(per_node, node_id) if per_node else world
+    addr = env.get("MASTER_ADDR")
+    notes = []
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not addr and nodelist:
+        addr = first_host(nodelist)
+        notes.append(f"MASTER_ADDR={addr}: the first host of the Slurm node list")
+    port = _get_int(env, "MASTER_PORT")
+    job = _get_int(env, "SLURM_JOB_ID")
+    if port is None and job is not None:
+        # Every rank computes the same port from the job id, so concurrent jobs on
+        # shared nodes do not collide (range 20000-29999).
+        port = 20000 + job % 10000
+        notes.append(f"MASTER_PORT={port}: derived from SLURM_JOB_ID {job}")
+    return RankContext("slurm", rank, world, local, local_size, addr, port, tuple(notes))
+
+
+def select_backend(
+    requested: str,
+    find_spec: Callable[[str], object] = importlib.util.find_spec,
+    version_of: Optional[Callable[[str], Optional[str]]] = None,
+) -> tuple:
+    """Choose the process-group backend -> (backend, note).
+
+    ``auto``: "ccl" when ``oneccl_bindings_for_pytorch`` is importable and its version's
+    major.minor matches torch's (the bindings are built against one torch release), else
+    "gloo". Checked without importing either package (find_spec and package metadata),
+    so the launcher stays fast.
+
+    Raises:
+        DistributedError: "ccl" requested but the bindings are not installed.
+    """
+    version_of = version_of or _dist_version
+    has_ccl = find_spec("oneccl_bindings_for_pytorch") is not None
+    ccl_v = version_of("oneccl_bind_pt") if has_ccl else None
+    torch_v = version_of("torch")
+    mm = lambda v: ".".join(re.split(r"[.+]", v)[:2]) if v else None  # noqa: E731
+    if requested == "gloo":
+        return "gloo", "backend gloo (asked for)"
+    if requested == "ccl":
+        if not has_ccl:
+            raise DistributedError(
+                "--backend ccl: oneccl_bindings_for_pytorch is not installed (it is published on "
+                "Intel's package index only, and the project is archived); use --backend gloo"
+            )
+        if ccl_v and torch_v and mm(ccl_v) != mm(torch_v):
+            return "ccl", f"backend ccl (asked for), but oneccl_bind_pt {ccl_v} was built for torch {mm(ccl_v)}, not {torch_v}"
+        return "ccl", "backend ccl (asked for)"
+    if not has_ccl:
+        return "gloo", ("backend gloo: oneccl_bindings_for_pytorch is not installed (Intel's "
+                        "index only; archived project), so oneCCL is not used")
+    if ccl_v and torch_v and mm(ccl_v) != mm(torch_v):
+        return "gloo", (f"backend gloo: oneccl_bind_pt {ccl_v} does not match torch {torch_v} "
+                        "(major.minor must agree)")
+    return "ccl", f"backend ccl: oneccl_bindings_for_pytorch {ccl_v or ''} matches torch {torch_v or ''}".replace("  ", " ")
+
+
+def _dist_version(name: str) -> Optional[str]:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def iface_env(iface: Optional[str]) -> dict:
+    """One network interface for every library: gloo, oneCCL's key-value store, libfabric."""
+    if not iface:
+        return {}
+    return {"GLOO_SOCKET_IFNAME": iface, "CCL_KVS_IFACE": iface, "FI_TCP_IFACE": iface}
+
+
+def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str) -> dict:
+    """The variables torch.distributed's env:// rendezvous and DDP programs read."""
+    return {
+        "RANK": str(ctx.rank),
+        "WORLD_SIZE": str(ctx.world_size),
+        "LOCAL_RANK": str(ctx.local_rank),
+        "LOCAL_WORLD_SIZE": str(ctx.local_world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        BACKEND_ENV: backend,
+    }
+
+
+def ccl_env(ctx: RankContext, worker_cpus_by_local_rank: Sequence[Sequence[int]]) -> dict:
+    """oneCCL variables for one rank (oneCCL docs, "Environment Variables").
+
+    Args:
+        ctx: the rank.
+        worker_cpus_by_local_rank: for each local rank in order, the logical CPUs reserved
+            for its oneCCL workers (on that rank's own NUMA node).
+
+    CCL_WORKER_AFFINITY is the same list on every local rank (oneCCL takes the slice of
+    local rank i), so all ranks of a machine agree. With Hydra (MPICH / Intel MPI)
+    oneCCL reads the ranks from the PMI; otherwise CCL_PROCESS_LAUNCHER=none and
+    CCL_LOCAL_RANK/CCL_LOCAL_SIZE tell it.
+    """
+    counts = {len(c) for c in worker_cpus_by_local_rank}
+    workers = counts.pop() if len(counts) == 1 else min(counts)
+    affinity = ",".join(str(c) for cpus in worker_cpus_by_local_rank for c in sorted(cpus)[:workers])
+    env = {
+        "CCL_WORKER_COUNT": str(workers),
+        "CCL_WORKER_AFFINITY": affinity,
+        "CCL_LOCAL_RANK": str(ctx.local_rank),
+        "CCL_LOCAL_SIZE": str(ctx.local_world_size),
+    }
+    if ctx.engine == "mpich":
+        env.update({"CCL_PROCESS_LAUNCHER": "hydra", "CCL_ATL_TRANSPORT": "mpi"})
+    elif ctx.engine in ("pmix", "openmpi"):
+        env.update({"CCL_PROCESS_LAUNCHER": "pmix", "CCL_ATL_TRANSPORT": "ofi"})
+    else:
+        env.update({"CCL_PROCESS_LAUNCHER": "none", "CCL_ATL_TRANSPORT": "ofi"})
+    return env
+
+
+def torchrun_argv(
+    python: str,
+    nproc_per_node: int,
+    nnodes: str,
+    node_rank: int,
+    master_addr: Optional[str],
+    master_port: Optional[int],
+    rdzv_endpoint: Optional[str],
+    rdzv_id: Optional[str],
+    entry: Sequence[str],
+) -> list:
+    """The ``python -m torch.distributed.run`` command that starts this node's ranks.
+
+    Static rendezvous: ``--nnodes N --node-rank R --master-addr H --master-port P``;
+    elastic: ``--rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID``. ``entry`` runs
+    once per rank with ``--no-python`` (cpulaunch's own per-rank entry).
+    """
+    argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
+            "--nnodes", str(nnodes)]
+    if rdzv_endpoint:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
+                 "--rdzv-id", rdzv_id or "cpulaunch"]
+    else:
+        argv += ["--node-rank", str(node_rank), "--master-addr", master_addr or "127.0.0.1",
+                 "--master-port", str(master_port or DEFAULT_MASTER_PORT)]
+    return argv + ["--no-python", *entry]
+
 
 #: Environment variable through which the launcher tells the program which backend to use.
 BACKEND_ENV = "CPULAUNCH_DIST_BACKEND"

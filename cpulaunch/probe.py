@@ -209,11 +209,12 @@ def read_raw(root: str | os.PathLike = "/") -> RawHost:
             meminfo=fs.read(f"{base}/meminfo"),
         )
 
+    cpuset, cpuset_source = read_cgroup_cpuset(fs)
     if live:
         allowed: Optional[frozenset] = frozenset(os.sched_getaffinity(0))
         allowed_source = "the affinity mask of this process"
     else:
-        allowed, allowed_source = read_cgroup_cpuset(fs)
+        allowed, allowed_source = cpuset, cpuset_source
         if allowed is None:
             status = fs.read("proc/self/status") or ""
             m = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
@@ -238,6 +239,7 @@ def read_raw(root: str | os.PathLike = "/") -> RawHost:
         cpuinfo=fs.read("proc/cpuinfo"),
         allowed=allowed,
         allowed_source=allowed_source,
+        cpuset=cpuset,
         quota_cpus=quota,
         quota_source=quota_where,
         lscpu=lscpu_text,

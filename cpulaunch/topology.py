@@ -89,6 +89,7 @@ class RawHost:
     cpuinfo: Optional[str] = None  # /proc/cpuinfo
     allowed: Optional[frozenset] = None  # logical CPUs this process may use; None: all online
     allowed_source: str = "all online CPUs"
+    cpuset: Optional[frozenset] = None  # cgroup cpuset of the process (None: unknown)
     quota_cpus: Optional[float] = None  # cgroup CPU quota in CPUs (cpu.max), None: no quota
     quota_source: str = ""
     lscpu: Optional[str] = None  # `lscpu -p=CPU,CORE,SOCKET,NODE` output, fallback only
@@ -153,6 +154,8 @@ class Topology:
         cores: physical cores, ordered by id.
         nodes: NUMA nodes by id (memory-only nodes included).
         sockets: sockets ordered by index.
+        cpuset: the cgroup cpuset's online CPUs, None if unknown. ``allowed`` narrower
+            than ``cpuset`` means something (taskset, Slurm's task/affinity) bound us.
         flags: CPU feature flags from /proc/cpuinfo (e.g. "avx512_bf16", "amx_tile").
         model: CPU model name.
         hybrid: True when E-cores were detected.
@@ -167,6 +170,7 @@ class Topology:
     cores: tuple[Core, ...]
     nodes: Mapping[int, Node]
     sockets: tuple[Socket, ...]
+    cpuset: Optional[frozenset] = None
     flags: frozenset = frozenset()
     model: str = ""
     hybrid: bool = False
@@ -471,6 +475,7 @@ def build(raw: RawHost) -> Topology:
         allowed=allowed,
         allowed_source=raw.allowed_source,
         quota_cpus=raw.quota_cpus,
+        cpuset=None if raw.cpuset is None else frozenset(raw.cpuset) & online,
         cores=tuple(cores),
         nodes=nodes,
         sockets=tuple(sockets),
@@ -524,6 +529,7 @@ def _build_from_lscpu(raw: RawHost) -> Topology:
         cpuinfo=raw.cpuinfo,
         allowed=raw.allowed,
         allowed_source=raw.allowed_source,
+        cpuset=raw.cpuset,
         quota_cpus=raw.quota_cpus,
         quota_source=raw.quota_source,
         source="lscpu",
