@@ -1,0 +1,57 @@
+"""Shared test fixtures: the real machines' sysfs dumps, unpacked once per session.
+
+The dumps come from hwloc's test suite (BSD-3-Clause, tests/fixtures/LICENSE-hwloc-BSD-3-Clause).
+Each tarball holds one top-level folder that acts as ``/`` for ``--sysroot``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+MACHINES = sorted(p.name for p in FIXTURES.glob("hw-*") if p.is_dir())
+FACTS = json.loads((FIXTURES / "FACTS.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def sysroots(tmp_path_factory) -> dict:
+    """{machine folder name: Path of its unpacked root}, for every fixture machine."""
+    base = tmp_path_factory.mktemp("sysroots")
+    roots = {}
+    for name in MACHINES:
+        (tarball,) = (FIXTURES / name).glob("*.tar.bz2")
+        with tarfile.open(tarball) as tf:
+            tops = {m.name.split("/", 1)[0] for m in tf.getmembers()}
+            tf.extractall(base / name, filter="data")
+        (top,) = tops
+        roots[name] = base / name / top
+    return roots
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 60, check_rc: int | None = 0):
+    """Run ``python -m cpulaunch ARGS`` as a real subprocess; returns CompletedProcess."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpulaunch", *args],
+        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO,
+    )
+    if check_rc is not None:
+        assert proc.returncode == check_rc, (proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def plan_json(sysroot, *args: str) -> dict:
+    """``cpulaunch --sysroot ROOT --dry-run --format json --allocator default
+    --omp-runtime gnu ARGS true`` parsed (library choices pinned so env is host-independent)."""
+    proc = run_cli("--sysroot", str(sysroot), "--dry-run", "--format", "json",
+                   "--allocator", "default", "--omp-runtime", "gnu", *args, "true")
+    return json.loads(proc.stdout)
