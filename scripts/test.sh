@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs on a fresh Debian machine, then run it.
+# Usage: bash scripts/test.sh [pytest args...]
+# As root it installs the Debian packages (numactl, allocators, MPICH, Slurm, munge) so
+# that the host-dependent tests run instead of skipping; Python packages come from pip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  for p in "${DEBS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing Debian packages: ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+PY=${PYTHON:-python3}
+# torch==2.13.0 is pinned in the [torch] extra: an unpinned torch would pull CUDA wheels.
+"$PY" -m pip install -q --disable-pip-version-check -e '.[torch,test]' intel-openmp
+exec "$PY" -m pytest -q -p no:cacheprovider "$@"
