@@ -76,7 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "must be a multiple of world size x --accum-steps (default 32)")
     p.add_argument("--accum-steps", type=int, default=1,
                    help="micro-batches per optimizer step (gradient accumulation, default 1)")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    p.add_argument("--lr", type=float, default=0.001,
+                   help="SGD learning rate (default 0.001: the labels are random, and the cnn "
+                        "diverges within a few steps at 0.01)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the weights and the synthetic data (default 0)")
@@ -147,6 +149,17 @@ def shard(t: torch.Tensor, micro: int, accum_steps: int, rank: int, world_size: 
     return t[start:start + local]
 
 
+def mean_over_ranks(local_loss: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The loss as a mean over the global batch: the mean of the ranks' equal-size shard
+    means (an all-reduce), so it is comparable with a single-process run."""
+    loss = local_loss.clone()
+    if world_size > 1:
+        import torch.distributed as dist
+        dist.all_reduce(loss)
+        loss /= world_size
+    return loss
+
+
 def param_checksum(model: nn.Module) -> tuple[str, float]:
     """(sha256 of the raw bytes of every parameter in named order, float64 sum of them)."""
     h = hashlib.sha256()
@@ -189,7 +202,6 @@ def main(argv: list[str] | None = None) -> int:
     backend = None
     if world_size > 1:
         from cpulaunch.distributed import init_process_group
-        import torch.distributed as dist
         backend = init_process_group()
 
     # Every rank builds the same weights (the builders seed themselves); DDP also
@@ -220,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{torch.get_num_threads()}, backend {backend or 'none (single process)'}, "
             f"static_graph {static_graph}, bf16 {args.bf16}")
 
+    global_loss = torch.zeros(())
     compute_s = 0.0  # time in forward/backward/all-reduce/optimizer, data generation excluded
     step_loss = torch.zeros(())
     for step in range(args.steps):
@@ -249,15 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)
         if step >= args.warmup_steps:
             compute_s += time.perf_counter() - t0
-        if rank == 0 and ((step + 1) % args.log_every == 0 or step == args.steps - 1):
-            say(f"step {step + 1}/{args.steps} local loss {step_loss.item():.6f}")
-
-    # The loss of the last step, as a mean over the global batch (an all-reduce of the
-    # equal-size shards' means), so it is comparable with a single-process run.
-    global_loss = step_loss.clone()
-    if world_size > 1:
-        dist.all_reduce(global_loss)
-        global_loss /= world_size
+        if (step + 1) % args.log_every == 0 or step == args.steps - 1:
+            # Every rank takes part in the all-reduce; rank 0 prints.
+            global_loss = mean_over_ranks(step_loss, world_size)
+            if rank == 0:
+                say(f"step {step + 1}/{args.steps} loss {global_loss.item():.6f}")
     timed = args.steps - args.warmup_steps
     local_samples = timed * args.global_batch_size // world_size
     samples_per_s = local_samples / compute_s if compute_s > 0 else float("nan")
@@ -291,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             f"param sum {param_sum:.6f}")
 
     if world_size > 1:
-        dist.destroy_process_group()
+        torch.distributed.destroy_process_group()
     return 0
 
 

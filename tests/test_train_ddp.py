@@ -1,0 +1,229 @@
+"""examples/train_ddp.py for real: 2 gloo ranks on this machine against one process.
+
+Equivalence claim under test: every rank draws the same global batch of each step and keeps
+its own equal-size shard, each rank's loss is the mean over its shard, and DDP averages the
+gradients over ranks, so N steps of 2-rank DDP give the parameters of N steps of a single
+process (WORLD_SIZE unset) on the same global batches, up to floating-point summation order.
+
+Tolerance, fp32: ``atol = 1e-5`` on every parameter and buffer. The two runs differ only in
+the order of sums (mean of two 4-row means vs one 8-row mean, gloo's all-reduce, matmul
+blocking for 4 vs 8 rows), i.e. a few fp32 ulps (~1e-7 relative) per gradient element per
+step. In the stable regime used here (SGD, small learning rate, 6 steps) those stay near 1e-8
+to 1e-7 on parameters of magnitude <= ~1; 1e-5 leaves a wide margin. A real bug (loss summed
+instead of averaged, a shard dropped or counted twice, no all-reduce, wrong accumulation
+scaling) moves parameters by the order of a whole update, and the runs used here move them by
+more than ``MIN_UPDATE = 1e-3`` (100x the tolerance, asserted), so the test can tell.
+
+Regime note: with random labels a too-large learning rate makes training chaotic (the cnn
+at lr 0.01 diverged within 6 steps here and the 1-ulp differences grew to 1e-2); that is
+amplification, not a DDP error, so the runs below stay in a stable regime. The frozen-BN cnn
+is the touchy one: at lr 0.001, momentum 0.9 its difference was 1.5e-8 after 1 step, 6e-8
+after 3 and 1.5e-6 after 4 (the loss starts climbing), so it runs 3 steps. Measured here
+with the settings below: bert 1.5e-8, bert with accumulation 8.4e-9, cnn 6e-8; updates
+4e-2 (bert) and 4e-3 (cnn).
+
+The two ranks must hold bit-identical parameters: gloo's all-reduce gives every rank the
+same reduced bytes (each element is reduced once and then broadcast), and the optimizer step
+that follows is deterministic.
+
+Ranks run with OMP_NUM_THREADS=1 (and the single process too, so that thread count is not
+one more difference) so that two ranks do not oversubscribe this machine's 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_ddp.py"
+sys.path.insert(0, str(ROOT / "examples"))
+
+#: torchrun's engine, 2 ranks on this host, program given as a full argv (--no-python).
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node", "2", "--no-python"]
+
+ATOL_FP32 = 1e-5
+MIN_UPDATE = 1e-3
+#: bert small: LayerNorm, no dropout, no BatchNorm: per-sample, so exactly comparable.
+BERT_ARGS = ["--model", "bert", "--size", "small", "--steps", "6", "--global-batch-size", "8",
+             "--lr", "0.05", "--seed", "3"]
+#: cnn small with BatchNorm frozen (eval mode): per-sample too. Without --freeze-bn each
+#: rank normalises over its own 4 rows, which is standard DDP but not equal to one process.
+CNN_ARGS = ["--model", "cnn", "--size", "small", "--steps", "3", "--global-batch-size", "8",
+            "--lr", "0.001", "--seed", "3", "--freeze-bn"]
+RUN_TIMEOUT_S = 180
+
+#: Variables a launcher sets for a rank; removed so the single-process run really is one.
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+pytestmark = pytest.mark.slow
+
+
+def rank_env(**extra: str) -> dict[str, str]:
+    """A child environment: no inherited rank variables, 1 OpenMP thread, gloo, and this
+    checkout first on PYTHONPATH (for ``cpulaunch.distributed``)."""
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    env["OMP_NUM_THREADS"] = "1"
+    env["CPULAUNCH_DIST_BACKEND"] = "gloo"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def _json_lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def run_two_ranks(argv_prefix: list[str], script_args: list[str], *,
+                  env: dict[str, str] | None = None,
+                  timeout: float = RUN_TIMEOUT_S) -> list[dict]:
+    """Run train_ddp.py as 2 ranks under a launcher; return the ranks' JSON summaries by rank.
+
+    Args:
+        argv_prefix: the launcher up to the program, e.g. :data:`TORCHRUN_2`, or
+            ``["cpulaunch", "--ddp", "--nproc-per-node", "2"]``; the program
+            ``[python, train_ddp.py, *script_args, --json]`` is appended.
+        script_args: train_ddp.py options.
+        env: the launcher's environment (default :func:`rank_env`).
+    """
+    cmd = [*argv_prefix, sys.executable, str(SCRIPT), *script_args, "--json"]
+    proc = subprocess.run(cmd, env=env or rank_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, (
+        f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
+        f"stderr:\n{proc.stderr[-6000:]}")
+    summaries = sorted(_json_lines(proc.stdout), key=lambda s: s["rank"])
+    assert [s["rank"] for s in summaries] == [0, 1], proc.stdout
+    return summaries
+
+
+def run_single(script_args: list[str], *, env: dict[str, str] | None = None,
+               timeout: float = RUN_TIMEOUT_S) -> dict:
+    """Run train_ddp.py as one process (WORLD_SIZE unset); return its JSON summary."""
+    cmd = [sys.executable, str(SCRIPT), *script_args, "--json"]
+    proc = subprocess.run(cmd, env=env or rank_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stderr[-6000:]}"
+    (summary,) = _json_lines(proc.stdout)
+    return summary
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def initial_state(model: str) -> dict:
+    from models import make_model
+    m, _ = make_model(model, "small", seed=3)
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """All real runs, once: (name -> (JSON summaries, {rank: state_dict}))."""
+    d = tmp_path_factory.mktemp("train_ddp")
+    out = {}
+    for name, args, two in [
+        ("bert_ddp", BERT_ARGS, True),
+        ("bert_single", BERT_ARGS, False),
+        ("bert_ddp_accum2", BERT_ARGS + ["--accum-steps", "2"], True),
+        ("cnn_ddp", CNN_ARGS, True),
+        ("cnn_single", CNN_ARGS, False),
+    ]:
+        save = ["--save-params", str(d / f"{name}.pt")]
+        summaries = run_two_ranks(TORCHRUN_2, args + save) if two else [run_single(args + save)]
+        params = {s["rank"]: load(d / f"{name}.rank{s['rank']}.pt") for s in summaries}
+        out[name] = (summaries, params)
+    return out
+
+
+@pytest.mark.parametrize("model, ddp, single", [
+    ("bert", "bert_ddp", "bert_single"),
+    ("bert", "bert_ddp_accum2", "bert_single"),  # no_sync accumulation vs the larger batch
+    ("cnn", "cnn_ddp", "cnn_single"),
+])
+def test_ddp_matches_single_process(runs, model, ddp, single):
+    ddp_params = runs[ddp][1][0]
+    single_params = runs[single][1][0]
+    diff = max_abs_diff(ddp_params, single_params)
+    moved = max_abs_diff(single_params, initial_state(model))
+    print(f"{ddp} vs {single}: max |diff| {diff:.3g} (atol {ATOL_FP32}); "
+          f"max update {moved:.3g}")
+    assert moved > MIN_UPDATE, "training barely moved the parameters; the test has no power"
+    assert diff <= ATOL_FP32
+    # The final losses are global-batch means on both sides.
+    assert runs[ddp][0][0]["loss"] == pytest.approx(runs[single][0][0]["loss"], abs=1e-4)
+
+
+@pytest.mark.parametrize("name", ["bert_ddp", "bert_ddp_accum2", "cnn_ddp"])
+def test_ranks_hold_identical_parameters(runs, name):
+    summaries, params = runs[name]
+    for k in params[0]:
+        assert torch.equal(params[0][k], params[1][k]), k
+    assert summaries[0]["param_sha256"] == summaries[1]["param_sha256"]
+
+
+def test_json_summary(runs):
+    summaries, _ = runs["bert_ddp"]
+    (single,), _ = runs["bert_single"]
+    for s in summaries:
+        assert s["world_size"] == 2 and s["local_rank"] == s["rank"]
+        assert s["backend"] == "gloo"
+        assert s["threads"] == 1
+        assert s["global_batch_size"] == 8 and s["local_batch_size"] == 4
+        assert s["steps"] == 6 and s["timed_steps"] == 5
+        assert s["static_graph"] is True  # valid without accumulation
+        assert math.isfinite(s["samples_per_s"]) and s["samples_per_s"] > 0
+        assert s["global_samples_per_s"] == pytest.approx(2 * s["samples_per_s"])
+        # 2 random labels: cross entropy near ln 2 after a few small steps.
+        assert 0.3 < s["loss"] < 1.5 and math.isfinite(s["local_loss"])
+        assert len(s["param_sha256"]) == 64
+    assert summaries[0]["loss"] == summaries[1]["loss"]  # the all-reduced global mean
+    assert summaries[0]["local_loss"] != summaries[1]["local_loss"]  # different shards
+    assert single["world_size"] == 1 and single["backend"] is None
+    assert single["static_graph"] is False and single["local_batch_size"] == 8
+    accum = runs["bert_ddp_accum2"][0]
+    assert all(s["accum_steps"] == 2 and s["static_graph"] is False for s in accum)
+
+
+def test_global_batch_must_divide(tmp_path):
+    """A global batch that does not split into equal shards is refused before any rendezvous."""
+    env = rank_env(WORLD_SIZE="2", RANK="0")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "bert", "--size", "small",
+         "--global-batch-size", "6", "--accum-steps", "2"],
+        env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 2
+    assert "--global-batch-size 6 is not a multiple of world size 2 x --accum-steps 2" \
+        in proc.stderr
+
+
+def test_params_path_names():
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_ddp
+    assert train_ddp.params_path("out/p.pt", 1) == Path("out/p.rank1.pt")
+    assert train_ddp.params_path("p{rank}.pt", 0) == Path("p0.pt")
+    assert train_ddp.params_path("p", 2) == Path("p.rank2")
+
+
+def test_shards_cover_the_global_batch():
+    import train_ddp
+    t = torch.arange(12)
+    rows = [train_ddp.shard(t, m, 2, r, 3).tolist() for m in range(2) for r in range(3)]
+    assert sum(rows, []) == list(range(12))
+    assert all(len(r) == 2 for r in rows)
