@@ -1,0 +1,235 @@
+"""Supervision with real processes: exit codes, fail-fast, signals, orphans, logs.
+
+Every test runs the real ``cpulaunch`` (``python -m cpulaunch``) on this machine's CPUs
+with small Python children. Two instances need two physical cores: the machine has 2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PY = sys.executable
+NCORES = len(os.sched_getaffinity(0))
+need2 = pytest.mark.skipif(NCORES < 2, reason="needs 2 allowed CPUs for 2 instances")
+
+
+def cpulaunch(*args, **kw):
+    return [PY, "-m", "cpulaunch", *args]
+
+
+def run(args, timeout=60, **kw):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO, **kw)
+
+
+def script(tmp_path: Path, body: str) -> str:
+    p = tmp_path / "child.py"
+    p.write_text(textwrap.dedent(body))
+    return str(p)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); look at its state.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_for(path: Path, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} not written within {timeout}s")
+
+
+# --------------------------------------------------------------------------- one instance
+
+
+def test_single_instance_is_exec_and_keeps_exit_code(tmp_path):
+    child = script(tmp_path, """
+        import os, sys
+        print(os.getpid(), flush=True)
+        sys.exit(5)
+    """)
+    proc = subprocess.Popen(cpulaunch(child), stdout=subprocess.PIPE, text=True, cwd=REPO)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 5
+    # exec: the program ran in the launcher's own process
+    assert int(out.split()[0]) == proc.pid
+
+
+def test_single_instance_signal_death_is_its_own(tmp_path):
+    child = script(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = run(cpulaunch(child))
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_program_not_found_is_one_line_exit_2():
+    proc = run(cpulaunch("no-such-program-xyz"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "cpulaunch: error: program 'no-such-program-xyz' not found (not a file, not on PATH)"
+    ]
+
+
+def test_no_program_is_one_line_exit_2():
+    proc = run(cpulaunch())
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "no program given" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- several instances
+
+
+@need2
+def test_output_prefixed_and_all_succeed(tmp_path):
+    child = script(tmp_path, """
+        import os, sys
+        print("out", os.environ["CPULAUNCH_INSTANCE_INDEX"], sorted(os.sched_getaffinity(0)))
+        print("err", os.environ["CPULAUNCH_INSTANCE_INDEX"], file=sys.stderr)
+    """)
+    proc = run(cpulaunch("--ninstances", "2", child))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0] out 0 [0]", "[1] out 1 [1]"]
+    assert "[0] err 0" in proc.stderr.splitlines() and "[1] err 1" in proc.stderr.splitlines()
+
+
+@need2
+def test_first_failure_stops_others_and_sets_exit_code(tmp_path):
+    child = script(tmp_path, """
+        import os, sys, time
+        idx = int(os.environ["CPULAUNCH_INSTANCE_INDEX"])
+        open(sys.argv[1] + f"/pid{idx}", "w").write(str(os.getpid()))
+        if idx == 1:
+            time.sleep(0.5)
+            sys.exit(3)
+        time.sleep(120)
+    """)
+    t0 = time.monotonic()
+    proc = run(cpulaunch("--ninstances", "2", child, str(tmp_path)))
+    assert proc.returncode == 3
+    assert time.monotonic() - t0 < 30  # instance 0 was stopped, not waited for
+    assert "instance 1 failed first (exit code 3)" in proc.stderr
+    assert not alive(int((tmp_path / "pid0").read_text()))
+
+
+@need2
+def test_signal_death_reported_as_128_plus_n(tmp_path):
+    child = script(tmp_path, """
+        import os, signal, time
+        if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(120)
+    """)
+    proc = run(cpulaunch("--ninstances", "2", child))
+    assert proc.returncode == 128 + signal.SIGSEGV
+
+
+@need2
+def test_keep_going_lets_others_finish(tmp_path):
+    child = script(tmp_path, """
+        import os, sys, time
+        if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
+            sys.exit(4)
+        time.sleep(1.0)
+        open(sys.argv[1] + "/finished", "w").write("yes")
+    """)
+    proc = run(cpulaunch("--ninstances", "2", "--keep-going", child, str(tmp_path)))
+    assert proc.returncode == 4
+    assert (tmp_path / "finished").read_text() == "yes"
+
+
+@need2
+def test_sigterm_then_sigkill_after_grace_period(tmp_path):
+    child = script(tmp_path, """
+        import os, signal, sys, time
+        idx = os.environ["CPULAUNCH_INSTANCE_INDEX"]
+        if idx == "1":
+            time.sleep(0.5)
+            sys.exit(9)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stubborn instance
+        open(sys.argv[1] + "/pid0", "w").write(str(os.getpid()))
+        time.sleep(120)
+    """)
+    t0 = time.monotonic()
+    proc = run(cpulaunch("--ninstances", "2", "--grace-period", "1", child, str(tmp_path)))
+    took = time.monotonic() - t0
+    assert proc.returncode == 9
+    assert 1.0 <= took < 20
+    assert not alive(int((tmp_path / "pid0").read_text()))
+
+
+@need2
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_signals_forwarded_and_no_orphans(tmp_path, sig):
+    """The launcher forwards SIGINT/SIGTERM/SIGHUP to every instance; each instance's own
+    child (a grandchild of the launcher) is gone once the launcher has exited."""
+    child = script(tmp_path, """
+        import os, signal, subprocess, sys, time
+        idx = os.environ["CPULAUNCH_INSTANCE_INDEX"]
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        got = []
+        def handler(signum, frame):
+            open(sys.argv[1] + f"/got{idx}", "w").write(str(signum))
+            sys.exit(10 + int(idx))
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, handler)
+        open(sys.argv[1] + f"/pids{idx}", "w").write(f"{os.getpid()} {grandchild.pid}")
+        time.sleep(300)
+    """)
+    proc = subprocess.Popen(cpulaunch("--ninstances", "2", child, str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    pids = [wait_for(tmp_path / f"pids{i}").split() for i in (0, 1)]
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    for i in (0, 1):
+        assert (tmp_path / f"got{i}").read_text() == str(int(sig))
+    assert proc.returncode in (10, 11)  # the first instance to exit is the root cause
+    for child_pid, grandchild_pid in pids:
+        assert not alive(int(child_pid))
+        assert not alive(int(grandchild_pid))
+
+
+@need2
+def test_log_dir_one_file_per_instance_and_runs_kept(tmp_path):
+    child = script(tmp_path, """
+        import os
+        print("hello from", os.environ["CPULAUNCH_INSTANCE_INDEX"])
+    """)
+    logs = tmp_path / "logs"
+    for _ in range(2):
+        proc = run(cpulaunch("--ninstances", "2", "--log-dir", str(logs), child))
+        assert proc.returncode == 0, proc.stderr
+    files = sorted(p.name for p in logs.iterdir())
+    assert len(files) == 4  # the second run did not overwrite the first
+    for i, cpu in ((0, 0), (1, 1)):
+        mine = [f for f in files if f"_instance{i}_cpus{cpu}.log" in f]
+        assert len(mine) == 2
+        for f in mine:
+            assert (logs / f).read_text() == f"hello from {i}\n"
+
+
+def test_single_instance_with_log_dir_keeps_exit_code(tmp_path):
+    child = script(tmp_path, "import sys; print('x'); sys.exit(6)\n")
+    proc = run(cpulaunch("--log-dir", str(tmp_path / "l"), child))
+    assert proc.returncode == 6
+    (log,) = (tmp_path / "l").iterdir()
+    assert log.read_text() == "x\n"
