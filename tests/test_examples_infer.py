@@ -1,0 +1,78 @@
+"""examples/infer.py as a real subprocess: it must report the environment it really got
+(affinity, threads, instance index, mapped preloads) and a throughput. Small model, 1 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpulaunch import cpulist
+from cpulaunch.libraries import REGISTRY, find
+
+pytest.importorskip("torch")
+
+INFER = Path(__file__).resolve().parents[1] / "examples" / "infer.py"
+CLEARED = ("OMP_NUM_THREADS", "CPULAUNCH_INSTANCE_INDEX", "CPULAUNCH_INFERENCE_PATH",
+           "LD_PRELOAD", "MKL_NUM_THREADS")
+
+
+def run_infer(*args, env_extra=None, cpus=None):
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    env.update(env_extra or {})
+    preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    proc = subprocess.run(
+        [sys.executable, str(INFER), "--size", "small", "--seconds", "1", "--json", *args],
+        env=env, capture_output=True, text=True, timeout=120, preexec_fn=preexec)
+    return proc
+
+
+def result_of(proc):
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, proc.stdout
+    return json.loads(lines[0])
+
+
+def test_default_run_reports_inherited_environment():
+    res = result_of(run_infer())
+    assert res["samples_per_s"] > 0 and res["iterations"] >= 1
+    assert res["path"] == "eager" and res["requested_path"] == "eager"
+    assert res["affinity"] == cpulist.format(os.sched_getaffinity(0))
+    assert res["threads"] >= 1
+    assert res["omp_num_threads"] is None and res["instance_index"] is None
+    assert res["preloaded"] == {}
+
+
+def test_pinned_instance_with_env_path():
+    cpu = min(os.sched_getaffinity(0))
+    proc = run_infer("--model", "bert", "--batch-size", "2", cpus={cpu}, env_extra={
+        "OMP_NUM_THREADS": "1", "CPULAUNCH_INSTANCE_INDEX": "3",
+        "CPULAUNCH_INFERENCE_PATH": "onednn-graph"})
+    res = result_of(proc)
+    assert res["affinity"] == str(cpu)
+    assert res["threads"] == 1 and res["omp_num_threads"] == "1"
+    assert res["instance_index"] == 3
+    assert res["path"] == "onednn-graph" and res["fusion_groups"] > 0
+    assert res["samples_per_s"] > 0 and res["batch_size"] == 2
+
+
+def test_preloads_really_mapped_and_bad_env_rejected():
+    lib = next((p for p in (find(REGISTRY[n]) for n in ("tcmalloc", "jemalloc")) if p), None)
+    if lib is None:
+        pytest.skip("neither tcmalloc nor jemalloc installed (apt-get install libtcmalloc-minimal4)")
+    missing = "/nonexistent/libnothing.so"
+    res = result_of(run_infer("--iterations", "2",
+                              env_extra={"LD_PRELOAD": f"{lib} {missing}"}))
+    assert res["iterations"] == 2
+    assert res["preloaded"][str(lib)] is not None
+    assert os.path.realpath(res["preloaded"][str(lib)]) == os.path.realpath(lib)
+    assert res["preloaded"][missing] is None
+
+    bad = run_infer(env_extra={"CPULAUNCH_INFERENCE_PATH": "tensorrt"})
+    assert bad.returncode == 2
+    assert "CPULAUNCH_INFERENCE_PATH is 'tensorrt'" in bad.stderr
