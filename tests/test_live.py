@@ -1,0 +1,211 @@
+"""On this machine, for real: what the child process gets matches the plan.
+
+The child's affinity (os.sched_getaffinity), its thread count (torch.get_num_threads), the
+libraries really mapped (/proc/self/maps), the NUMA policy (numactl --show) are compared
+with `cpulaunch --dry-run --format json` for the same options. numactl, libjemalloc2,
+libtcmalloc-minimal4 and intel-openmp are installed by scripts/test.sh; a test skips with
+the reason when one is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from cpulaunch import cpulist, libraries
+
+PY = sys.executable
+NCORES = len(os.sched_getaffinity(0))
+HAS_NUMACTL = shutil.which("numactl") is not None
+
+PROBE = r"""
+import json, os, sys
+maps = open("/proc/self/maps").read()
+rec = {
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "env": {k: v for k, v in os.environ.items()
+            if k.startswith(("OMP_", "KMP_", "CPULAUNCH_", "MALLOC_CONF", "LD_PRELOAD"))},
+    "mapped": sorted({l.split()[-1] for l in maps.splitlines()
+                      if any(m in l for m in ("libiomp5", "libjemalloc", "libtcmalloc"))}),
+}
+if "--torch" in sys.argv:
+    import torch
+    rec["threads"] = torch.get_num_threads()
+    torch.ones(64, 64) @ torch.ones(64, 64)  # runs the OpenMP runtime
+print(json.dumps(rec), flush=True)
+"""
+
+
+@pytest.fixture
+def probe_py(tmp_path):
+    p = tmp_path / "probe_child.py"
+    p.write_text(PROBE)
+    return str(p)
+
+
+def records(stdout: str) -> list:
+    out = []
+    for line in stdout.splitlines():
+        line = line.split("] ", 1)[1] if line.startswith("[") else line
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def dry(*args) -> dict:
+    return json.loads(run_cli("--dry-run", "--format", "json", *args).stdout)
+
+
+def find(name):
+    path = libraries.find(libraries.REGISTRY[name])
+    if path is None:
+        pytest.skip(f"{name} not installed here ({libraries.REGISTRY[name].install})")
+    return path
+
+
+@pytest.mark.skipif(not HAS_NUMACTL, reason="numactl not installed (apt-get install numactl)")
+def test_default_run_matches_plan_with_torch_threads(probe_py):
+    plan = dry("--allocator", "default", PY, probe_py)
+    (inst,) = plan["instances"]
+    (rec,) = records(run_cli("--allocator", "default", PY, probe_py, "--torch").stdout)
+    assert rec["affinity"] == inst["cpus"]
+    assert rec["threads"] == len(inst["cpus"]) == int(rec["env"]["OMP_NUM_THREADS"])
+    for k, v in inst["env"].items():
+        assert rec["env"][k] == v
+
+
+@pytest.mark.skipif(NCORES < 2 or not HAS_NUMACTL, reason="needs 2 CPUs and numactl")
+def test_two_instances_each_on_its_core(probe_py):
+    plan = dry("--ninstances", "2", "--allocator", "default", PY, probe_py)
+    recs = records(run_cli("--ninstances", "2", "--allocator", "default", PY, probe_py, "--torch").stdout)
+    by_idx = {int(r["env"]["CPULAUNCH_INSTANCE_INDEX"]): r for r in recs}
+    assert sorted(by_idx) == [0, 1]
+    for inst in plan["instances"]:
+        rec = by_idx[inst["index"]]
+        assert rec["affinity"] == inst["cpus"] and len(inst["cpus"]) == 1
+        assert rec["threads"] == 1
+    assert set(by_idx[0]["affinity"]).isdisjoint(by_idx[1]["affinity"])
+
+
+@pytest.mark.skipif(NCORES < 2 or not HAS_NUMACTL, reason="needs 2 CPUs and numactl")
+def test_numactl_policy_really_applied():
+    out = run_cli("--ninstances", "2", "--allocator", "default", "numactl", "--show").stdout
+    shows = {}
+    for line in out.splitlines():
+        idx, rest = line.split("] ", 1)
+        shows.setdefault(idx.strip("["), []).append(rest)
+    for idx, lines in shows.items():
+        text = "\n".join(lines)
+        assert "policy: bind" in text
+        assert f"physcpubind: {idx} " in text + " "
+        assert "membind: 0" in text
+    interleave = run_cli("--mem-policy", "interleave", "--allocator", "default", "numactl", "--show").stdout
+    assert "policy: interleave" in interleave
+
+
+@pytest.mark.parametrize("allocator", ["tcmalloc", "jemalloc"])
+def test_allocator_really_preloaded(probe_py, allocator):
+    path = find(allocator)
+    (rec,) = records(run_cli("--allocator", allocator, PY, probe_py).stdout)
+    assert os.path.realpath(path) in rec["mapped"]
+    assert rec["env"]["LD_PRELOAD"].split()[0] == str(path)
+    if allocator == "jemalloc":
+        assert rec["env"]["MALLOC_CONF"].startswith("oversize_threshold:1")
+
+
+def test_intel_openmp_really_used(probe_py):
+    """libiomp5 preloaded is mapped, and KMP_VERSION=true makes it print its banner
+    (libgomp stays mapped too, so its presence proves nothing: ../shared/PLATFORM.md)."""
+    path = find("iomp5")
+    proc = run_cli("--omp-runtime", "intel", "--allocator", "default", PY, probe_py, "--torch",
+                   env={"KMP_VERSION": "true"})
+    (rec,) = records(proc.stdout)
+    assert os.path.realpath(path) in rec["mapped"]
+    assert "Intel(R) OMP" in proc.stderr or "LLVM OMP" in proc.stderr
+    assert rec["env"]["KMP_BLOCKTIME"] == "1"
+    assert rec["env"]["KMP_AFFINITY"] == "granularity=fine,compact,1,0"
+    assert rec["threads"] == len(rec["affinity"])
+
+
+def test_affinity_binding_without_numactl(probe_py):
+    plan = dry("--bind", "affinity", "--instance-idx", "0", "--ninstances", str(NCORES), PY, probe_py)
+    (inst,) = plan["instances"]
+    assert inst["argv"][0] == PY  # no numactl prefix
+    (rec,) = records(run_cli("--bind", "affinity", "--instance-idx", "0", "--ninstances", str(NCORES),
+                             PY, probe_py).stdout)
+    assert rec["affinity"] == inst["cpus"]
+
+
+def test_missing_numactl_falls_back_to_affinity_with_note(probe_py, tmp_path):
+    """PATH without numactl: CPUs still bound (sched_setaffinity), memory binding dropped, said."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").symlink_to(PY)
+    env = {"PATH": str(bindir)}
+    plan = json.loads(run_cli("--dry-run", "--format", "json", "--instance-idx", "0",
+                              "--ninstances", str(NCORES), "python", probe_py, env=env).stdout)
+    assert any("numactl not found" in n and "memory binding dropped" in n for n in plan["notes"])
+    proc = run_cli("--instance-idx", "0", "--ninstances", str(NCORES), "python", probe_py, env=env)
+    (rec,) = records(proc.stdout)
+    assert rec["affinity"] == plan["instances"][0]["cpus"]
+    assert "numactl not found" in proc.stderr
+
+
+@pytest.mark.skipif(not HAS_NUMACTL, reason="numactl not installed")
+def test_print_env_eval_then_prefix_runs_bound(tmp_path, probe_py):
+    shell = shutil.which("bash") or shutil.which("sh")
+    script = (f'eval "$({PY} -m cpulaunch --print-env --instance-idx {NCORES - 1} --ninstances {NCORES})"\n'
+              f'$CPULAUNCH_PREFIX {PY} {probe_py}\n')
+    proc = subprocess.run([shell, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
+    (rec,) = records(proc.stdout)
+    assert rec["affinity"] == [sorted(os.sched_getaffinity(0))[-1]]
+    assert rec["env"]["CPULAUNCH_INSTANCE_INDEX"] == str(NCORES - 1)
+    assert rec["env"]["OMP_NUM_THREADS"] == "1"
+
+
+def test_print_env_json_and_dotenv():
+    doc = json.loads(run_cli("--print-env", "--format", "json", "--allocator", "default").stdout)
+    assert doc["cpulist"] == cpulist.format(doc["cpus"])
+    assert doc["env"]["OMP_NUM_THREADS"] == str(len(doc["cpus"]))
+    text = run_cli("--print-env", "--format", "dotenv", "--allocator", "default").stdout
+    assert f'OMP_NUM_THREADS="{len(doc["cpus"])}"' in text.splitlines()
+
+
+def test_user_env_wins_and_is_said():
+    proc = run_cli("--dry-run", "--format", "json", "true", env={"OMP_NUM_THREADS": "13"})
+    doc = json.loads(proc.stdout)
+    assert "OMP_NUM_THREADS" not in doc["instances"][0]["env"]
+    assert any(n.startswith("OMP_NUM_THREADS=13 from your environment kept") for n in doc["notes"])
+    doc = json.loads(run_cli("--dry-run", "--format", "json", "--override-env", "true",
+                             env={"OMP_NUM_THREADS": "13"}).stdout)
+    assert doc["instances"][0]["env"]["OMP_NUM_THREADS"] == str(len(doc["instances"][0]["cpus"]))
+
+
+def test_launch_path_does_not_import_torch_or_cpuinfo():
+    code = ("import sys, runpy; sys.argv=['cpulaunch','--dry-run','true'];\n"
+            "try:\n runpy.run_module('cpulaunch', run_name='__main__')\nexcept SystemExit: pass\n"
+            "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','cpuinfo')]; print(bad)")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_NUMACTL, reason="numactl not installed")
+def test_main_job_instances_per_socket_runs_infer(tmp_path):
+    """README's main job, short: the exact `--instances-per-socket python ...` form."""
+    plan = dry("--instances-per-socket", "python", "examples/infer.py")
+    proc = run_cli("--instances-per-socket", "python", "examples/infer.py", "--size", "small",
+                   "--seconds", "1", "--json", timeout=300)
+    recs = [json.loads(l.split("] ", 1)[-1]) for l in proc.stdout.splitlines() if "{" in l]
+    assert len(recs) == len(plan["instances"])
+    for inst, rec in zip(plan["instances"], recs):
+        assert rec["affinity"] == inst["cpulist"]
+        assert rec["threads"] == len(inst["cpus"])
+        assert rec["samples_per_s"] > 0
