@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Benchmark the inference paths: eager vs onednn-graph vs inductor, fp32 and bf16.
+
+For each model and batch size (CNN = ResNet-50-like at batch 1 and 32, transformer =
+BERT-base-like at sequence 128, batch 1 and 8) and each dtype, every path is built with
+``cpulaunch.inference.optimize`` and timed in interleaved rounds (round r times every path
+once, so a burst of foreign load hits all paths alike). Reported per path:
+
+- steady throughput, samples/s: median over ``--repeats`` timed windows of ``--seconds``
+  (at least one call each), and the spread (min..max) of those windows;
+- ratio to eager (throughput / eager throughput, same model, batch and dtype);
+- build cost: trace/compile plus the warm-up calls, seconds;
+- max abs diff of the outputs against eager on the unmodified model (bf16: eager under
+  autocast), and that diff relative to the largest output magnitude;
+- oneDNN fusion groups (onednn-graph).
+
+Then, per model and dtype, what ``optimize(path="auto")`` picks at the first batch size.
+
+Before each round the script measures the CPU time used by other processes (system busy
+time minus its own, /proc/stat via psutil, over 0.5 s, steal time counted as foreign) and
+marks rounds where it exceeded ``--busy-threshold`` CPUs: oversubscribed cores make
+OpenMP runs many times slower, so such figures are not comparable.
+
+One command from a fresh checkout: ``python scripts/bench_inference.py``.
+Quick check that it works: ``python scripts/bench_inference.py --quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))  # models.py
+sys.path.insert(0, str(ROOT))  # cpulaunch, when not installed
+
+import psutil  # noqa: E402
+
+from cpulaunch import cpulist  # noqa: E402
+from cpulaunch.inference import CONCRETE_PATHS, DTYPES, optimize  # noqa: E402
+
+BATCHES = {"cnn": (1, 32), "bert": (1, 8)}
+LABELS = {"cnn": "ResNet-50-like CNN", "bert": "BERT-base-like encoder"}
+
+
+def foreign_cpus(interval: float = 0.5) -> float:
+    """CPUs' worth of time used by everything but this process over ``interval`` seconds
+    (user+nice+system+irq+softirq+steal of the whole machine, minus our own user+system)."""
+    me = psutil.Process()
+
+    def busy(t) -> float:
+        return sum(getattr(t, f, 0.0) for f in
+                   ("user", "nice", "system", "irq", "softirq", "steal"))
+
+    s0, m0, w0 = psutil.cpu_times(), me.cpu_times(), time.monotonic()
+    time.sleep(interval)
+    s1, m1, w1 = psutil.cpu_times(), me.cpu_times(), time.monotonic()
+    own = (m1.user - m0.user) + (m1.system - m0.system)
+    return max(0.0, (busy(s1) - busy(s0) - own) / (w1 - w0))
+
+
+def check_quiet(threshold: float, wait: float) -> float:
+    """Foreign load in CPUs; with ``wait`` > 0, re-check until it drops under ``threshold``
+    or ``wait`` seconds have passed. Returns the last measurement."""
+    deadline = time.monotonic() + wait
+    load = foreign_cpus()
+    while load > threshold and time.monotonic() < deadline:
+        load = foreign_cpus()
+    return load
+
+
+def time_window(opt, inputs, seconds: float) -> tuple:
+    """Call ``opt`` for ``seconds`` (at least once); return (calls, elapsed seconds)."""
+    calls = 0
+    start = time.perf_counter()
+    while True:
+        opt(*inputs)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return calls, elapsed
+
+
+def bench_config(name, model, inputs, batch, dtype, paths, args, log) -> list:
+    """Build every path for one (model, batch, dtype) and time them in interleaved rounds."""
+    built, rows = {}, {}
+    for path in paths:
+        row = {"model": name, "batch": batch, "dtype": dtype, "path": path}
+        rows[path] = row
+        try:
+            opt = optimize(model, inputs, dtype=dtype, path=path, warmup=args.warmup)
+        except Exception as exc:  # report the failure, keep benchmarking the others
+            row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log(f"  {path}: build failed: {row['error']}")
+            continue
+        rep = opt.report
+        row.update(build_s=rep["build_s"][path], max_abs_diff=rep["max_abs_diff"][path],
+                   rel_diff=rep["rel_diff"][path], matches_eager=rep["matches_eager"][path],
+                   fusion_groups=rep.get("fusion_groups"), windows=[], busy=[])
+        built[path] = opt
+        log(f"  {path}: built in {row['build_s']:.1f} s")
+    for _ in range(args.repeats):
+        load = check_quiet(args.busy_threshold, args.wait_quiet)
+        for path, opt in built.items():
+            calls, elapsed = time_window(opt, inputs, args.seconds)
+            rows[path]["windows"].append(calls * batch / elapsed)
+            rows[path]["busy"].append(load)
+    for row in rows.values():
+        if row.get("windows"):
+            row["samples_per_s"] = statistics.median(row["windows"])
+            row["max_foreign_cpus"] = max(row["busy"])
+            row["quiet"] = row["max_foreign_cpus"] <= args.busy_threshold
+    eager = rows.get("eager", {}).get("samples_per_s")
+    for row in rows.values():
+        if eager and row.get("samples_per_s"):
+            row["ratio_to_eager"] = row["samples_per_s"] / eager
+    return list(rows.values())
+
+
+def fmt_row(r) -> str:
+    head = f"{r['model']:<5}{r['batch']:>6} {r['dtype']:<5} {r['path']:<13}"
+    if "error" in r:
+        return f"{head}  FAILED: {r['error']}"
+    spread = f"{min(r['windows']):.1f}..{max(r['windows']):.1f}"
+    ratio = f"{r['ratio_to_eager']:.2f}x" if "ratio_to_eager" in r else "-"
+    groups = "-" if r["fusion_groups"] is None else str(r["fusion_groups"])
+    quiet = "yes" if r["quiet"] else f"NO ({r['max_foreign_cpus']:.2f} cpus busy)"
+    match = "" if r["matches_eager"] else " MISMATCH"
+    return (f"{head}{r['samples_per_s']:>10.2f} {spread:>17} {ratio:>7} {r['build_s']:>8.1f}"
+            f" {r['max_abs_diff']:>10.2e} {r['rel_diff']:>9.2e}{match} {groups:>6}  {quiet}")
+
+
+HEADER = (f"{'model':<5}{'batch':>6} {'dtype':<5} {'path':<13}{'samples/s':>10} "
+          f"{'windows min..max':>17} {'vs eager':>7} {'build s':>8} {'max|diff|':>10} "
+          f"{'rel diff':>9} {'groups':>6}  quiet")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="small models, 2 repeats of 0.3 s, warm-up 2: proves the script "
+                        "works in a minute or two; figures are not meaningful")
+    p.add_argument("--models", default="cnn,bert", help="subset, e.g. cnn (default: cnn,bert)")
+    p.add_argument("--dtypes", default="fp32,bf16", help="subset of fp32,bf16")
+    p.add_argument("--paths", default=",".join(CONCRETE_PATHS),
+                   help="subset of eager,onednn-graph,inductor (eager is the ratio base)")
+    p.add_argument("--size", choices=("full", "small"), default=None,
+                   help="model size (default: full; small with --quick)")
+    p.add_argument("--repeats", type=int, default=None, help="timed windows per path (default 5)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="length of each timed window (default 3)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 5)")
+    p.add_argument("--no-auto", action="store_true", help="skip the optimize(path='auto') runs")
+    p.add_argument("--busy-threshold", type=float, default=0.15,
+                   help="foreign CPUs above which a round is marked not quiet (default 0.15)")
+    p.add_argument("--wait-quiet", type=float, default=0.0,
+                   help="before each round, wait up to this many seconds for quiet")
+    p.add_argument("--json", metavar="FILE", default=None, help="also write all rows here")
+    args = p.parse_args(argv)
+
+    def subset(value, allowed, flag):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        bad = [v for v in items if v not in allowed]
+        if bad or not items:
+            p.error(f"{flag} {value!r}: choose from {', '.join(allowed)}")
+        return items
+
+    args.models = subset(args.models, tuple(BATCHES), "--models")
+    args.dtypes = subset(args.dtypes, DTYPES, "--dtypes")
+    args.paths = subset(args.paths, CONCRETE_PATHS, "--paths")
+    quick = {"size": "small", "repeats": 2, "seconds": 0.3, "warmup": 2}
+    full = {"size": "full", "repeats": 5, "seconds": 3.0, "warmup": 5}
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.repeats < 1 or args.seconds <= 0 or args.warmup < 1:
+        p.error("--repeats and --warmup must be >= 1 and --seconds > 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from models import make_model
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, affinity "
+          f"{cpulist.format(os.sched_getaffinity(0))}, OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS')}, LD_PRELOAD={os.environ.get('LD_PRELOAD')}")
+    print(f"size {args.size}, {args.repeats} windows of {args.seconds} s per path, warm-up "
+          f"{args.warmup}; load average at start {os.getloadavg()}")
+    rows, autos = [], []
+    for name in args.models:
+        model, make_inputs = make_model(name, args.size)
+        for dtype in args.dtypes:
+            for batch in BATCHES[name]:
+                log(f"{name} batch {batch} {dtype}")
+                rows += bench_config(name, model, make_inputs(batch), batch, dtype,
+                                     args.paths, args, log)
+            if args.no_auto:
+                continue
+            batch = BATCHES[name][0]
+            log(f"{name} batch {batch} {dtype}: optimize(path='auto')")
+            load = check_quiet(args.busy_threshold, args.wait_quiet)
+            try:
+                opt = optimize(model, make_inputs(batch), dtype=dtype, path="auto",
+                               warmup=args.warmup, candidates=args.paths)
+                autos.append({"model": name, "batch": batch, "dtype": dtype, "chose": opt.path,
+                              "ms_per_call": opt.report["ms_per_call"],
+                              "speedup_vs_eager": opt.report.get("speedup_vs_eager", {}),
+                              "matches_eager": opt.report["matches_eager"],
+                              "errors": opt.report["errors"], "foreign_cpus": load})
+            except Exception as exc:
+                autos.append({"model": name, "batch": batch, "dtype": dtype, "chose": None,
+                              "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+
+    print()
+    print(HEADER)
+    for r in rows:
+        print(fmt_row(r))
+
+    print("\nRatios to eager (throughput), per model/batch/dtype:")
+    keys = sorted({(r["model"], r["batch"], r["dtype"]) for r in rows},
+                  key=lambda k: (args.models.index(k[0]), args.dtypes.index(k[2]), k[1]))
+    for key in keys:
+        same = [r for r in rows if (r["model"], r["batch"], r["dtype"]) == key
+                and "ratio_to_eager" in r]
+        ok = [r for r in same if r["matches_eager"]]
+        best = max(ok, key=lambda r: r["samples_per_s"])["path"] if ok else "-"
+        ratios = ", ".join(f"{r['path']} {r['ratio_to_eager']:.2f}x" for r in same)
+        print(f"  {key[0]} b{key[1]} {key[2]}: {ratios}; fastest matching: {best}")
+
+    if autos:
+        print("\noptimize(path='auto') picks:")
+        for a in autos:
+            if a["chose"] is None:
+                print(f"  {a['model']} b{a['batch']} {a['dtype']}: FAILED: {a['error']}")
+                continue
+            ratios = ", ".join(f"{p} {v:.2f}x" for p, v in a["speedup_vs_eager"].items())
+            quiet = "" if a["foreign_cpus"] <= args.busy_threshold else (
+                f" [not quiet: {a['foreign_cpus']:.2f} cpus busy]")
+            errors = f"; failed: {a['errors']}" if a["errors"] else ""
+            print(f"  {a['model']} b{a['batch']} {a['dtype']}: {a['chose']} "
+                  f"(speed-up vs eager in its trial: {ratios}){errors}{quiet}")
+
+    noisy = [r for r in rows if "quiet" in r and not r["quiet"]]
+    if noisy:
+        print(f"\nWARNING: {len(noisy)} of {len(rows)} rows were timed while other processes "
+              f"used more than {args.busy_threshold} CPUs; those figures are not comparable.")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "auto": autos}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
