@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "timed_steps": timed, "global_batch_size": args.global_batch_size,
         "local_batch_size": args.global_batch_size // world_size,
         "accum_steps": args.accum_steps, "threads": torch.get_num_threads(),
+        "cpus": sorted(os.sched_getaffinity(0)),  # logical CPU ids this rank may run on
         "bf16": args.bf16, "freeze_bn": args.freeze_bn, "backend": backend,
         "static_graph": static_graph,
         "samples_per_s": samples_per_s,  # this rank's samples / its compute seconds

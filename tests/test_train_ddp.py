@@ -193,6 +193,7 @@ def test_json_summary(runs):
         # 2 random labels: cross entropy near ln 2 after a few small steps.
         assert 0.3 < s["loss"] < 1.5 and math.isfinite(s["local_loss"])
         assert len(s["param_sha256"]) == 64
+        assert s["cpus"] and all(isinstance(c, int) for c in s["cpus"])
     assert summaries[0]["loss"] == summaries[1]["loss"]  # the all-reduced global mean
     assert summaries[0]["local_loss"] != summaries[1]["local_loss"]  # different shards
     assert single["world_size"] == 1 and single["backend"] is None
