@@ -1,0 +1,290 @@
+"""--ddp: engine variables, rank plans on the fixture machines, the oneCCL path, and real
+multi-rank / two-node runs over gloo on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from cpulaunch import cpulist
+from cpulaunch.distributed import (
+    DistributedError,
+    RankContext,
+    ccl_env,
+    detect_engine,
+    expand_hostlist,
+    first_host,
+    select_backend,
+    tasks_on_node,
+    torchrun_argv,
+)
+
+PY = sys.executable
+ALLREDUCE = str(REPO / "tests" / "ddp_allreduce.py")
+XEON = "hw-32intel64-2p8co2t+8ve"
+SNC = "hw-memorysidecaches"
+
+
+# --------------------------------------------------------------------------- engine variables
+# Variable sets as each launcher documents them (they cannot all run here).
+
+
+def test_torchrun_variables():
+    ctx = detect_engine({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                         "MASTER_ADDR": "h0", "MASTER_PORT": "1234", "TORCHELASTIC_RUN_ID": "x"})
+    assert ctx == RankContext("torchrun", 3, 4, 1, 2, "h0", 1234)
+
+
+def test_mpich_and_intel_mpi_hydra_variables():
+    # MPICH and Intel MPI's Hydra: PMI_RANK/PMI_SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS.
+    ctx = detect_engine({"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"})
+    assert (ctx.engine, ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size) == ("mpich", 5, 8, 1, 2)
+
+
+def test_openmpi_variables_win_over_slurm_allocation():
+    env = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_RANK": "2",
+           # mpirun inside an sbatch allocation still sees the job's Slurm variables
+           "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
+    ctx = detect_engine(env)
+    assert (ctx.engine, ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size) == ("openmpi", 2, 4, 0, 2)
+
+
+def test_slurm_srun_variables_master_from_nodelist_and_port_from_job():
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+           "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "cn[007-008]",
+           "SLURM_JOB_ID": "123456"}
+    ctx = detect_engine(env)
+    assert ctx == RankContext("slurm", 3, 4, 1, 2, "cn007", 20000 + 123456 % 10000, ctx.notes)
+    assert any("first host of the Slurm node list" in n for n in ctx.notes)
+
+
+def test_sbatch_batch_shell_is_not_a_rank():
+    # The batch script itself has SLURM_PROCID=0 but no step: cpulaunch must not take it for rank 0 of N.
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "n1"}
+    assert detect_engine(env) is None
+
+
+def test_no_engine():
+    assert detect_engine({"HOME": "/root"}) is None
+
+
+def test_broken_engine_variables_are_errors():
+    with pytest.raises(DistributedError):
+        detect_engine({"PMI_RANK": "x", "PMI_SIZE": "2"})
+
+
+def test_hostlists():
+    assert expand_hostlist("node[01-03,07],gpu1") == ["node01", "node02", "node03", "node07", "gpu1"]
+    assert expand_hostlist("a[9-10]-ib") == ["a9-ib", "a10-ib"]
+    assert first_host("rack1-n[100-101]") == "rack1-n100"
+    assert tasks_on_node("2(x3),1", 2) == 2 and tasks_on_node("2(x3),1", 3) == 1
+
+
+def test_torchrun_argv_static_and_elastic():
+    entry = ["cl", "--rank-entry"]
+    assert torchrun_argv("py", 2, "2", 1, "h", 29500, None, None, entry) == [
+        "py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "2",
+        "--node-rank", "1", "--master-addr", "h", "--master-port", "29500", "--no-python", *entry]
+    assert torchrun_argv("py", 2, "1:4", 0, None, None, "h:1", "job", entry)[6:13] == [
+        "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--rdzv-id", "job"]
+
+
+# --------------------------------------------------------------------------- backend choice
+
+
+def specs(installed: bool):
+    return lambda name: object() if installed and name == "oneccl_bindings_for_pytorch" else None
+
+
+def versions(ccl="2.13.0+cpu", torch="2.13.0+cpu"):
+    return lambda name: {"oneccl_bind_pt": ccl, "torch": torch}.get(name)
+
+
+def test_backend_auto_falls_back_to_gloo_and_says_why():
+    backend, note = select_backend("auto", specs(False), versions())
+    assert backend == "gloo" and "not installed" in note
+
+
+def test_backend_auto_picks_ccl_when_matching():
+    assert select_backend("auto", specs(True), versions())[0] == "ccl"
+
+
+def test_backend_auto_refuses_mismatched_ccl():
+    backend, note = select_backend("auto", specs(True), versions(ccl="2.3.0+cpu"))
+    assert backend == "gloo" and "does not match torch" in note
+
+
+def test_backend_ccl_requested_but_missing_is_an_error():
+    with pytest.raises(DistributedError, match="--backend gloo"):
+        select_backend("ccl", specs(False), versions())
+
+
+def test_ccl_env_consistent_worker_affinity():
+    reserved = [(7,), (15,)]
+    envs = [ccl_env(RankContext("torchrun", r, 2, r, 2), reserved) for r in (0, 1)]
+    assert {e["CCL_WORKER_AFFINITY"] for e in envs} == {"7,15"}
+    assert [e["CCL_LOCAL_RANK"] for e in envs] == ["0", "1"]
+    assert envs[0]["CCL_PROCESS_LAUNCHER"] == "none" and envs[0]["CCL_WORKER_COUNT"] == "1"
+    mpi = ccl_env(RankContext("mpich", 0, 2, 0, 2), reserved)
+    assert mpi["CCL_PROCESS_LAUNCHER"] == "hydra" and mpi["CCL_ATL_TRANSPORT"] == "mpi"
+
+
+# --------------------------------------------------------------------------- plans on fixtures
+
+
+def ddp_json(sysroot, *args, env=None):
+    proc = run_cli("--sysroot", str(sysroot), "--ddp", "--dry-run", "--format", "json",
+                   "--allocator", "default", *args, "python", "train.py", env=env)
+    return json.loads(proc.stdout)
+
+
+def test_ranks_per_socket_on_xeon(sysroots):
+    doc = ddp_json(sysroots[XEON])
+    assert [i["cpulist"] for i in doc["instances"]] == ["0-7", "8-15"]
+    assert [i["mem_nodes"] for i in doc["instances"]] == [[0], [1]]
+    for r, inst in enumerate(doc["instances"]):
+        env = inst["env"]
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (str(r), "2", str(r), "2")
+        assert env["OMP_NUM_THREADS"] == "8" and env["CPULAUNCH_DIST_BACKEND"] == "gloo"
+        assert inst["argv"][:5] == ["numactl", "-C", inst["cpulist"], "-m", str(r)] or \
+            inst["argv"][1:5] == ["-C", inst["cpulist"], "-m", str(r)]
+    assert doc["ddp"]["nproc_per_node"] == 2
+    assert any("not installed" in n for n in doc["notes"])
+
+
+def test_two_nodes_static_rank_numbers(sysroots):
+    doc = ddp_json(sysroots[SNC], "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                   "--master-port", "29999", "--nproc-per-node", "node")
+    assert [i["env"]["RANK"] for i in doc["instances"]] == ["4", "5", "6", "7"]
+    assert {i["env"]["WORLD_SIZE"] for i in doc["instances"]} == {"8"}
+    assert {i["env"]["MASTER_ADDR"] for i in doc["instances"]} == {"10.0.0.1"}
+    argv = doc["ddp"]["launcher_argv"]
+    assert argv[argv.index("--master-port") + 1] == "29999" and argv[argv.index("--node-rank") + 1] == "1"
+
+
+def test_rank_under_slurm_env_gets_its_socket(sysroots):
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
+           "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "xeon1",
+           "SLURM_JOB_ID": "42"}
+    doc = ddp_json(sysroots[XEON], env=env)
+    (inst,) = doc["instances"]
+    assert inst["cpulist"] == "8-15" and inst["mem_nodes"] == [1]
+    assert inst["env"]["MASTER_ADDR"] == "xeon1" and inst["env"]["MASTER_PORT"] == "20042"
+    assert inst["env"]["RANK"] == "1" and inst["env"]["LOCAL_WORLD_SIZE"] == "2"
+
+
+def test_rank_count_mismatch_is_a_user_error(sysroots):
+    env = {"PMI_RANK": "0", "PMI_SIZE": "3", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "3"}
+    proc = run_cli("--sysroot", str(sysroots[XEON]), "--ddp", "--nproc-per-node", "socket",
+                   "--dry-run", "true", env=env, check_rc=2)
+    assert "started 3 rank(s)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_iface_sets_all_three(sysroots):
+    doc = ddp_json(sysroots[XEON], "--iface", "ib0")
+    env = doc["instances"][0]["env"]
+    assert (env["GLOO_SOCKET_IFNAME"], env["CCL_KVS_IFACE"], env["FI_TCP_IFACE"]) == ("ib0", "ib0", "ib0")
+
+
+@pytest.fixture
+def fake_ccl(tmp_path):
+    """A stand-in ``oneccl_bindings_for_pytorch`` package (real files on PYTHONPATH) so the
+    ccl selection and environment can be exercised; the real bindings are not on PyPI."""
+    site = tmp_path / "site"
+    (site / "oneccl_bindings_for_pytorch").mkdir(parents=True)
+    (site / "oneccl_bindings_for_pytorch" / "__init__.py").write_text("")
+    from importlib import metadata
+
+    tv = metadata.version("torch") if _has("torch") else "2.13.0"
+    dist = site / "oneccl_bind_pt-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: oneccl_bind_pt\nVersion: {tv}\n")
+    return {"PYTHONPATH": str(site)}
+
+
+def _has(name):
+    from importlib import util
+
+    return util.find_spec(name) is not None
+
+
+def test_ccl_workers_on_own_node_not_in_compute(sysroots, fake_ccl):
+    doc = ddp_json(sysroots[SNC], "--nproc-per-node", "node", "--ccl-worker-count", "2", env=fake_ccl)
+    assert any(n.startswith("backend ccl") for n in doc["notes"])
+    affinities = set()
+    topo_nodes = {n["id"]: set(cpulist.parse(n["cpus"])) for n in doc["topology"]["nodes"]}
+    for inst in doc["instances"]:
+        env = inst["env"]
+        reserved = sorted(set(inst["bound_cpus"]) - set(inst["cpus"]))
+        assert len(reserved) == 2 and env["CCL_WORKER_COUNT"] == "2"
+        (node,) = inst["mem_nodes"]
+        assert set(reserved) <= topo_nodes[node]  # workers on the rank's own node
+        assert not set(reserved) & set(inst["cpus"])
+        assert env["OMP_NUM_THREADS"] == str(len(inst["cpus"])) == "8"
+        affinities.add(env["CCL_WORKER_AFFINITY"])
+        slice_ = env["CCL_WORKER_AFFINITY"].split(",")[int(env["LOCAL_RANK"]) * 2:][:2]
+        assert [int(c) for c in slice_] == reserved
+        assert env["CPULAUNCH_DIST_BACKEND"] == "ccl" and env["CCL_PROCESS_LAUNCHER"] == "none"
+    assert len(affinities) == 1  # the same list on every local rank
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def allreduce_records(stdout: str) -> list:
+    out = []
+    for line in stdout.splitlines():
+        i = line.find("{")
+        if i >= 0 and '"ddp_allreduce"' in line:
+            out.append(json.loads(line[i:]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_two_ranks_gloo_each_on_its_core():
+    proc = run_cli("--ddp", "--nproc-per-node", "2", "python", ALLREDUCE, timeout=180)
+    recs = sorted(allreduce_records(proc.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in recs] == [0, 1]
+    assert all(r["world_size"] == 2 and r["allreduce"] == 3.0 and r["backend"] == "gloo" for r in recs)
+    assert [r["affinity"] for r in recs] == [[0], [1]] or recs[0]["affinity"] != recs[1]["affinity"]
+    assert all(len(r["affinity"]) == 1 and r["torch_threads"] == 1 for r in recs)
+
+
+@pytest.mark.slow
+def test_failing_rank_exit_code_comes_through_torchrun():
+    proc = run_cli("--ddp", "--nproc-per-node", "2", "python", ALLREDUCE, "--exit-code", "3",
+                   "--exit-rank", "1", timeout=180, check_rc=3)
+    assert "rank 1 failed first (exit code 3)" in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_node_static_rendezvous_on_loopback():
+    """Two `cpulaunch --ddp --nnodes 2 --node-rank 0|1` processes meet through c10d on 127.0.0.1."""
+    port = str(free_port())
+    cmd = lambda r: [PY, "-m", "cpulaunch", "--ddp", "--nnodes", "2", "--node-rank", str(r),  # noqa: E731
+                     "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
+                     "python", ALLREDUCE]
+    procs = [subprocess.Popen(cmd(r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    recs = sorted((r for out, _ in outs for r in allreduce_records(out)), key=lambda r: r["rank"])
+    assert [r["rank"] for r in recs] == [0, 1]
+    assert all(r["world_size"] == 2 and r["allreduce"] == 3.0 for r in recs)
+    assert {r["master_port"] for r in recs} == {port}
