@@ -592,6 +592,8 @@ def _ddp_start_torchrun(topo, req, program, kw, backend, backend_note, reserve) 
         raise UsageError(f"--node-rank {kw['node_rank']} must be between 0 and --nnodes - 1")
     addr = kw["master_addr"] or "127.0.0.1"
     port = kw["master_port"] or dist.DEFAULT_MASTER_PORT
+    # One machine and no address given: torchrun --standalone picks a free port itself.
+    standalone = not elastic and nnodes == "1" and not kw["master_addr"] and not kw["master_port"]
 
     # Each rank's variables as torchrun will set them (static rendezvous), for display.
     notes = [backend_note]
@@ -606,10 +608,14 @@ def _ddp_start_torchrun(topo, req, program, kw, backend, backend_note, reserve) 
             ctx = dist.RankContext("torchrun", kw["node_rank"] * nproc + inst.index,
                                    int(nnodes) * nproc, inst.index, nproc)
             env = dist.rank_env(ctx, addr, port, backend)
+            if standalone:
+                del env["MASTER_ADDR"], env["MASTER_PORT"]
         env.update(dist.iface_env(kw["iface"]))
         if backend == "ccl":
             env.update(dist.ccl_env(ctx, reserved_all))
         instance_env[inst.index] = env
+    if standalone:
+        notes.append("one machine: torchrun --standalone chooses MASTER_ADDR and a free MASTER_PORT")
     if elastic:
         notes.append("elastic rendezvous: RANK and WORLD_SIZE are known only after it")
     rendered, settings = render_for_host(replace(node_plan, notes=node_plan.notes + tuple(notes)),
@@ -628,9 +634,7 @@ def _ddp_start_torchrun(topo, req, program, kw, backend, backend_note, reserve) 
         if kw[opt]:
             entry += ["--" + opt.replace("_", "-"), str(kw[opt])]
     entry += ["--no-python", "--", *program]
-    standalone = not elastic and nnodes == "1" and not kw["master_addr"] and not kw["master_port"]
     if standalone:
-        # One machine, nothing given: let torchrun pick a free port (--standalone).
         trun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(nproc), "--no-python", *entry]
     else:
