@@ -4,7 +4,8 @@ Run by tests/test_engines.py as ``srun|mpirun -n 2 cpulaunch --ddp python ddp_al
 The launcher must have set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT. Prints one JSON line per rank (tag "ddp_allreduce") with those values, the
 all_reduce result (sum over ranks of rank + 1: 3 for two ranks), the backend, the CPU
-affinity (sorted logical CPU ids) and torch's intra-op thread count.
+affinity (sorted logical CPU ids), torch's intra-op thread count and the network-interface
+variables (GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE).
 
 ``--exit-code N --exit-rank R``: after the collective, rank R (default: every rank) exits
 with N, so tests see how the engine propagates a failing rank without a hung rendezvous.
@@ -52,6 +53,7 @@ def main():
         "affinity": sorted(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": env.get("OMP_NUM_THREADS"),
+        "iface": {k: env.get(k) for k in ("GLOO_SOCKET_IFNAME", "CCL_KVS_IFACE", "FI_TCP_IFACE")},
     }), flush=True)
     if args.exit_code and (args.exit_rank is None or args.exit_rank == rank):
         return args.exit_code

@@ -22,7 +22,8 @@ otherwise launch through that job's srun and our srun would try to join that job
 Exit-code facts measured here (Slurm 22.05.8, MPICH/Hydra 4.0.2); tests assert them:
   * srun returns the largest exit code of its tasks (tasks exiting 3 and 4 -> 4), and
     128+N for a task killed by signal N (SIGKILL -> 137);
-  * ``sbatch --wait`` returns the batch script's exit code;
+  * ``sbatch --wait`` returns the batch script's exit code (so does ``scontrol show job``'s
+    ExitCode, which :meth:`SlurmCluster.sbatch_wait` polls because it is faster);
   * Hydra's mpirun returns the bitwise OR of the ranks' exit codes (3 and 4 -> 7; one rank
     exiting 3 -> 3), and N for a rank killed by signal N (SIGKILL -> 9).
 """
@@ -173,6 +174,11 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
+#: JobState values of a job that has finished (COMPLETING is not one: output may still come).
+_FINISHED_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                        "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
 @dataclasses.dataclass
 class SlurmCluster:
     """A running one-node cluster. ``env``: environment for Slurm clients (has SLURM_CONF)."""
@@ -202,28 +208,41 @@ class SlurmCluster:
     def sbatch_wait(self, script_text: str, env: Mapping[str, str] | None = None,
                     timeout: float = 60.0, cwd: str | os.PathLike | None = None,
                     ) -> tuple[int, str]:
-        """Submit ``script_text`` with ``sbatch --wait``; return (its exit code, its output).
+        """Submit ``script_text`` with sbatch, wait for the job; return (exit code, output).
 
-        The output is the job's stdout and stderr (one file). ``sbatch --wait`` polls the
-        controller, so this takes about 2 s even for an instant job.
+        The output is the job's stdout and stderr (one file). The exit code is the one
+        ``scontrol show job`` reports for the batch script (ExitCode=CODE:SIGNAL), as
+        128+SIGNAL when a signal ended it. It is polled every 0.2 s: ``sbatch --wait``
+        reports the same code (5 for a script ending in ``exit 5``, measured) but polls with
+        a growing interval, which made an 8 s job take 42 s here.
+
+        On timeout the cluster's jobs are cancelled and ``TimeoutExpired`` is raised.
         """
         jobdir = Path(tempfile.mkdtemp(prefix="job.", dir=self.root))
         script = jobdir / "job.sh"
         script.write_text(script_text)
         out = jobdir / "out.txt"
-        argv = [_which("sbatch"), "--wait", "--parsable", f"--output={out}",
-                f"--chdir={cwd or jobdir}", str(script)]
-        try:
-            proc = subprocess.run(argv, env={**self.env, **(env or {})},
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.cancel_all()
-            raise
-        output = out.read_text(errors="replace") if out.exists() else ""
-        if proc.returncode != 0 and not out.exists():
-            output = f"(no job output; sbatch said: {proc.stdout}{proc.stderr})"
-        return proc.returncode, output
+        argv = [_which("sbatch"), "--parsable", f"--output={out}", f"--chdir={cwd or jobdir}",
+                str(script)]
+        run = dict(env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
+                   capture_output=True, text=True)
+        deadline = time.monotonic() + timeout
+        submitted = subprocess.run(argv, timeout=timeout, **run)
+        if submitted.returncode != 0:
+            return submitted.returncode, f"(sbatch failed: {submitted.stdout}{submitted.stderr})"
+        job_id = submitted.stdout.strip().split(";")[0]
+        while True:
+            shown = subprocess.run([_which("scontrol"), "show", "job", "-o", job_id],
+                                   timeout=10, **run)
+            fields = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+            if fields.get("JobState") in _FINISHED_JOB_STATES:
+                code, _, sig = fields.get("ExitCode", "0:0").partition(":")
+                output = out.read_text(errors="replace") if out.exists() else "(no output)"
+                return (128 + int(sig) if int(sig or 0) else int(code)), output
+            if time.monotonic() > deadline:
+                self.cancel_all()
+                raise subprocess.TimeoutExpired(argv, timeout)
+            time.sleep(0.2)
 
     def cancel_all(self, timeout: float = 10.0) -> None:
         """Cancel every job of this cluster and wait (bounded) until the queue is empty."""
@@ -443,24 +462,45 @@ class Mpich:
 
     def run(self, n: int, args: Sequence[str], env: Mapping[str, str] | None = None,
             timeout: float = 60.0, cwd: str | os.PathLike | None = None,
-            ) -> subprocess.CompletedProcess:
-        """Run ``mpirun -n N ARGS`` on this host (text output captured).
+            hydra_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+        """Run ``mpirun HYDRA_ARGS -n N ARGS`` (text output captured).
 
-        ``env``: extra variables for the ranks. On timeout the whole mpirun process group
-        (Hydra's proxy and the ranks) is killed and ``TimeoutExpired`` is raised.
+        ``hydra_args``: Hydra's global options, e.g. ``["-f", hostfile, "-ppn", "2"]``
+        (they must come before ``-n``). ``env``: extra variables for the ranks. On timeout
+        the whole mpirun process group (Hydra's proxy and the ranks) is killed and
+        ``TimeoutExpired`` is raised.
         """
-        argv = [self.mpirun, "-n", str(n), *map(str, args)]
-        proc = subprocess.Popen(argv, env=clean_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        argv = [self.mpirun, *map(str, hydra_args), "-n", str(n), *map(str, args)]
+        return run_together([argv], env=env, timeout=timeout, cwd=cwd)[0]
+
+
+def run_together(argvs: Sequence[Sequence[str]], env: Mapping[str, str] | None = None,
+                 timeout: float = 60.0, cwd: str | os.PathLike | None = None,
+                 ) -> list[subprocess.CompletedProcess]:
+    """Start every argv at once (each in its own session, environment ``clean_env(env)``),
+    wait for all of them to a common deadline, and return their results in order.
+
+    For launchers that must meet each other (two ``cpulaunch --ddp --nnodes 2`` "machines"
+    on one host). On timeout every process group is killed and ``TimeoutExpired`` raised.
+    """
+    procs = [subprocess.Popen([str(a) for a in argv], env=clean_env(env), cwd=cwd,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for argv in argvs]
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for argv, proc in zip(argvs, procs):
+            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            results.append(subprocess.CompletedProcess(list(argv), proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            raise
-        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        raise
+    return results
 
 
 def mpich() -> Mpich:

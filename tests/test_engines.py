@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from engines import EngineUnavailable, Mpich, SlurmCluster, mpich as find_mpich, slurm_cluster
+from engines import (EngineUnavailable, Mpich, SlurmCluster, free_ports, mpich as find_mpich,
+                     run_together, slurm_cluster)
 
 pytestmark = pytest.mark.cluster
 
@@ -276,10 +277,12 @@ def test_sbatch_cpulaunch_ddp_end_to_end(slurm, cpulaunch_ddp, exit_code):
     allowed = srun_baseline(slurm)
     cmd = " ".join(shlex.quote(str(a)) for a in
                    [*cpulaunch_ddp, PY, DDP, "--exit-code", exit_code, "--exit-rank", 1])
+    # docs/cluster.md's batch script, on one node instead of two.
     script = (
         "#!/bin/bash\n"
-        "#SBATCH --ntasks=2\n"
         "#SBATCH --job-name=cpulaunch-ddp\n"
+        "#SBATCH --nodes=1\n"
+        "#SBATCH --ntasks-per-node=2\n"
         f"srun {cmd}\n"
     )
     code, output = slurm.sbatch_wait(script, timeout=120, cwd=REPO)
@@ -297,11 +300,20 @@ def mpirun_baseline(mpich) -> dict[int, list[int]]:
 
 
 @pytest.mark.slow
-def test_mpirun_cpulaunch_ddp_allreduce(mpich, cpulaunch_ddp):
+@pytest.mark.parametrize("hosts", ["default", "hosts", "hostfile"])
+def test_mpirun_cpulaunch_ddp_allreduce(mpich, cpulaunch_ddp, hosts, tmp_path):
+    """``mpirun -n 2``, and docs/cluster.md's ``-hosts``/``-f hostfile -ppn 2`` forms with
+    this one host in place of two."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two disjoint ranks need 2 usable CPUs")
+    host = socket.gethostname()
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{host}:2\n")
+    hydra_args = {"default": [], "hosts": ["-hosts", host, "-ppn", "2"],
+                  "hostfile": ["-f", hostfile, "-ppn", "2"]}[hosts]
     allowed = mpirun_baseline(mpich)
-    proc = mpich.run(2, [*cpulaunch_ddp, PY, DDP], timeout=120, cwd=REPO)
+    proc = mpich.run(2, [*cpulaunch_ddp, PY, DDP], timeout=120, cwd=REPO,
+                     hydra_args=hydra_args)
     assert proc.returncode == 0, show(proc)
     ranks = check_ddp_ranks(records(proc.stdout, "ddp_allreduce"), allowed, show(proc))
     # One host: whatever cpulaunch picks as MASTER_ADDR must be this host.
@@ -315,3 +327,51 @@ def test_mpirun_cpulaunch_ddp_propagates_failing_rank(mpich, cpulaunch_ddp):
                      timeout=120, cwd=REPO)
     assert proc.returncode == 3, show(proc)
     assert len(records(proc.stdout, "ddp_allreduce")) == 2, show(proc)
+
+
+# ---------------------------------------- cpulaunch --ddp as its own engine (torchrun inside)
+
+def two_machines_on_this_host(argv_for_node, timeout=180.0) -> dict:
+    """Run the two "machines" of a 2-node job as two processes here; return ranks by rank."""
+    procs = run_together([argv_for_node(0), argv_for_node(1)], timeout=timeout, cwd=REPO)
+    context = "\n".join(show(p) for p in procs)
+    assert [p.returncode for p in procs] == [0, 0], context
+    recs = [r for p in procs for r in records(p.stdout, "ddp_allreduce")]
+    ranks = by_key(recs, lambda r: r["rank"])
+    assert sorted(ranks) == [0, 1], context
+    for rec in ranks.values():
+        assert rec["world_size"] == 2 and rec["env_world_size"] == "2", rec
+        assert rec["local_rank"] == "0" and rec["local_world_size"] == "1", rec
+        assert rec["allreduce"] == 3.0, rec
+    return ranks
+
+
+@pytest.mark.slow
+def test_static_rendezvous_two_nodes_on_one_host(cpulaunch_ddp):
+    """docs/cluster.md's static recipe (--nnodes 2 --node-rank N --master-addr/--master-port),
+    both "machines" on this host, with --iface lo."""
+    (port,) = free_ports(1)
+
+    def argv(node_rank):
+        return [*cpulaunch_ddp, "--nnodes", "2", "--node-rank", node_rank,
+                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
+                "--iface", "lo", PY, DDP]
+
+    ranks = two_machines_on_this_host(argv)
+    for rec in ranks.values():
+        assert rec["master_addr"] == "127.0.0.1" and rec["master_port"] == str(port), rec
+        assert rec["iface"] == {"GLOO_SOCKET_IFNAME": "lo", "CCL_KVS_IFACE": "lo",
+                                "FI_TCP_IFACE": "lo"}, rec
+
+
+@pytest.mark.slow
+def test_elastic_rendezvous_two_nodes_on_one_host(cpulaunch_ddp):
+    """docs/cluster.md's elastic recipe (--rdzv-endpoint HOST:PORT), both on this host."""
+    (port,) = free_ports(1)
+
+    def argv(node_rank):
+        return [*cpulaunch_ddp, "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"cpulaunch-test-{port}",
+                PY, DDP]
+
+    two_machines_on_this_host(argv)
