@@ -144,12 +144,38 @@ def runs(tmp_path_factory):
         ("bert_ddp_accum2", BERT_ARGS + ["--accum-steps", "2"], True),
         ("cnn_ddp", CNN_ARGS, True),
         ("cnn_single", CNN_ARGS, False),
+        ("bert_cpulaunch", BERT_ARGS, "cpulaunch"),
     ]:
         save = ["--save-params", str(d / f"{name}.pt")]
-        summaries = run_two_ranks(TORCHRUN_2, args + save) if two else [run_single(args + save)]
+        if two == "cpulaunch":
+            # cpulaunch --ddp: torchrun's engine, each rank bound to its own core, its own
+            # OMP_NUM_THREADS (so none is given here).
+            env = rank_env()
+            del env["OMP_NUM_THREADS"], env["CPULAUNCH_DIST_BACKEND"]
+            summaries = run_two_ranks(CPULAUNCH_DDP_2, args + save, env=env)
+        else:
+            summaries = run_two_ranks(TORCHRUN_2, args + save) if two else [run_single(args + save)]
         params = {s["rank"]: load(d / f"{name}.rank{s['rank']}.pt") for s in summaries}
         out[name] = (summaries, params)
     return out
+
+
+#: cpulaunch's own DDP launch of 2 ranks on this machine.
+CPULAUNCH_DDP_2 = [sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", "2", "--backend", "gloo"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs for 2 ranks")
+def test_cpulaunch_ddp_ranks_bound_and_equal_to_single(runs):
+    """`cpulaunch --ddp --nproc-per-node 2`: each rank on its own core with 1 thread, and
+    after the steps its parameters equal one process's on the same global batches."""
+    summaries, params = runs["bert_cpulaunch"]
+    assert [len(s["cpus"]) for s in summaries] == [1, 1]
+    assert [s["threads"] for s in summaries] == [1, 1]
+    assert summaries[0]["cpus"] != summaries[1]["cpus"]
+    assert all(s["world_size"] == 2 for s in summaries)
+    single = runs["bert_single"][1][0]
+    assert max_abs_diff(params[0], single) <= 1e-5
+    assert max_abs_diff(params[0], params[1]) == 0.0
 
 
 @pytest.mark.parametrize("model, ddp, single", [
