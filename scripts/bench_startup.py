@@ -1,0 +1,248 @@
+"""Benchmark (not a test): what cpulaunch's own start-up adds to a run.
+
+Times these commands side by side, interleaved round-robin (every repeat runs each command
+once, in a rotated order) so that drifting background load hits all of them equally:
+
+- ``true`` run directly: the program with no launcher at all;
+- ``python -c pass``: the interpreter's own start-up (``sys.executable``, the real binary,
+  never a pyenv shim), the floor of any Python launcher;
+- ``python -m cpulaunch --dry-run true`` and the installed ``cpulaunch`` console script
+  with ``--dry-run true``: probe, plan and render, nothing executed;
+- ``python -m cpulaunch true`` and ``cpulaunch true``: the real exec path (numactl, then
+  ``true``);
+- ``python -m torch.backends.xeon.run_cpu --no-python true``: PyTorch's launcher (it
+  imports torch, so seconds).
+
+When ``cpulaunch`` or ``python`` on PATH is a pyenv shim (a bash script that execs the real
+file), the shim is timed too, in rows marked "(PATH shim)", and the console-script rows
+use the real file next to ``sys.executable``: the shim costs the same for any command, it
+is not cpulaunch's.
+
+Output: median, min, max and spread ((max - min) / median) of each command over
+``--repeats`` runs, the overhead over ``python -c pass`` and over bare ``true``, ratios,
+and the target "cpulaunch adds under 100 ms to a run", PASS/FAIL, judged on the exec path
+(``cpulaunch true`` minus bare ``true``: everything a user waits for before the program
+starts) for both entry points. The machine's foreign CPU load during the runs is sampled
+from /proc/stat; figures taken while it was busy are flagged.
+
+    python scripts/bench_startup.py              # 20 repeats (about 1.5 min, run_cpu dominates)
+    python scripts/bench_startup.py --quick      # 5 repeats, a smoke run
+    python scripts/bench_startup.py --no-run-cpu # skip torch's launcher (seconds per run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_MS = 100.0
+
+#: Variables that would change what the launchers do; removed from the children's env.
+CLEAN_VARS = ("OMP_NUM_THREADS", "LD_PRELOAD", "KMP_AFFINITY", "KMP_BLOCKTIME", "MALLOC_CONF",
+              "OMP_PROC_BIND", "OMP_PLACES")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=None,
+                   help="runs of each command (default 20; 5 with --quick)")
+    p.add_argument("--quick", action="store_true", help="5 repeats: checks the script")
+    p.add_argument("--no-run-cpu", action="store_true",
+                   help="leave out torch.backends.xeon.run_cpu (about 3 s per run)")
+    p.add_argument("--busy-threshold", type=float, default=10.0,
+                   help="flag the measurement when foreign load exceeded this percent of the "
+                        "machine (default 10)")
+    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    args = p.parse_args(argv)
+    args.repeats = args.repeats or (5 if args.quick else 20)
+    if args.repeats < 3:
+        p.error("--repeats must be at least 3 (median and spread need several runs)")
+    return args
+
+
+def is_shim(path: str) -> bool:
+    """True when ``path`` is a shell script (e.g. a pyenv shim), not the real program."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and (b"bash" in first or b"/sh" in first)
+
+
+def console_scripts() -> tuple[str | None, str | None]:
+    """(real cpulaunch console script, PATH's cpulaunch when it is a shim to something else).
+
+    The real one is next to ``sys.executable`` (the scripts dir of this interpreter's
+    installation); else whatever PATH gives.
+    """
+    on_path = shutil.which("cpulaunch")
+    real = None
+    for d in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        cand = d / "cpulaunch"
+        if cand.is_file() and os.access(cand, os.X_OK) and not is_shim(str(cand)):
+            real = str(cand)
+            break
+    if real is None and on_path and not is_shim(on_path):
+        real = on_path
+    shim = on_path if on_path and is_shim(on_path) and on_path != real else None
+    return real, shim
+
+
+def commands(args) -> list[tuple[str, str, list[str]]]:
+    """[(key, label, argv)] in a fixed order; keys are used for the overhead sums."""
+    py = sys.executable
+    true = shutil.which("true") or "/bin/true"
+    real, shim = console_scripts()
+    cmds = [
+        ("true", "true (no launcher)", [true]),
+        ("pass", "python -c pass", [py, "-c", "pass"]),
+    ]
+    path_py = shutil.which("python")
+    if path_py and is_shim(path_py):
+        cmds.append(("pass_shim", "python -c pass (PATH shim)", [path_py, "-c", "pass"]))
+    cmds += [
+        ("m_dry", "python -m cpulaunch --dry-run true", [py, "-m", "cpulaunch", "--dry-run", "true"]),
+    ]
+    if real:
+        cmds.append(("cs_dry", "cpulaunch --dry-run true (console script)", [real, "--dry-run", "true"]))
+    cmds.append(("m_exec", "python -m cpulaunch true", [py, "-m", "cpulaunch", "true"]))
+    if real:
+        cmds.append(("cs_exec", "cpulaunch true (console script)", [real, "true"]))
+    if shim:
+        cmds.append(("shim_exec", "cpulaunch true (PATH shim)", [shim, "true"]))
+    if not args.no_run_cpu:
+        cmds.append(("run_cpu", "python -m torch.backends.xeon.run_cpu --no-python true",
+                     [py, "-m", "torch.backends.xeon.run_cpu", "--no-python", true]))
+    return cmds
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in CLEAN_VARS and not k.startswith("CPULAUNCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, steal) seconds summed over all CPUs since boot, from /proc/stat."""
+    hz = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / hz, steal / hz
+
+
+def children_cpu() -> float:
+    """CPU seconds of our waited-for descendants (numactl, python, run_cpu's children)."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def time_once(argv: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n"
+                           f"{proc.stderr.decode(errors='replace')[-2000:]}")
+    return dt
+
+
+def summary(xs: list[float]) -> dict:
+    med = statistics.median(xs)
+    return {"median_ms": med * 1e3, "min_ms": min(xs) * 1e3, "max_ms": max(xs) * 1e3,
+            "spread_pct": (max(xs) - min(xs)) / med * 100 if med else float("nan")}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    env = child_env()
+    cmds = commands(args)
+    real, shim = console_scripts()
+    ncpu = os.cpu_count() or 1
+    print(f"bench_startup: {args.repeats} repeats of {len(cmds)} commands, interleaved "
+          f"round-robin (rotated start); python = {sys.executable}")
+    print(f"  console script: {real or 'not found'}"
+          + (f"; PATH's cpulaunch is a shim ({shim}), timed separately" if shim else ""))
+    if args.quick:
+        print("  --quick: a smoke run; the figures mean little")
+
+    # One untimed run of each: page cache, .pyc files.
+    for _key, _label, cmd in cmds:
+        time_once(cmd, env)
+
+    times: dict[str, list[float]] = {key: [] for key, _, _ in cmds}
+    busy0, steal0 = cpu_times()
+    ours0, wall0 = children_cpu(), time.monotonic()
+    for rep in range(args.repeats):
+        order = cmds[rep % len(cmds):] + cmds[:rep % len(cmds)]
+        for key, _label, cmd in order:
+            times[key].append(time_once(cmd, env))
+    busy1, steal1 = cpu_times()
+    wall = time.monotonic() - wall0
+    foreign = max(0.0, (busy1 - busy0) - (children_cpu() - ours0))
+    foreign_pct = 100 * foreign / (wall * ncpu)
+    steal_pct = 100 * (steal1 - steal0) / (wall * ncpu)
+
+    stats = {key: summary(xs) for key, xs in times.items()}
+    base = stats["pass"]["median_ms"]
+    bare = stats["true"]["median_ms"]
+    w = max(len(label) for _, label, _ in cmds)
+    print()
+    print(f"{'command':<{w}}  {'median':>9}  {'min':>9}  {'max':>9}  {'spread':>7}  "
+          f"{'over pass':>10}  {'over true':>10}  {'x pass':>7}")
+    for key, label, _ in cmds:
+        s = stats[key]
+        print(f"{label:<{w}}  {s['median_ms']:7.1f}ms  {s['min_ms']:7.1f}ms  {s['max_ms']:7.1f}ms  "
+              f"{s['spread_pct']:6.0f}%  {s['median_ms'] - base:+8.1f}ms  "
+              f"{s['median_ms'] - bare:+8.1f}ms  {s['median_ms'] / base:6.2f}x")
+    print("(over pass / over true: difference of medians to `python -c pass` / to running "
+          "`true` directly; x pass: ratio of medians)")
+    print(f"foreign CPU load during the runs: {foreign_pct:.1f}% of {ncpu} CPUs; "
+          f"steal {steal_pct:.1f}%")
+    busy = foreign_pct > args.busy_threshold or steal_pct > args.busy_threshold
+    if busy:
+        print(f"warning: the machine was busy (over {args.busy_threshold:g}%): do not quote "
+              "these figures", file=sys.stderr)
+
+    print()
+    print(f"target: cpulaunch adds under {TARGET_MS:.0f} ms to a run "
+          "(judged as `cpulaunch true` minus `true` run directly, medians)")
+    verdicts = {}
+    for key, name in (("m_exec", "python -m cpulaunch"), ("cs_exec", "cpulaunch console script")):
+        if key not in stats:
+            continue
+        added = stats[key]["median_ms"] - bare
+        ok = added < TARGET_MS
+        verdicts[key] = ok
+        print(f"{'PASS' if ok else 'FAIL'}: {name} adds {added:.1f} ms "
+              f"({stats[key]['median_ms'] - base:+.1f} ms over python -c pass; cpulaunch's own "
+              f"work beyond the interpreter start)" + (" [busy machine]" if busy else ""))
+    if "run_cpu" in stats:
+        ref = stats.get("cs_exec", stats["m_exec"])["median_ms"]
+        print(f"run_cpu takes {stats['run_cpu']['median_ms'] / ref:.1f}x as long as cpulaunch "
+              f"to start `true` ({stats['run_cpu']['median_ms'] - ref:+.0f} ms)")
+    if args.json:
+        print(json.dumps({"repeats": args.repeats, "python": sys.executable,
+                          "commands": {k: {"label": lab, "argv": cmd, **stats[k],
+                                           "runs_ms": [t * 1e3 for t in times[k]]}
+                                       for k, lab, cmd in cmds},
+                          "target_ms": TARGET_MS,
+                          "pass": {k: v for k, v in verdicts.items()},
+                          "foreign_load_pct": foreign_pct, "steal_pct": steal_pct}))
+    return 0 if verdicts and all(verdicts.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
