@@ -209,3 +209,23 @@ def test_main_job_instances_per_socket_runs_infer(tmp_path):
         assert rec["affinity"] == inst["cpulist"]
         assert rec["threads"] == len(inst["cpus"])
         assert rec["samples_per_s"] > 0
+
+
+def test_numactl_refused_falls_back_to_affinity_with_reason(probe_py, tmp_path):
+    """A numactl that is refused (as in a container whose seccomp profile blocks
+    set_mempolicy) is detected on the planned CPUs/nodes before launch: CPUs are bound with
+    sched_setaffinity instead, and the note says memory binding was dropped and why."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "numactl"
+    fake.write_text("#!/bin/sh\necho 'set_mempolicy: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}"}
+    args = ["--instance-idx", "0", "--ninstances", str(NCORES), PY, probe_py]
+    plan = json.loads(run_cli("--dry-run", "--format", "json", *args, env=env).stdout)
+    (note,) = [n for n in plan["notes"] if "set_mempolicy" in n]
+    assert "Operation not permitted" in note and "memory binding dropped" in note
+    assert plan["instances"][0]["argv"][0] == PY
+    proc = run_cli(*args, env=env)
+    (rec,) = records(proc.stdout)
+    assert rec["affinity"] == plan["instances"][0]["cpus"]
