@@ -63,12 +63,18 @@ DEFAULT_PATH = "auto"
 DTYPES = ("fp32", "bf16")
 
 #: Output agreement with eager: a path matches when, over every output tensor,
-#: ``max|out - ref| <= TOLERANCES[dtype] * max(max|ref|, 1e-6)``, ``ref`` being the eager
-#: output of the unmodified model for the same dtype (bf16: eager under CPU autocast).
-#: fp32: 1e-3 (kernel choice, Conv+BN folding and fused epilogues reorder float sums; seen
-#: here: up to 3e-6). bf16: 5e-2 (8-bit mantissa, and paths round at different places;
-#: seen here: 0.4% on a small transformer, 2% on a small ResNet).
+#: ``max|out - ref| <= tol * max(max|ref|, 1e-6)``, ``ref`` being the fp32 eager output of
+#: the unmodified model (for bf16 too: the answer the model is meant to give).
+#: fp32: ``tol = TOLERANCES["fp32"] = 1e-3`` (kernel choice, Conv+BN folding and fused
+#: epilogues reorder float sums; seen here: up to 2e-5 on the full ResNet-50-like model).
+#: bf16: ``tol = max(TOLERANCES["bf16"], BF16_ERROR_FACTOR * e)`` where ``e`` is the same
+#: relative error of eager under CPU autocast bf16: a bf16 path must be about as accurate
+#: as eager bf16 is, which depends on the model (seen here: e = 0.5% on the BERT-like
+#: model, 11% on the random-weight ResNet-50-like one, where the bf16 paths differ from each
+#: other by as much). The check catches wrong results, not rounding.
 TOLERANCES = {"fp32": 1e-3, "bf16": 5e-2}
+#: See :data:`TOLERANCES`.
+BF16_ERROR_FACTOR = 2.0
 
 TORCHSCRIPT_NOTE = (
     "onednn-graph is built on TorchScript (torch.jit.trace/freeze), which torch 2.13 "
@@ -172,9 +178,10 @@ def optimize(model: Any, example_inputs: Any, *, dtype: Any = None, path: Option
 
     Returns:
         :class:`OptimizedModel`. Its ``report`` holds: ``path``, ``requested_path``, ``dtype``,
-        ``channels_last``, ``conv_bn_folded``, ``tolerance`` (rule and value), and per path
-        tried: ``build_s`` (trace/compile plus warm-up, seconds), ``max_abs_diff`` and
-        ``rel_diff`` against eager, ``matches_eager``, ``errors`` (path -> message for paths
+        ``channels_last``, ``conv_bn_folded``, ``tolerance`` (rule, reference, ``tol``; for
+        bf16 also ``eager_bf16_rel_diff``; see :data:`TOLERANCES`), and per path tried:
+        ``build_s`` (trace/compile plus warm-up, seconds), ``max_abs_diff`` and ``rel_diff``
+        against eager fp32 on the unmodified model, ``matches_eager``, ``errors`` (path -> message for paths
         that failed to build); for onednn-graph ``fusion_groups`` (count of
         ``prim::oneDNNFusionGroup`` nodes after warm-up); for "auto" also ``ms_per_call``
         (median) and ``speedup_vs_eager`` (eager ms / path ms); ``notes`` (list of str).
@@ -208,7 +215,17 @@ def optimize(model: Any, example_inputs: Any, *, dtype: Any = None, path: Option
     notes: List[str] = []
     base = copy.deepcopy(model).eval()
     base.requires_grad_(False)
-    reference = _eager_reference(base, inputs, dtype_name)
+    reference = _eager_reference(base, inputs, "fp32")
+    tolerance: Dict[str, Any] = {
+        "rule": "max|out-ref| <= tol * max(max|ref|, 1e-6)",
+        "reference": "eager fp32, unmodified model",
+        "tol": TOLERANCES[dtype_name],
+    }
+    if dtype_name == "bf16":
+        eager_bf16_rel = _compare(_eager_reference(base, inputs, "bf16"), reference)[1]
+        tolerance["eager_bf16_rel_diff"] = eager_bf16_rel
+        tolerance["tol"] = max(TOLERANCES["bf16"], BF16_ERROR_FACTOR * eager_bf16_rel)
+    tol = tolerance["tol"]
 
     if channels_last is None:
         channels_last = (any(isinstance(m, torch.nn.Conv2d) for m in base.modules())
@@ -224,10 +241,7 @@ def optimize(model: Any, example_inputs: Any, *, dtype: Any = None, path: Option
         "dtype": dtype_name,
         "channels_last": bool(channels_last),
         "conv_bn_folded": folded,
-        "tolerance": {"rule": "max|out-ref| <= tol * max(max|ref|, 1e-6)",
-                      "tol": TOLERANCES[dtype_name],
-                      "reference": "eager, unmodified model" + (
-                          ", CPU autocast bf16" if dtype_name == "bf16" else "")},
+        "tolerance": tolerance,
         "build_s": {},
         "max_abs_diff": {},
         "rel_diff": {},
@@ -255,10 +269,10 @@ def optimize(model: Any, example_inputs: Any, *, dtype: Any = None, path: Option
         abs_diff, rel_diff = _compare(out, reference)
         report["max_abs_diff"][name] = abs_diff
         report["rel_diff"][name] = rel_diff
-        report["matches_eager"][name] = rel_diff <= TOLERANCES[dtype_name]
+        report["matches_eager"][name] = rel_diff <= tol
         if not report["matches_eager"][name]:
             notes.append(f"{name}: outputs differ from eager by {rel_diff:.3g} of their "
-                         f"largest magnitude (tolerance {TOLERANCES[dtype_name]})")
+                         f"largest magnitude (tolerance {tol:.3g})")
         built[name] = (runner, module, graph)
 
     if requested != "auto":

@@ -10,8 +10,9 @@ once, so a burst of foreign load hits all paths alike). Reported per path:
   (at least one call each), and the spread (min..max) of those windows;
 - ratio to eager (throughput / eager throughput, same model, batch and dtype);
 - build cost: trace/compile plus the warm-up calls, seconds;
-- max abs diff of the outputs against eager on the unmodified model (bf16: eager under
-  autocast), and that diff relative to the largest output magnitude;
+- max abs diff of the outputs against eager fp32 on the unmodified model (for the bf16
+  rows too, so eager bf16 shows its own rounding error), and that diff relative to the
+  largest output magnitude; MISMATCH when over the tolerance of docs/inference.md;
 - oneDNN fusion groups (onednn-graph).
 
 Then, per model and dtype, what ``optimize(path="auto")`` picks at the first batch size.
