@@ -414,11 +414,14 @@ def plan(topo: Topology, req: Request) -> Plan:
         used = {c for g in groups for _, cc in g for c in cc}
         left_cpus = [c for _, cc in cores for c in cc if c not in used]
         notes.append(f"{idle} usable core(s) left idle (CPUs {cpulist.format(left_cpus)})")
+    # Node sizes in usable physical cores, the unit of len(g) (not logical CPUs: an
+    # instance of 16 cores on two 8-core nodes of 16 CPUs each is larger than a node).
+    node_cores: dict = {}
+    for core, _ in cores:
+        node_cores[core.node] = node_cores.get(core.node, 0) + 1
     for g in groups:
         gnodes = {core.node for core, _ in g}
-        smallest = min(
-            (len(topo.nodes[n].cpus) for n in gnodes if n is not None), default=len(g)
-        )
+        smallest = min((node_cores[n] for n in gnodes if n is not None), default=len(g))
         if len(gnodes) > 1 and len(g) <= smallest:
             notes.append(
                 f"{len(g)}-core instances cannot all fit inside NUMA nodes here: some span "
