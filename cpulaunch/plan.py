@@ -323,7 +323,7 @@ def _instances_and_domains(topo: Topology, req: Request, cores: list, notes: lis
 
     if req.latency_mode:
         fixed = LATENCY_CORES
-        n = max(1, total // LATENCY_CORES)
+        n = max(1, _fit_count(cores, LATENCY_CORES))
         if total < LATENCY_CORES:
             fixed = total
             notes.append(
@@ -332,7 +332,7 @@ def _instances_and_domains(topo: Topology, req: Request, cores: list, notes: lis
             )
         return [(cores, n, fixed)]
     if fixed:
-        n = req.ninstances or total // fixed
+        n = req.ninstances or _fit_count(cores, fixed)
         if n < 1 or n * fixed > total:
             raise PlanError(
                 f"{req.ninstances or 1} instance(s) x {fixed} cores need {max(n, 1) * fixed} "
@@ -349,6 +349,16 @@ def _instances_and_domains(topo: Topology, req: Request, cores: list, notes: lis
             + (" or pass --use-logical-cores" if _has_smt(cores, topo) else "")
         )
     return [(cores, n, None)]
+
+
+def _fit_count(cores: list, size: int) -> int:
+    """How many ``size``-core instances to plan when the user gave no count: as many as
+    fit inside NUMA nodes (rule 4: idle cores rather than straddling), or, where no node
+    holds ``size`` usable cores, as many as fit in all (each is larger than a node)."""
+    per_node: dict = {}
+    for core, _ in cores:
+        per_node[core.node] = per_node.get(core.node, 0) + 1
+    return sum(c // size for c in per_node.values()) or len(cores) // size
 
 
 def _usable_desc(topo: Topology, cores: list) -> str:
