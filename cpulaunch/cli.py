@@ -17,6 +17,7 @@ from typing import Optional
 import click
 
 from cpulaunch import __version__, cpulist
+from cpulaunch.inference import INFERENCE_PATH_ENV, PATHS as INFERENCE_PATHS  # no torch import
 
 log = logging.getLogger("cpulaunch")
 
@@ -139,7 +140,7 @@ def _opt(name, *decls, **kw):
 @_opt("--keep-going", is_flag=True, help="When an instance fails, let the others finish.")
 @_opt("--grace-period", type=float, default=10.0, show_default=True,
       help="Seconds between SIGTERM and SIGKILL when stopping instances.")
-@_opt("--inference-path", type=_choice("onednn-graph", "inductor", "eager", "auto"), default=None,
+@_opt("--inference-path", type=click.Choice(list(INFERENCE_PATHS)), default=None,
       help="Tell the program which inference path to use (CPULAUNCH_INFERENCE_PATH).")
 @_opt("--ddp", is_flag=True, help="Distributed training: one rank per socket (see --nproc-per-node).")
 @_opt("--nproc-per-node", default=None, help="--ddp ranks on this node: a number, 'socket' or 'node'.")
@@ -334,7 +335,7 @@ def render_for_host(the_plan, program, kw, topo, environ, extra_env=None, instan
 
     extra = dict(extra_env or {})
     if kw.get("inference_path"):
-        extra["CPULAUNCH_INFERENCE_PATH"] = kw["inference_path"].lower()
+        extra[INFERENCE_PATH_ENV] = kw["inference_path"]
     live = os.path.realpath(kw["sysroot"]) == "/"
     settings, notes = resolve_settings(kw, environ, live, extra, instance_env)
     rendered = render(the_plan, program, settings)
