@@ -317,17 +317,18 @@ def build_argv(cfg: Config, args) -> list[str]:
     return [py, "-m", "cpulaunch", *cfg.flags, py, *work]
 
 
-JSON_LINE = re.compile(r"^(?:\[(\d+)\]\s*)?(\{.*\})\s*$")
+JSON_LINE = re.compile(r"^(?:\[[\w.-]*\]:?\s*)?(\{.*\})\s*$")
 
 
 def parse_results(stdout: str) -> list[dict]:
-    """infer.py's JSON lines; cpulaunch prefixes each with "[i] ", run_cpu does not."""
+    """infer.py's JSON lines: cpulaunch prefixes each with "[i] "; run_cpu does not, unless
+    given --log-path (then "[run0]:", torchelastic's prefix)."""
     rows = []
     for line in stdout.splitlines():
         m = JSON_LINE.match(line.strip())
         if m:
             try:
-                row = json.loads(m.group(2))
+                row = json.loads(m.group(1))
             except ValueError:
                 continue
             if "samples_per_s" in row:
@@ -384,6 +385,8 @@ def describe(obs: dict) -> str:
 def significance(a: dict, b: dict) -> str:
     """A note when two medians differ by less than the larger of their spreads."""
     diff = abs(a["median"] / b["median"] - 1) * 100
+    if min(a["n"], b["n"]) < 2:
+        return f"; difference {diff:.1f}% from one round: no spread to judge it by"
     noise = max(a["spread_pct"], b["spread_pct"])
     if diff < noise:
         return f"; difference {diff:.1f}% < spread {noise:.1f}%: not significant"

@@ -13,10 +13,10 @@ once, in a rotated order) so that drifting background load hits all of them equa
 - ``python -m torch.backends.xeon.run_cpu --no-python true``: PyTorch's launcher (it
   imports torch, so seconds).
 
-When ``cpulaunch`` or ``python`` on PATH is a pyenv shim (a bash script that execs the real
-file), the shim is timed too, in rows marked "(PATH shim)", and the console-script rows
-use the real file next to ``sys.executable``: the shim costs the same for any command, it
-is not cpulaunch's.
+When PATH holds a pyenv shim for ``cpulaunch`` or ``python`` (a bash script that asks pyenv
+for the version, then execs the real file), the shim is timed too, in rows marked "(PATH
+shim)"; the console-script rows use the real file next to ``sys.executable``: a shim costs
+the same for any command of that installation, it is not cpulaunch's.
 
 Output: median, min, max and spread ((max - min) / median) of each command over
 ``--repeats`` runs, the overhead over ``python -c pass`` and over bare ``true``, ratios,
@@ -79,11 +79,25 @@ def is_shim(path: str) -> bool:
     return first.startswith(b"#!") and (b"bash" in first or b"/sh" in first)
 
 
+def path_shim(name: str) -> str | None:
+    """The first ``name`` on PATH that is a shell-script shim (e.g. ~/.pyenv/shims/name).
+
+    Searched through every PATH entry, not only the first hit: under ``pyenv exec`` (how a
+    shimmed ``python`` runs this script) the real bin folder comes first on PATH, yet a
+    user's shell finds the shim.
+    """
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        cand = os.path.join(d or ".", name)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK) and is_shim(cand):
+            return cand
+    return None
+
+
 def console_scripts() -> tuple[str | None, str | None]:
-    """(real cpulaunch console script, PATH's cpulaunch when it is a shim to something else).
+    """(real cpulaunch console script, a cpulaunch shim on PATH).
 
     The real one is next to ``sys.executable`` (the scripts dir of this interpreter's
-    installation); else whatever PATH gives.
+    installation); else whatever PATH gives when it is not a shim.
     """
     on_path = shutil.which("cpulaunch")
     real = None
@@ -94,8 +108,7 @@ def console_scripts() -> tuple[str | None, str | None]:
             break
     if real is None and on_path and not is_shim(on_path):
         real = on_path
-    shim = on_path if on_path and is_shim(on_path) and on_path != real else None
-    return real, shim
+    return real, path_shim("cpulaunch")
 
 
 def commands(args) -> list[tuple[str, str, list[str]]]:
@@ -107,8 +120,8 @@ def commands(args) -> list[tuple[str, str, list[str]]]:
         ("true", "true (no launcher)", [true]),
         ("pass", "python -c pass", [py, "-c", "pass"]),
     ]
-    path_py = shutil.which("python")
-    if path_py and is_shim(path_py):
+    path_py = path_shim("python")
+    if path_py:
         cmds.append(("pass_shim", "python -c pass (PATH shim)", [path_py, "-c", "pass"]))
     cmds += [
         ("m_dry", "python -m cpulaunch --dry-run true", [py, "-m", "cpulaunch", "--dry-run", "true"]),
@@ -214,7 +227,7 @@ def main(argv=None) -> int:
     busy = foreign_pct > args.busy_threshold or steal_pct > args.busy_threshold
     if busy:
         print(f"warning: the machine was busy (over {args.busy_threshold:g}%): do not quote "
-              "these figures", file=sys.stderr)
+              "these figures")
 
     print()
     print(f"target: cpulaunch adds under {TARGET_MS:.0f} ms to a run "
