@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import shutil
 import signal
 import socket
@@ -146,6 +147,9 @@ class NodeShape:
 SLURM_CONF_TEMPLATE = """\
 # Written by tests/engines.py for a throw-away one-node cluster.
 ClusterName=cpulaunchtest
+# Random, so that clusters started at the same time on one host (parallel test sessions)
+# do not number their jobs alike: cpulaunch --ddp derives MASTER_PORT from SLURM_JOB_ID.
+FirstJobId={first_job_id}
 SlurmctldHost={node}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
@@ -393,7 +397,8 @@ def slurm_cluster(start_timeout: float = SLURM_START_TIMEOUT,
         ctld_port, slurmd_port = free_ports(2)
         conf = root / "slurm.conf"
         conf.write_text(SLURM_CONF_TEMPLATE.format(
-            node=node.name, ctld_port=ctld_port, slurmd_port=slurmd_port, munge_socket=sock,
+            first_job_id=random.randrange(1, 60_000_000), node=node.name,
+            ctld_port=ctld_port, slurmd_port=slurmd_port, munge_socket=sock,
             root=root, node_line=node.conf_line()))
         env = {**base_env, "SLURM_CONF": str(conf)}
         procs["slurmctld"] = _start([_which("slurmctld"), "-D", "-f", str(conf)],

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -99,15 +100,18 @@ def cpulaunch_ddp() -> list[str]:
 # ------------------------------------------------------------------------------- helpers
 
 def records(stdout: str, tag: str) -> list[dict]:
-    """The JSON lines with ``"tag": tag`` in ``stdout``, in the order printed."""
+    """The JSON objects with ``"tag": tag`` in ``stdout``, in the order printed.
+
+    Found wherever they start, not per line: Hydra forwards the ranks' output in chunks, and
+    two ranks' lines were seen glued together (``{...}{...}`` then an empty line).
+    """
+    decoder = json.JSONDecoder()
     out = []
-    for line in stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                rec = json.loads(line)
-                if rec.get("tag") == tag:
-                    out.append(rec)
+    for start in (m.start() for m in re.finditer(r'\{"tag": ', stdout)):
+        with contextlib.suppress(ValueError):
+            rec, _ = decoder.raw_decode(stdout, start)
+            if rec.get("tag") == tag:
+                out.append(rec)
     return out
 
 
@@ -312,19 +316,23 @@ def test_mpirun_cpulaunch_ddp_allreduce(mpich, cpulaunch_ddp, hosts, tmp_path):
     hydra_args = {"default": [], "hosts": ["-hosts", host, "-ppn", "2"],
                   "hostfile": ["-f", hostfile, "-ppn", "2"]}[hosts]
     allowed = mpirun_baseline(mpich)
-    proc = mpich.run(2, [*cpulaunch_ddp, PY, DDP], timeout=120, cwd=REPO,
-                     hydra_args=hydra_args)
+    # A free port, not the default 29500: other runs may share this host.
+    (port,) = free_ports(1)
+    proc = mpich.run(2, [*cpulaunch_ddp, "--master-port", port, PY, DDP], timeout=120,
+                     cwd=REPO, hydra_args=hydra_args)
     assert proc.returncode == 0, show(proc)
     ranks = check_ddp_ranks(records(proc.stdout, "ddp_allreduce"), allowed, show(proc))
     # One host: whatever cpulaunch picks as MASTER_ADDR must be this host.
     local = addresses(socket.gethostname()) | {"127.0.0.1", "localhost", "::1"}
     assert ranks[0]["master_addr"] in local, ranks[0]
+    assert ranks[0]["master_port"] == str(port), ranks[0]
 
 
 @pytest.mark.slow
 def test_mpirun_cpulaunch_ddp_propagates_failing_rank(mpich, cpulaunch_ddp):
-    proc = mpich.run(2, [*cpulaunch_ddp, PY, DDP, "--exit-code", "3", "--exit-rank", "1"],
-                     timeout=120, cwd=REPO)
+    (port,) = free_ports(1)
+    proc = mpich.run(2, [*cpulaunch_ddp, "--master-port", port, PY, DDP, "--exit-code", "3",
+                         "--exit-rank", "1"], timeout=120, cwd=REPO)
     assert proc.returncode == 3, show(proc)
     assert len(records(proc.stdout, "ddp_allreduce")) == 2, show(proc)
 
