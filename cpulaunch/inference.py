@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import statistics
 import time
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -496,6 +495,8 @@ def _choose(built: Dict[str, Tuple[Callable[..., Any], Any, Optional[str]]],
                 runner(*inputs)
                 times[name].append(time.perf_counter() - start)
                 calls += 1
+    import statistics  # here, not at import: the launcher imports this module for PATHS
+
     ms = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     report["ms_per_call"] = ms
     if "eager" in ms:
