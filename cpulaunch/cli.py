@@ -525,7 +525,11 @@ def run_ddp(topo, req, program, kw) -> int:
                 f"{ctx.engine}: cannot tell rank 0's host; pass --master-addr HOST or export "
                 "MASTER_ADDR (e.g. mpirun -genv MASTER_ADDR HOST)"
             )
-    port = kw["master_port"] or ctx.master_port or dist.DEFAULT_MASTER_PORT
+    port = kw["master_port"] or ctx.master_port
+    if port is None:
+        port = dist.DEFAULT_MASTER_PORT
+        notes.append(f"MASTER_PORT={port} (default): jobs sharing a machine need their own "
+                     "--master-port or MASTER_PORT")
     env = dist.rank_env(ctx, addr, port, backend)
     env.update(dist.iface_env(kw["iface"]))
     if backend == "ccl":
