@@ -232,7 +232,8 @@ def _split_domain(cores: list, n: int, fixed: Optional[int]) -> tuple:
     of a single node is used, and cores that do not fit are left idle. With fewer
     instances than nodes each instance is larger than a node, so the ordered cores are
     cut in contiguous balanced runs (whole nodes where the counts divide).
-    ``fixed``: exactly that many cores per instance.
+    ``fixed``: exactly that many cores per instance, inside nodes whenever ``n`` of them
+    fit there, whatever the number of nodes.
     """
     by_node: dict = {}
     for item in cores:
@@ -240,7 +241,7 @@ def _split_domain(cores: list, n: int, fixed: Optional[int]) -> tuple:
     node_items = list(by_node.values())
     node_sizes = [len(v) for v in node_items]
     total = len(cores)
-    if n >= len(node_items):
+    if n >= len(node_items) or fixed:
         for s in [fixed] if fixed else range(total // n, 0, -1):
             if sum(c // s for c in node_sizes) < n:
                 continue
