@@ -19,10 +19,10 @@ How the variants run:
   execs Python. The script says which way it ran.
 
 Rounds are interleaved (A B A B ...) so that drifting background load hits both. Before
-each round the machine is sampled for one second; if the CPUs were busier than
-``--busy-threshold`` percent, a warning names the busiest processes. On a shared machine
-one foreign busy thread can slow OpenMP barriers many times over: quote figures only from
-rounds without warnings.
+each round the machine is sampled for one second; if other processes (and the VM's steal
+time) used more than ``--busy-threshold`` percent of it, a warning names the load and the
+busiest processes (benchkit.py). On a shared machine one foreign busy thread can slow
+OpenMP barriers many times over: quote figures only from rounds without warnings.
 
     python scripts/bench_ddp.py            # cnn (ResNet-50-like) full size, 5 rounds
     python scripts/bench_ddp.py --quick    # small cnn, 2 rounds, a few steps: a smoke run
@@ -35,11 +35,11 @@ import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+import benchkit
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_ddp.py"
@@ -60,12 +60,8 @@ PIN_AND_EXEC = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="small cnn, 2 rounds, 4 steps, global batch 16: checks the script")
-    p.add_argument("--model", choices=("cnn", "bert"), default="cnn")
-    p.add_argument("--size", choices=("full", "small"), default=None,
-                   help="default full (small with --quick)")
+    p = benchkit.parser(__doc__, "small cnn, 2 rounds, 4 steps, global batch 16: checks the script")
+    benchkit.add_model_size(p)
     p.add_argument("--global-batch-size", type=int, default=None,
                    help="default 16; a multiple of the number of ranks")
     p.add_argument("--steps", type=int, default=None,
@@ -145,34 +141,6 @@ def commands(args, cpulaunch: str | None) -> dict[str, tuple[list[str], dict[str
     }
 
 
-def busy_sample(interval: float = 1.0) -> tuple[float, list[tuple[float, int, str]]]:
-    """(CPU busy percent over ``interval`` seconds, all CPUs; [(percent, pid, name)] of the
-    busiest other processes). Percent of one CPU per process, as top shows it."""
-    try:
-        import psutil
-    except ImportError:  # /proc/loadavg is all we have
-        time.sleep(interval)
-        load1 = float(Path("/proc/loadavg").read_text().split()[0])
-        return 100.0 * load1 / max(1, os.cpu_count() or 1), []
-    procs = []
-    for p in psutil.process_iter(["pid", "name"]):
-        try:
-            p.cpu_percent(None)
-            procs.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    total = psutil.cpu_percent(interval=interval)
-    top = []
-    for p in procs:
-        try:
-            pct = p.cpu_percent(None)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if pct >= 5.0 and p.pid != os.getpid():
-            top.append((pct, p.pid, p.info["name"]))
-    return total, sorted(top, reverse=True)[:5]
-
-
 def run_variant(argv: list[str], env: dict[str, str], expect_ranks: int,
                 want_threads: int) -> float:
     """Run one variant; return aggregate samples/s (the slowest rank's global figure)."""
@@ -191,9 +159,9 @@ def run_variant(argv: list[str], env: dict[str, str], expect_ranks: int,
 
 
 def summarize(xs: list[float]) -> str:
-    med = statistics.median(xs)
-    spread = (max(xs) - min(xs)) / med * 100 if med else float("nan")
-    return f"median {med:8.2f}  min {min(xs):8.2f}  max {max(xs):8.2f}  spread {spread:5.1f}%"
+    """One line: median, min, max and spread of samples/s ``xs``."""
+    return (f"median {benchkit.median(xs):8.2f}  min {min(xs):8.2f}  max {max(xs):8.2f}  "
+            f"spread {benchkit.spread(xs) * 100:5.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings = 0
     for rnd in range(1, args.rounds + 1):
         for variant in ("A", "B"):
-            total, top = busy_sample()
-            if total > args.busy_threshold:
+            load = benchkit.sample(1.0, top=5)
+            if benchkit.busy([load], args.busy_threshold):
                 warnings += 1
-                who = ", ".join(f"{name}[{pid}] {pct:.0f}%" for pct, pid, name in top)
-                print(f"  warning: machine busy before round {rnd}{variant}: CPUs "
-                      f"{total:.0f}% used; load {Path('/proc/loadavg').read_text().split()[0]}"
-                      f"{'; ' + who if who else ''}", file=sys.stderr, flush=True)
+                print(benchkit.busy_warning(
+                    f"before round {rnd}{variant}",
+                    f"others used {load.others_pct:.0f}%, steal {load.steal_pct:.0f}%",
+                    load.busiest), file=sys.stderr, flush=True)
             argv, env = commands(args, cpulaunch)[variant]
             rate = (run_variant(argv, env, 1, n) if variant == "A"
                     else run_variant(argv, env, n, 1))
@@ -235,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [b / a for a, b in zip(results["A"], results["B"])]
     print(f"A 1x{n} threads  : {summarize(results['A'])}")
     print(f"B {n}x1 ranks    : {summarize(results['B'])}")
-    ratio = statistics.median(results["B"]) / statistics.median(results["A"])
+    ratio = benchkit.median(results["B"]) / benchkit.median(results["A"])
     print(f"ratio B/A (medians): {ratio:.3f}; per-round ratios: "
           + " ".join(f"{r:.3f}" for r in ratios))
     if warnings:

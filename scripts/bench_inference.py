@@ -18,9 +18,10 @@ once, so a burst of foreign load hits all paths alike). Reported per path:
 Then, per model and dtype, what ``optimize(path="auto")`` picks at the first batch size.
 
 Before each round the script measures the CPU time used by other processes (system busy
-time minus its own, /proc/stat via psutil, over 0.5 s, steal time counted as foreign) and
-marks rounds where it exceeded ``--busy-threshold`` CPUs: oversubscribed cores make
-OpenMP runs many times slower, so such figures are not comparable.
+time minus its own and its children's, /proc/stat via psutil, over 0.5 s, steal time
+counted as foreign; benchkit.py) and marks rounds where it exceeded ``--busy-threshold``
+CPUs: oversubscribed cores make OpenMP runs many times slower, so such figures are not
+comparable.
 
 One command from a fresh checkout: ``python scripts/bench_inference.py``.
 Quick check that it works: ``python scripts/bench_inference.py --quick``.
@@ -28,19 +29,17 @@ Quick check that it works: ``python scripts/bench_inference.py --quick``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
+import benchkit
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))  # models.py
 sys.path.insert(0, str(ROOT))  # cpulaunch, when not installed
-
-import psutil  # noqa: E402
 
 from cpulaunch import cpulist  # noqa: E402
 from cpulaunch.inference import CONCRETE_PATHS, DTYPES, optimize  # noqa: E402
@@ -49,30 +48,11 @@ BATCHES = {"cnn": (1, 32), "bert": (1, 8)}
 LABELS = {"cnn": "ResNet-50-like CNN", "bert": "BERT-base-like encoder"}
 
 
-def foreign_cpus(interval: float = 0.5) -> float:
-    """CPUs' worth of time used by everything but this process over ``interval`` seconds
-    (user+nice+system+irq+softirq+steal of the whole machine, minus our own user+system)."""
-    me = psutil.Process()
-
-    def busy(t) -> float:
-        return sum(getattr(t, f, 0.0) for f in
-                   ("user", "nice", "system", "irq", "softirq", "steal"))
-
-    s0, m0, w0 = psutil.cpu_times(), me.cpu_times(), time.monotonic()
-    time.sleep(interval)
-    s1, m1, w1 = psutil.cpu_times(), me.cpu_times(), time.monotonic()
-    own = (m1.user - m0.user) + (m1.system - m0.system)
-    return max(0.0, (busy(s1) - busy(s0) - own) / (w1 - w0))
-
-
 def check_quiet(threshold: float, wait: float) -> float:
-    """Foreign load in CPUs; with ``wait`` > 0, re-check until it drops under ``threshold``
-    or ``wait`` seconds have passed. Returns the last measurement."""
-    deadline = time.monotonic() + wait
-    load = foreign_cpus()
-    while load > threshold and time.monotonic() < deadline:
-        load = foreign_cpus()
-    return load
+    """Foreign load in CPUs over 0.5 s; with ``wait`` > 0, re-check until it drops under
+    ``threshold`` CPUs or ``wait`` seconds have passed. Returns the last measurement."""
+    pct = 100 * threshold / (os.cpu_count() or 1)  # benchkit's threshold: % of the machine
+    return benchkit.wait_quiet(pct, wait).foreign
 
 
 def time_window(opt, inputs, seconds: float) -> tuple:
@@ -113,7 +93,7 @@ def bench_config(name, model, inputs, batch, dtype, paths, args, log) -> list:
             rows[path]["busy"].append(load)
     for row in rows.values():
         if row.get("windows"):
-            row["samples_per_s"] = statistics.median(row["windows"])
+            row["samples_per_s"] = benchkit.median(row["windows"])
             row["max_foreign_cpus"] = max(row["busy"])
             row["quiet"] = row["max_foreign_cpus"] <= args.busy_threshold
     eager = rows.get("eager", {}).get("samples_per_s")
@@ -142,10 +122,8 @@ HEADER = (f"{'model':<5}{'batch':>6} {'dtype':<5} {'path':<13}{'samples/s':>10} 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="small models, 2 repeats of 0.3 s, warm-up 2: proves the script "
-                        "works in a minute or two; figures are not meaningful")
+    p = benchkit.parser(__doc__, "small models, 2 repeats of 0.3 s, warm-up 2: proves the "
+                                 "script works in a minute or two; figures are not meaningful")
     p.add_argument("--models", default="cnn,bert", help="subset, e.g. cnn (default: cnn,bert)")
     p.add_argument("--dtypes", default="fp32,bf16", help="subset of fp32,bf16")
     p.add_argument("--paths", default=",".join(CONCRETE_PATHS),

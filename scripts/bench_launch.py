@@ -26,11 +26,12 @@ throughput: the sum of the instances' samples/s, the instances running concurren
 
 Rounds are interleaved (a b c1 c2 d e1 e2, a b ...). Before each run the machine is sampled
 for ``--quiet-sample`` seconds from /proc/stat, and during the run the CPU time of every
-other process is measured (machine busy time minus the CPU time of our own children, from
-getrusage): when either exceeds ``--busy-threshold`` percent of the machine (or the VM's
-steal time does), a warning names the load and the round is marked busy. A foreign busy
-thread can make a 2-thread OpenMP run 20x slower here: medians are taken over the quiet
-rounds only, unless no round was quiet (then over all, and the verdicts say so).
+other process is measured (machine busy time minus our own and our children's CPU time,
+from getrusage; benchkit.py): when either, with the VM's steal time added, exceeds
+``--busy-threshold`` percent of the machine, a warning names the load and the round is
+marked busy. A foreign busy thread can make a 2-thread OpenMP run 20x slower here: medians
+are taken over the quiet rounds only, unless no round was quiet (then over all, and the
+verdicts say so).
 
 Each configuration's figure: median over rounds, spread = (max - min) / median, ratio of
 medians to plain python. Then the checks the issue asks for:
@@ -55,15 +56,15 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import benchkit
 
 ROOT = Path(__file__).resolve().parents[1]
 INFER = ROOT / "examples" / "infer.py"
@@ -149,14 +150,11 @@ def matrix_configs() -> list[Config]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="small model, 2 rounds (1 with --matrix), ~1-2 s runs: checks the script")
+    p = benchkit.parser(
+        __doc__, "small model, 2 rounds (1 with --matrix), ~1-2 s runs: checks the script")
     p.add_argument("--matrix", action="store_true",
                    help="allocator x omp runtime x OMP_PROC_BIND/OMP_PLACES, one instance")
-    p.add_argument("--model", choices=("cnn", "bert"), default="cnn")
-    p.add_argument("--size", choices=("full", "small"), default=None,
-                   help="default full (small with --quick)")
+    benchkit.add_model_size(p)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seconds", type=float, default=None,
                    help="timed seconds per run after warm-up (default 10; 1 with --quick)")
@@ -199,71 +197,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         if any(c.ninstances > 1 for c in args.cfgs) and args.n < 2:
             p.error(f"multi-instance configurations need 2+ CPUs; this process may use {args.cpus}")
     return args
-
-
-# --------------------------------------------------------------------------- the machine
-
-
-def cpu_times() -> tuple[float, float]:
-    """(busy, steal) CPU seconds summed over all CPUs since boot, from /proc/stat."""
-    hz = os.sysconf("SC_CLK_TCK")
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq) / hz, steal / hz
-
-
-def own_cpu() -> float:
-    """CPU seconds of this process and of its waited-for descendants (numactl, python,
-    run_cpu and the instances it starts: getrusage counts them once they are reaped)."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-class LoadMeter:
-    """Foreign load over an interval: (machine busy - our own CPU) / (wall x CPUs)."""
-
-    def __init__(self):
-        self.ncpu = os.cpu_count() or 1
-
-    def start(self):
-        self._t = time.monotonic()
-        self._busy, self._steal = cpu_times()
-        self._own = own_cpu()
-
-    def stop(self) -> tuple[float, float]:
-        """(foreign percent, steal percent) of the whole machine since start()."""
-        wall = max(1e-6, time.monotonic() - self._t)
-        busy, steal = cpu_times()
-        foreign = max(0.0, (busy - self._busy) - (own_cpu() - self._own))
-        return 100 * foreign / (wall * self.ncpu), 100 * (steal - self._steal) / (wall * self.ncpu)
-
-
-def top_processes(seconds: float) -> list[tuple[float, int, str]]:
-    """[(percent of one CPU, pid, name)] of the busiest other processes (needs psutil)."""
-    try:
-        import psutil
-    except ImportError:
-        time.sleep(seconds)
-        return []
-    procs = []
-    for p in psutil.process_iter(["pid", "name"]):
-        try:
-            p.cpu_percent(None)
-            procs.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    time.sleep(seconds)
-    top = []
-    for p in procs:
-        try:
-            pct = p.cpu_percent(None)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if pct >= 5.0 and p.pid != os.getpid():
-            top.append((pct, p.pid, p.info["name"]))
-    return sorted(top, reverse=True)[:4]
 
 
 # --------------------------------------------------------------------------- running
@@ -368,12 +301,12 @@ def run_one(cfg: Config, args, shim: Path | None) -> tuple[float, dict]:
 
 
 def stats(xs: list[float]) -> dict:
+    """Median, min, max, count and spread in percent of ``xs`` (NaN for none)."""
     if not xs:
         return {"median": float("nan"), "min": float("nan"), "max": float("nan"),
                 "spread_pct": float("nan"), "n": 0}
-    med = statistics.median(xs)
-    return {"median": med, "min": min(xs), "max": max(xs), "n": len(xs),
-            "spread_pct": (max(xs) - min(xs)) / med * 100 if med else float("nan")}
+    return {"median": benchkit.median(xs), "min": min(xs), "max": max(xs), "n": len(xs),
+            "spread_pct": benchkit.spread(xs) * 100}
 
 
 def describe(obs: dict) -> str:
@@ -411,7 +344,6 @@ def print_table(cfgs, st, base_key, rounds_used, ref_key=None) -> None:
 def run_rounds(args, shim) -> tuple[dict, dict, list[bool], list[str]]:
     """All rounds -> (samples/s per key per round, first observation per key,
     busy flag per round, warning lines)."""
-    meter = LoadMeter()
     values: dict[str, list[float]] = {c.key: [] for c in args.cfgs}
     obs: dict[str, dict] = {}
     busy_rounds: list[bool] = []
@@ -420,22 +352,19 @@ def run_rounds(args, shim) -> tuple[dict, dict, list[bool], list[str]]:
         busy = False
         line = []
         for cfg in args.cfgs:
-            meter.start()
-            top = top_processes(args.quiet_sample)
-            pre, pre_steal = meter.stop()
-            meter.start()
+            pre = benchkit.sample(args.quiet_sample, top=4)
+            window = benchkit.LoadWindow()
             rate, ob = run_one(cfg, args, shim)
-            during, steal = meter.stop()
+            during = window.load()
             values[cfg.key].append(rate)
             obs.setdefault(cfg.key, ob)
-            if max(pre, during, pre_steal, steal) > args.busy_threshold:
+            if benchkit.busy((pre, during), args.busy_threshold):
                 busy = True
-                who = ", ".join(f"{name}[{pid}] {pct:.0f}%" for pct, pid, name in top)
-                msg = (f"  warning: machine not quiet in round {rnd} ({cfg.key}): others used "
-                       f"{pre:.0f}% before and {during:.0f}% during the run, steal "
-                       f"{max(pre_steal, steal):.0f}%; load average "
-                       f"{Path('/proc/loadavg').read_text().split()[0]}"
-                       + (f"; busiest: {who}" if who else ""))
+                msg = benchkit.busy_warning(
+                    f"in round {rnd} ({cfg.key})",
+                    f"others used {pre.others_pct:.0f}% before and {during.others_pct:.0f}% "
+                    f"during the run, steal {max(pre.steal_pct, during.steal_pct):.0f}%",
+                    pre.busiest)
                 warnings.append(msg)
                 print(msg, flush=True)  # stdout: in order with the round lines
             line.append(f"{cfg.key} {rate:.1f}")
@@ -476,7 +405,7 @@ def main_compare(args, shim, made) -> int:
         verdicts["best_vs_plain"] = ok
         print(f"{'PASS' if ok else 'FAIL'}: cpulaunch's best configuration ({best.key}: {best.label}) "
               f"is {ratio:.2f}x plain python (target >= {TARGET_RATIO}x on the CNN at batch 32; "
-              f"median of per-round ratios {statistics.median(paired):.2f}x)"
+              f"median of per-round ratios {benchkit.median(paired):.2f}x)"
               + ("" if target else f" [this run is {args.model}/{args.size} batch "
                  f"{args.batch_size}, not the target workload]") + tag)
     rc = [c for c in args.cfgs if c.launcher == "run_cpu"]

@@ -22,8 +22,9 @@ Output: median, min, max and spread ((max - min) / median) of each command over
 ``--repeats`` runs, the overhead over ``python -c pass`` and over bare ``true``, ratios,
 and the target "cpulaunch adds under 100 ms to a run", PASS/FAIL, judged on the exec path
 (``cpulaunch true`` minus bare ``true``: everything a user waits for before the program
-starts) for both entry points. The machine's foreign CPU load during the runs is sampled
-from /proc/stat; figures taken while it was busy are flagged.
+starts) for both entry points. The machine's foreign CPU load during the runs (its busy
+time from /proc/stat minus our own and our children's, see benchkit.py) and the VM's steal
+time are measured; figures taken while it was busy are flagged.
 
     python scripts/bench_startup.py              # 20 repeats (about 1.5 min, run_cpu dominates)
     python scripts/bench_startup.py --quick      # 5 repeats, a smoke run
@@ -36,12 +37,13 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import sysconfig
 import time
 from pathlib import Path
+
+import benchkit
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MS = 100.0
@@ -52,10 +54,9 @@ CLEAN_VARS = ("OMP_NUM_THREADS", "LD_PRELOAD", "KMP_AFFINITY", "KMP_BLOCKTIME", 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = benchkit.parser(__doc__, "5 repeats: checks the script")
     p.add_argument("--repeats", type=int, default=None,
                    help="runs of each command (default 20; 5 with --quick)")
-    p.add_argument("--quick", action="store_true", help="5 repeats: checks the script")
     p.add_argument("--no-run-cpu", action="store_true",
                    help="leave out torch.backends.xeon.run_cpu (about 3 s per run)")
     p.add_argument("--busy-threshold", type=float, default=10.0,
@@ -146,22 +147,6 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def cpu_times() -> tuple[float, float]:
-    """(busy, steal) seconds summed over all CPUs since boot, from /proc/stat."""
-    hz = os.sysconf("SC_CLK_TCK")
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq) / hz, steal / hz
-
-
-def children_cpu() -> float:
-    """CPU seconds of our waited-for descendants (numactl, python, run_cpu's children)."""
-    import resource
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def time_once(argv: list[str], env: dict[str, str]) -> float:
     t = time.perf_counter()
     proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -173,9 +158,9 @@ def time_once(argv: list[str], env: dict[str, str]) -> float:
 
 
 def summary(xs: list[float]) -> dict:
-    med = statistics.median(xs)
-    return {"median_ms": med * 1e3, "min_ms": min(xs) * 1e3, "max_ms": max(xs) * 1e3,
-            "spread_pct": (max(xs) - min(xs)) / med * 100 if med else float("nan")}
+    """Median, min and max in ms and spread in percent of seconds ``xs``."""
+    return {"median_ms": benchkit.median(xs) * 1e3, "min_ms": min(xs) * 1e3,
+            "max_ms": max(xs) * 1e3, "spread_pct": benchkit.spread(xs) * 100}
 
 
 def main(argv=None) -> int:
@@ -183,7 +168,6 @@ def main(argv=None) -> int:
     env = child_env()
     cmds = commands(args)
     real, shim = console_scripts()
-    ncpu = os.cpu_count() or 1
     print(f"bench_startup: {args.repeats} repeats of {len(cmds)} commands, interleaved "
           f"round-robin (rotated start); python = {sys.executable}")
     print(f"  console script: {real or 'not found'}"
@@ -196,17 +180,12 @@ def main(argv=None) -> int:
         time_once(cmd, env)
 
     times: dict[str, list[float]] = {key: [] for key, _, _ in cmds}
-    busy0, steal0 = cpu_times()
-    ours0, wall0 = children_cpu(), time.monotonic()
+    window = benchkit.LoadWindow()
     for rep in range(args.repeats):
         order = cmds[rep % len(cmds):] + cmds[:rep % len(cmds)]
         for key, _label, cmd in order:
             times[key].append(time_once(cmd, env))
-    busy1, steal1 = cpu_times()
-    wall = time.monotonic() - wall0
-    foreign = max(0.0, (busy1 - busy0) - (children_cpu() - ours0))
-    foreign_pct = 100 * foreign / (wall * ncpu)
-    steal_pct = 100 * (steal1 - steal0) / (wall * ncpu)
+    load = window.load()
 
     stats = {key: summary(xs) for key, xs in times.items()}
     base = stats["pass"]["median_ms"]
@@ -222,9 +201,9 @@ def main(argv=None) -> int:
               f"{s['median_ms'] - bare:+8.1f}ms  {s['median_ms'] / base:6.2f}x")
     print("(over pass / over true: difference of medians to `python -c pass` / to running "
           "`true` directly; x pass: ratio of medians)")
-    print(f"foreign CPU load during the runs: {foreign_pct:.1f}% of {ncpu} CPUs; "
-          f"steal {steal_pct:.1f}%")
-    busy = foreign_pct > args.busy_threshold or steal_pct > args.busy_threshold
+    print(f"foreign CPU load during the runs: {load.others_pct:.1f}% of {load.ncpu} CPUs; "
+          f"steal {load.steal_pct:.1f}%")
+    busy = benchkit.busy([load], args.busy_threshold)
     if busy:
         print(f"warning: the machine was busy (over {args.busy_threshold:g}%): do not quote "
               "these figures")
@@ -253,7 +232,7 @@ def main(argv=None) -> int:
                                        for k, lab, cmd in cmds},
                           "target_ms": TARGET_MS,
                           "pass": {k: v for k, v in verdicts.items()},
-                          "foreign_load_pct": foreign_pct, "steal_pct": steal_pct}))
+                          "foreign_load_pct": load.others_pct, "steal_pct": load.steal_pct}))
     return 0 if verdicts and all(verdicts.values()) else 1
 
 
