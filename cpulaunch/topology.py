@@ -412,12 +412,11 @@ def build(raw: RawHost) -> Topology:
     # Overlapping sets (inconsistent dumps) would break disjointness: merge them.
     merged: list[set] = []
     for s in core_sets:
-        for m in merged:
-            if m & s:
-                m |= s
-                break
-        else:
-            merged.append(set(s))
+        s = set(s)
+        for m in [m for m in merged if m & s]:  # every set it touches, not just the first
+            s |= m
+            merged.remove(m)
+        merged.append(s)
 
     # --- sockets
     pkg_of: dict[int, Optional[int]] = {}
