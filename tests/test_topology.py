@@ -16,6 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import FACTS, FIXTURES, MACHINES, plan_json, run_cli
 from cpulaunch import cpulist, probe
@@ -682,3 +684,24 @@ def test_parse_cpuinfo():
     assert parse_cpuinfo("processor : 0\nFeatures : fp asimd\nCPU part : 0xd01\n") == (frozenset({"fp", "asimd"}), "")
     assert parse_cpuinfo("cpu : POWER9, altivec supported\n")[1] == "POWER9, altivec supported"
     assert parse_cpuinfo(None) == (frozenset(), "")
+
+
+def test_inconsistent_sibling_lists_still_give_disjoint_cores():
+    # cpu3 claims 2-3 while cpu1 claims 1,3 and cpu0/cpu2 claim 0,2: one core of all four
+    sibs = {0: "0,2", 2: "0,2", 1: "1,3", 3: "2-3"}
+    topo = build(_raw({c: dict(package_id="0", thread_siblings_list=v) for c, v in sibs.items()}, {0: {0, 1, 2, 3}}))
+    assert [c.cpus for c in topo.cores] == [(0, 1, 2, 3)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.integers(0, 15), st.frozensets(st.integers(0, 15), max_size=4), min_size=1))
+def test_cores_partition_the_online_cpus_whatever_the_sibling_lists(sibs):
+    topo = build(_raw(
+        {c: dict(package_id="0", thread_siblings_list=cpulist.format(s)) for c, s in sibs.items()},
+        {0: set(sibs)},
+    ))
+    cpus = [x for c in topo.cores for x in c.cpus]
+    assert sorted(cpus) == sorted(sibs)  # disjoint, and every online CPU in one core
+    for c in topo.cores:  # a core holds every sibling its CPUs name (among online CPUs)
+        for x in c.cpus:
+            assert (sibs[x] & set(sibs)) <= set(c.cpus)
