@@ -282,8 +282,9 @@ def test_model_and_flags_from_cpuinfo(topos):
 
 def test_kunpeng_nul_bytes_and_large_package_ids(topos, sysroots):
     root = sysroots["hw-128arm-2pa2n8cluster4co"]
-    raw = (root / "sys/devices/system/cpu/cpu64/topology/core_siblings_list").read_bytes()
-    assert raw.endswith(b"\x00")  # what makes the dump hard
+    raw = (root / "sys/devices/system/cpu/cpu64/topology/thread_siblings_list").read_bytes()
+    assert raw == b"64\n\x00"  # what makes the dump hard
+    assert topos["hw-128arm-2pa2n8cluster4co"].core_of(64).cpus == (64,)
     topo = topos["hw-128arm-2pa2n8cluster4co"]
     assert [(s.package_id, cpulist.format(s.cpus), s.nodes) for s in topo.sockets] == [
         (36, "0-63", (0, 1)),
