@@ -246,10 +246,17 @@ def _split_domain(cores: list, n: int, fixed: Optional[int]) -> tuple:
             if sum(c // s for c in node_sizes) < n:
                 continue
             counts = [0] * len(node_sizes)
-            for _ in range(n):  # each next instance goes where the most cores are spare
+            width = s if fixed else s + 1
+
+            def gain(j):  # cores the next instance on node j adds (concave in counts[j])
+                return min(node_sizes[j], (counts[j] + 1) * width) - min(node_sizes[j], counts[j] * width)
+
+            # Greedy on marginal gain is optimal for concave gains: it maximises the cores
+            # used; ties go to the node with the most spare cores, then the lower node.
+            for _ in range(n):
                 i = max(
                     (j for j in range(len(node_sizes)) if (counts[j] + 1) * s <= node_sizes[j]),
-                    key=lambda j: (node_sizes[j] - counts[j] * s, -j),
+                    key=lambda j: (gain(j), node_sizes[j] - counts[j] * s, -j),
                 )
                 counts[i] += 1
             groups = []
@@ -317,7 +324,7 @@ def _instances_and_domains(topo: Topology, req: Request, cores: list, notes: lis
                     f"{per} instances per {what} need {per} physical cores in each, but "
                     f"{what} {dkey} has only {len(dcores)} usable "
                     f"(CPUs {cpulist.format(c for _, cc in dcores for c in cc)}); "
-                    "lower the count or pass --use-logical-cores"
+                    "lower the count"
                 )
             out.append((dcores, per, None))
         return out
@@ -339,7 +346,6 @@ def _instances_and_domains(topo: Topology, req: Request, cores: list, notes: lis
                 f"{req.ninstances or 1} instance(s) x {fixed} cores need {max(n, 1) * fixed} "
                 f"physical cores, but only {total} are usable ({_usable_desc(topo, cores)}); "
                 "lower --ncores-per-instance or --ninstances"
-                + ("" if _has_smt(cores, topo) is False else ", or pass --use-logical-cores")
             )
         return [(cores, n, fixed)]
     n = req.ninstances or 1
@@ -347,7 +353,6 @@ def _instances_and_domains(topo: Topology, req: Request, cores: list, notes: lis
         raise PlanError(
             f"--ninstances {n} needs {n} physical cores, but only {total} are usable "
             f"({_usable_desc(topo, cores)}); lower --ninstances"
-            + (" or pass --use-logical-cores" if _has_smt(cores, topo) else "")
         )
     return [(cores, n, None)]
 
@@ -365,10 +370,6 @@ def _fit_count(cores: list, size: int) -> int:
 def _usable_desc(topo: Topology, cores: list) -> str:
     cpus = cpulist.format(c for _, cc in cores for c in cc)
     return f"CPUs {cpus}; allowed {cpulist.format(topo.allowed)} by {topo.allowed_source}"
-
-
-def _has_smt(cores: list, topo: Topology) -> bool:
-    return any(len(core.cpus) > 1 and len(cc) == 1 for core, cc in cores)
 
 
 def _reserve(groups: list, k: int, topo: Topology, notes: list) -> list:

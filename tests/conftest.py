@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -28,11 +29,18 @@ def sysroots(tmp_path_factory) -> dict:
     roots = {}
     for name in MACHINES:
         (tarball,) = (FIXTURES / name).glob("*.tar.bz2")
-        with tarfile.open(tarball) as tf:
-            tops = {m.name.split("/", 1)[0] for m in tf.getmembers()}
-            tf.extractall(base / name, filter="data")
-        (top,) = tops
-        roots[name] = base / name / top
+        dest = base / name
+        dest.mkdir()
+        # tar(1) unpacks these in ~4 s; Python's tarfile takes 20-55 s here. Both keep
+        # links inside the folder (the dumps are ours, in the repository).
+        tar = shutil.which("tar")
+        if tar:
+            subprocess.run([tar, "-xjf", str(tarball), "-C", str(dest), "--no-same-owner"], check=True)
+        else:
+            with tarfile.open(tarball) as tf:
+                tf.extractall(dest, filter="data")
+        (top,) = [p for p in dest.iterdir()]
+        roots[name] = top
     return roots
 
 

@@ -328,6 +328,8 @@ EXACT = {
     (AMD, "per-socket"): [("0-5", "0-1")],
     (AMD, "per-node"): [("0-3", "0"), ("4-5", "1")],
     (AMD, "ninstances-3"): [("0-1", "0"), ("2-3", "0"), ("4-5", "1")],
+    # nodes of 4 and 2 allowed cores: 3+2 uses one core more than 2+2 on node 0
+    (AMD, "ninstances-2"): [("0-2", "0"), ("4-5", "1")],
     (AMD, "latency"): [("0-3", "0")],
     (TIERS, "per-node"): [("0-1", "0"), ("2-3", "1"), ("4-5", "2")],
     (TIERS, "mem-interleave-default"): [("0-5", "0-2")],  # never the memory-only nodes
