@@ -12,7 +12,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
 
 import click
 
@@ -77,18 +76,6 @@ class _Command(click.Command):
 
 def _choice(*values):
     return click.Choice(list(values), case_sensitive=False)
-
-
-def _cpulist_type(what):
-    def convert(value):
-        if value is None:
-            return None
-        try:
-            return cpulist.parse(value)
-        except ValueError as exc:
-            raise click.BadParameter(f"{exc}; expected e.g. 0-31,64-95") from None
-
-    return convert
 
 
 CONTEXT = {
@@ -428,38 +415,6 @@ STATUS_DIR_ENV = "CPULAUNCH_DDP_STATUS_DIR"
 USER_OMP_ENV = "CPULAUNCH_USER_OMP_NUM_THREADS"
 
 
-def _ddp_request(req, spec, topo, local_size=None):
-    """The planner request for this machine's ranks (pure): ``--nproc-per-node`` socket,
-    node or a number; under an engine without it, the engine's local rank count decides."""
-    from dataclasses import replace
-
-    modes = [n for n, v in (("--ninstances", req.ninstances), ("--instances-per-socket",
-             req.instances_per_socket), ("--instances-per-node", req.instances_per_node),
-             ("--latency-mode", req.latency_mode), ("--throughput-mode", req.throughput_mode),
-             ("--ncores-per-instance", req.ncores_per_instance)) if v]
-    if modes:
-        raise UsageError(f"--ddp places one rank per socket; {modes[0]} does not apply "
-                         "(use --nproc-per-node socket|node|N)")
-    spec = (spec or "").lower() or None
-    if spec is None and local_size is not None:
-        sockets = {c.socket for c in topo.cores if set(c.cpus) & topo.allowed}
-        nodes = {c.node for c in topo.cores if set(c.cpus) & topo.allowed}
-        if local_size == len(sockets):
-            spec = "socket"
-        elif local_size == len(nodes):
-            spec = "node"
-        else:
-            spec = str(local_size)
-    spec = spec or "socket"
-    if spec == "socket":
-        return replace(req, instances_per_socket=1)
-    if spec == "node":
-        return replace(req, instances_per_node=1)
-    if not spec.isdigit() or int(spec) < 1:
-        raise UsageError(f"--nproc-per-node {spec!r}: use a positive number, 'socket' or 'node'")
-    return replace(req, ninstances=int(spec))
-
-
 def run_ddp(topo, req, program, kw) -> int:
     """``--ddp``: under an engine (torchrun, mpirun, srun) bind and run this one rank;
     otherwise start torchrun with cpulaunch itself as every rank's entry."""
@@ -502,8 +457,8 @@ def run_ddp(topo, req, program, kw) -> int:
             notes.append(f"{ctx.engine} bound this rank to CPUs {cpulist.format(topo.allowed)}: "
                          "cpulaunch uses exactly those (never wider)")
         else:
-            node_plan = plan(topo, replace(_ddp_request(req, kw["nproc_per_node"], topo,
-                                                        ctx.local_world_size), reserve_cores=reserve))
+            node_plan = plan(topo, replace(dist.rank_request(req, kw["nproc_per_node"], topo,
+                                                             ctx.local_world_size), reserve_cores=reserve))
             if len(node_plan.instances) != ctx.local_world_size:
                 raise UsageError(
                     f"{ctx.engine} started {ctx.local_world_size} rank(s) on this machine, but "
@@ -513,7 +468,7 @@ def run_ddp(topo, req, program, kw) -> int:
             inst = node_plan.instances[ctx.local_rank]
             reserved_all = [i.reserved_cpus for i in node_plan.instances]
             notes.extend(node_plan.notes)
-    except PlanError as exc:
+    except (PlanError, dist.DistributedError) as exc:
         raise UsageError(str(exc)) from None
 
     addr = kw["master_addr"] or ctx.master_addr
@@ -583,8 +538,9 @@ def _ddp_start_torchrun(topo, req, program, kw, backend, backend_note, reserve) 
     from cpulaunch.render import RenderedInstance
 
     try:
-        node_plan = plan(topo, replace(_ddp_request(req, kw["nproc_per_node"], topo), reserve_cores=reserve))
-    except PlanError as exc:
+        node_plan = plan(topo, replace(dist.rank_request(req, kw["nproc_per_node"], topo),
+                                       reserve_cores=reserve))
+    except (PlanError, dist.DistributedError) as exc:
         raise UsageError(str(exc)) from None
     nproc = len(node_plan.instances)
     nnodes = str(kw["nnodes"])

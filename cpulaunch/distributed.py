@@ -37,6 +37,7 @@ __all__ = [
     "tasks_on_node",
     "select_backend",
     "rank_env",
+    "rank_request",
     "ccl_env",
     "iface_env",
     "torchrun_argv",
@@ -247,6 +248,49 @@ def _dist_version(name: str) -> Optional[str]:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None):
+    """The planner request for this machine's ranks (pure).
+
+    Args:
+        req: the user's :class:`cpulaunch.plan.Request` (placement modes must be unset).
+        spec: ``--nproc-per-node``: "socket" (default), "node" or a number, or None.
+        topo: the machine.
+        local_size: ranks the engine started on this machine; with ``spec`` None it
+            decides: as many as sockets -> per socket, as many as NUMA nodes -> per node,
+            else that many instances.
+
+    Raises:
+        DistributedError: a placement mode was given with --ddp, or ``spec`` is invalid.
+    """
+    from dataclasses import replace
+
+    modes = [n for n, v in (("--ninstances", req.ninstances), ("--instances-per-socket",
+             req.instances_per_socket), ("--instances-per-node", req.instances_per_node),
+             ("--latency-mode", req.latency_mode), ("--throughput-mode", req.throughput_mode),
+             ("--ncores-per-instance", req.ncores_per_instance)) if v]
+    if modes:
+        raise DistributedError(f"--ddp places one rank per socket; {modes[0]} does not apply "
+                               "(use --nproc-per-node socket|node|N)")
+    spec = (spec or "").lower() or None
+    if spec is None and local_size is not None:
+        sockets = {c.socket for c in topo.cores if set(c.cpus) & topo.allowed}
+        nodes = {c.node for c in topo.cores if set(c.cpus) & topo.allowed}
+        if local_size == len(sockets):
+            spec = "socket"
+        elif local_size == len(nodes):
+            spec = "node"
+        else:
+            spec = str(local_size)
+    spec = spec or "socket"
+    if spec == "socket":
+        return replace(req, instances_per_socket=1)
+    if spec == "node":
+        return replace(req, instances_per_node=1)
+    if not spec.isdigit() or int(spec) < 1:
+        raise DistributedError(f"--nproc-per-node {spec!r}: use a positive number, 'socket' or 'node'")
+    return replace(req, ninstances=int(spec))
 
 
 def iface_env(iface: Optional[str]) -> dict:

@@ -27,10 +27,10 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from typing import Optional
 
 from cpulaunch import cpulist
-from cpulaunch.topology import Core, Topology
+from cpulaunch.topology import Topology
 
 __all__ = ["MemPolicy", "Request", "Instance", "Plan", "PlanError", "plan", "LATENCY_CORES"]
 
@@ -535,8 +535,3 @@ def validate(p: Plan, topo: Topology) -> None:
 def parse_index_list(text: str) -> tuple:
     """``"0,2-3"`` -> ``(0, 2, 3)`` (``--instance-idx``), via the one cpulist parser."""
     return tuple(sorted(cpulist.parse(text)))
-
-
-def sequence_arg(values: Optional[Sequence[int]]) -> Optional[frozenset]:
-    """Helper for callers holding ints: None stays None, else a frozenset."""
-    return None if values is None else frozenset(values)

@@ -22,7 +22,6 @@ Rules and where they come from:
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -45,10 +44,6 @@ __all__ = [
     "dotenv_lines",
     "plan_json",
 ]
-
-#: Variables that identify an instance or rank: always set by cpulaunch.
-IDENTITY_PREFIXES = ("CPULAUNCH_",)
-
 
 class ProgramError(ValueError):
     """No program, or an unusable program form."""

@@ -8,12 +8,10 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, json_records, run_cli
 from cpulaunch import cpulist
 from cpulaunch.distributed import (
     DistributedError,
@@ -247,12 +245,7 @@ def free_port() -> int:
 
 
 def allreduce_records(stdout: str) -> list:
-    out = []
-    for line in stdout.splitlines():
-        i = line.find("{")
-        if i >= 0 and '"ddp_allreduce"' in line:
-            out.append(json.loads(line[i:]))
-    return out
+    return [r for r in json_records(stdout) if r.get("tag") == "ddp_allreduce"]
 
 
 @pytest.mark.slow

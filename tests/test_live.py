@@ -14,11 +14,10 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, json_records, run_cli
 from cpulaunch import cpulist, libraries
 
 PY = sys.executable
@@ -51,12 +50,7 @@ def probe_py(tmp_path):
 
 
 def records(stdout: str) -> list:
-    out = []
-    for line in stdout.splitlines():
-        line = line.split("] ", 1)[1] if line.startswith("[") else line
-        if line.startswith("{"):
-            out.append(json.loads(line))
-    return out
+    return json_records(stdout)
 
 
 def dry(*args) -> dict:

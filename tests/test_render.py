@@ -192,7 +192,6 @@ def test_parse_ldconfig_and_preload_helpers():
 
 
 def test_is_loadable_elf(tmp_path):
-    import ctypes.util
     import sys
 
     libc = Path("/lib/x86_64-linux-gnu/libc.so.6")
