@@ -155,7 +155,8 @@ def main(argv=None) -> int:
         "notes": opt.report["notes"],
     }
     if args.json:
-        print(json.dumps(result), flush=True)
+        sys.stdout.write(json.dumps(result) + "\n")  # one write: instances share stdout
+        sys.stdout.flush()
         return 0
     tag = f"[instance {index}] " if index is not None else ""
     print(f"{tag}{args.model} ({args.size}) batch {args.batch_size} {args.dtype} on {opt.path}"

@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         "param_sha256": checksum, "param_sum": param_sum,
     }
     if args.json:
-        print(json.dumps(summary), flush=True)
+        sys.stdout.write(json.dumps(summary) + "\n")  # one write: ranks share stdout
+        sys.stdout.flush()
     else:
         say(f"{samples_per_s:.2f} samples/s on this rank ({global_samples_per_s:.2f} global), "
             f"{timed} timed step(s); final loss {global_loss.item():.6f} (global mean), "

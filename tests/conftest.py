@@ -63,3 +63,20 @@ def plan_json(sysroot, *args: str) -> dict:
     proc = run_cli("--sysroot", str(sysroot), "--dry-run", "--format", "json",
                    "--allocator", "default", "--omp-runtime", "gnu", *args, "true")
     return json.loads(proc.stdout)
+
+
+def json_records(text: str) -> list:
+    """Every JSON object in a program's output, wherever it starts: instances and ranks
+    share one pipe, so a line can hold a "[i] " prefix or two records glued together."""
+    dec, out = json.JSONDecoder(), []
+    for line in text.splitlines():
+        i = line.find("{")
+        while i >= 0:
+            try:
+                obj, end = dec.raw_decode(line, i)
+            except ValueError:
+                i = line.find("{", i + 1)
+                continue
+            out.append(obj)
+            i = line.find("{", end)
+    return out

@@ -32,7 +32,6 @@ one more difference) so that two ranks do not oversubscribe this machine's 2 cor
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -40,6 +39,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import json_records
 
 torch = pytest.importorskip("torch")
 
@@ -81,7 +82,7 @@ def rank_env(**extra: str) -> dict[str, str]:
 
 
 def _json_lines(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return json_records(stdout)
 
 
 def run_two_ranks(argv_prefix: list[str], script_args: list[str], *,
