@@ -281,3 +281,37 @@ def test_two_node_static_rendezvous_on_loopback():
     assert [r["rank"] for r in recs] == [0, 1]
     assert all(r["world_size"] == 2 and r["allreduce"] == 3.0 for r in recs)
     assert {r["master_port"] for r in recs} == {port}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_under_users_own_torchrun_each_rank_bound():
+    """`torchrun --nproc-per-node 2 --no-python cpulaunch --ddp python train.py`: cpulaunch
+    sees torchrun's LOCAL_RANK/RANK, binds its rank to its share and execs it, with
+    OMP_NUM_THREADS = the rank's core count (1 each here)."""
+    proc = subprocess.run(
+        [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python",
+         PY, "-m", "cpulaunch", "--ddp", "python", ALLREDUCE],
+        capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = sorted(allreduce_records(proc.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in recs] == [0, 1]
+    assert all(r["world_size"] == 2 and r["allreduce"] == 3.0 for r in recs)
+    assert all(len(r["affinity"]) == 1 for r in recs)
+    assert recs[0]["affinity"] != recs[1]["affinity"]
+    assert all(r["omp_num_threads"] == "1" and r["torch_threads"] == 1 for r in recs)
+
+
+def test_torchruns_default_omp_threads_replaced_by_rank_cores(sysroots):
+    """torchrun exports OMP_NUM_THREADS=1 to its workers when unset; under torchrun that
+    value is taken as torchrun's, not the user's, and the rank gets its socket's 8 cores."""
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555", "OMP_NUM_THREADS": "1"}
+    doc = ddp_json(sysroots[XEON], env=env)
+    (inst,) = doc["instances"]
+    assert inst["cpulist"] == "8-15" and inst["env"]["OMP_NUM_THREADS"] == "8"
+    assert inst["env"]["MASTER_PORT"] == "29555" and inst["env"]["RANK"] == "1"
+    assert any("torchrun's default" in n for n in doc["notes"])
+    env["CPULAUNCH_USER_OMP_NUM_THREADS"] = "1"  # cpulaunch's own torchrun: the user set it
+    doc = ddp_json(sysroots[XEON], env=env)
+    assert "OMP_NUM_THREADS" not in doc["instances"][0]["env"]
