@@ -635,6 +635,11 @@ def _ddp_start_torchrun(topo, req, program, kw, backend, backend_note, reserve) 
 
 # --------------------------------------------------------------------------- topology view
 
+#: /proc/cpuinfo flags that decide oneDNN's kernels: AVX2/AVX-512 for fp32, VNNI for int8,
+#: AVX512_BF16 and AMX for bf16 (Intel's optimization guide for PyTorch on CPU).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+             "amx_bf16", "amx_int8", "asimd", "sve")
+
 
 def draw_topology(topo) -> str:
     """A person's view: sockets -> NUMA nodes -> cores with SMT siblings.
@@ -652,6 +657,10 @@ def draw_topology(topo) -> str:
         f"allowed CPUs: {cpulist.format(topo.allowed)} ({topo.allowed_source})"
         + (f"; CPU quota {topo.quota_cpus:g}" if topo.quota_cpus else ""),
     ]
+    if topo.flags:
+        # The instruction sets PyTorch's CPU kernels (oneDNN) choose between.
+        have = [f for f in ISA_FLAGS if f in topo.flags]
+        lines.append("ISA for PyTorch: " + (" ".join(have) if have else "none of " + " ".join(ISA_FLAGS)))
     for sock in topo.sockets:
         pkg = f"package {sock.package_id}" if sock.package_id is not None else "no package id"
         lines.append(f"socket {sock.index} ({pkg}): CPUs {cpulist.format(sock.cpus)}")

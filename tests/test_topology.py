@@ -706,3 +706,12 @@ def test_cores_partition_the_online_cpus_whatever_the_sibling_lists(sibs):
     for c in topo.cores:  # a core holds every sibling its CPUs name (among online CPUs)
         for x in c.cpus:
             assert (sibs[x] & set(sibs)) <= set(c.cpus)
+
+
+@pytest.mark.parametrize("machine, isa", [
+    ("hw-32intel64-2p8co2t+8ve", "ISA for PyTorch: avx2 avx512f"),  # Skylake-SP: no VNNI, no bf16
+    ("hw-128arm-2pa2n8cluster4co", "ISA for PyTorch: asimd"),
+])
+def test_show_topology_names_the_isa_from_proc_cpuinfo(sysroots, machine, isa):
+    out = run_cli("--sysroot", str(sysroots[machine]), "--show-topology").stdout
+    assert out.splitlines()[2] == isa
