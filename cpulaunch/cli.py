@@ -341,10 +341,19 @@ def render_for_host(the_plan, program, kw, topo, environ, extra_env=None, instan
     return rendered, settings
 
 
+def _require_program(argv) -> str:
+    """The program's name; raises UsageError when it is neither a file nor on PATH."""
+    if shutil.which(argv[0]) is None:
+        raise UsageError(f"program {argv[0]!r} not found (not a file, not on PATH)")
+    return argv[0]
+
+
 def emit_or_launch(rendered, settings, topo, program, kw, extra_json=None) -> int:
     """--print-env / --dry-run output, or the launch itself."""
     from cpulaunch import launch
-    from cpulaunch.render import dotenv_lines, dry_run_text, instance_dict, plan_json, shell_exports
+    from cpulaunch.render import (
+        binding_prefix, dotenv_lines, dry_run_text, instance_dict, plan_json, shell_exports,
+    )
 
     fmt = (kw["fmt"] or "").lower()
     if kw["print_env"]:
@@ -356,9 +365,7 @@ def emit_or_launch(rendered, settings, topo, program, kw, extra_json=None) -> in
             click.echo(dotenv_lines(inst, taskset), nl=False)
         elif fmt == "json":
             doc = instance_dict(inst)
-            doc["prefix"] = list(inst.prefix) or (
-                [taskset, "-c", cpulist.format(inst.affinity)] if inst.affinity else []
-            )
+            doc["prefix"] = list(binding_prefix(inst, taskset))
             doc["notes"] = list(rendered.notes)
             click.echo(json.dumps(doc, indent=2))
         else:
@@ -375,9 +382,7 @@ def emit_or_launch(rendered, settings, topo, program, kw, extra_json=None) -> in
             raise UsageError(f"--dry-run --format {fmt}: use text or json")
         return 0
 
-    exe = program[0]
-    if shutil.which(exe) is None:
-        raise UsageError(f"program {exe!r} not found (not a file, not on PATH)")
+    exe = _require_program(program)
     for note in rendered.notes:
         log.warning("note: %s", note)
     log_dir = Path(kw["log_dir"]) if kw["log_dir"] else None
@@ -513,10 +518,7 @@ def _rank_entry_supervised(rendered, environ, status_dir, ctx, kw) -> int:
 
     from cpulaunch import launch
 
-    program = rendered.instances[0].argv
-    exe = next((a for a in program if shutil.which(a)), None)
-    if exe is None:
-        raise UsageError(f"program {program[-1]!r} not found")
+    # The program was checked by the cpulaunch that started torchrun.
     outcome = launch.supervise(rendered.instances, environ, prefix_output=False,
                                grace_period=kw["grace_period"])
     record = {"rank": ctx.rank, "exit_code": outcome.exit_code, "time": time.time()}
@@ -606,8 +608,7 @@ def _ddp_start_torchrun(topo, req, program, kw, backend, backend_note, reserve) 
                               extra_json={"ddp": {"engine": "torchrun", "backend": backend,
                                                   "nproc_per_node": nproc, "nnodes": nnodes,
                                                   "launcher_argv": trun}})
-    if shutil.which(program[0]) is None:
-        raise UsageError(f"program {program[0]!r} not found (not a file, not on PATH)")
+    _require_program(program)
     for note in rendered.notes:
         log.warning("note: %s", note)
     with tempfile.TemporaryDirectory(prefix="cpulaunch-ddp-") as status_dir:

@@ -254,12 +254,18 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
 # --------------------------------------------------------------------------- text forms
 
 
-def _print_prefix(inst: RenderedInstance, taskset: Optional[str]) -> str:
+def binding_prefix(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> tuple:
+    """The command to put in front of the program for a shell script: the numactl prefix,
+    or with ``bind="affinity"`` ``taskset -c <cpus>`` (taskset(1)); empty when unbound."""
     if inst.prefix:
-        return shlex.join(inst.prefix)
+        return tuple(inst.prefix)
     if inst.affinity is not None and taskset:
-        return shlex.join([taskset, "-c", cpulist.format(inst.affinity)])
-    return ""
+        return (taskset, "-c", cpulist.format(inst.affinity))
+    return ()
+
+
+def _print_prefix(inst: RenderedInstance, taskset: Optional[str]) -> str:
+    return shlex.join(binding_prefix(inst, taskset))
 
 
 def shell_exports(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> str:

@@ -18,7 +18,7 @@ Nothing here reads the host: ``probe.py`` gathers the raw text into :class:`RawH
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional
 
 from cpulaunch import cpulist
@@ -534,4 +534,4 @@ def _build_from_lscpu(raw: RawHost) -> Topology:
         source="lscpu",
     )
     topo = build(derived)
-    return Topology(**{**topo.__dict__, "notes": topo.notes + ("sysfs has no CPU topology: read from lscpu -p",)})
+    return replace(topo, notes=topo.notes + ("sysfs has no CPU topology: read from lscpu -p",))
