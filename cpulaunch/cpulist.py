@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from cpulaunch.errors import CpulaunchError
+
 __all__ = ["parse", "format", "parse_mask", "CpulistError"]
 
 
-class CpulistError(ValueError):
+class CpulistError(CpulaunchError, ValueError):
     """Text that is neither a valid cpulist nor a valid cpumask."""
 
 

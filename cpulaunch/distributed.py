@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
+from cpulaunch.errors import CpulaunchError
+
 __all__ = [
     "BACKEND_ENV",
     "RankContext",
@@ -48,7 +50,7 @@ __all__ = [
 DEFAULT_MASTER_PORT = 29500
 
 
-class DistributedError(ValueError):
+class DistributedError(CpulaunchError, ValueError):
     """The engine's variables are incomplete or inconsistent; the message says how to fix it."""
 
 

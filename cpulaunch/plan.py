@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from cpulaunch import cpulist
+from cpulaunch.errors import CpulaunchError, InternalError
 from cpulaunch.topology import Topology
 
 __all__ = ["MemPolicy", "Request", "Instance", "Plan", "PlanError", "plan", "LATENCY_CORES"]
@@ -38,7 +39,7 @@ __all__ = ["MemPolicy", "Request", "Instance", "Plan", "PlanError", "plan", "LAT
 LATENCY_CORES = 4
 
 
-class PlanError(ValueError):
+class PlanError(CpulaunchError, ValueError):
     """A request this machine cannot satisfy; the message says what and how to fix it."""
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from cpulaunch import cpulist
+from cpulaunch.errors import CpulaunchError
 from cpulaunch.libraries import REGISTRY, identify, preload_entries
 from cpulaunch.plan import Instance, MemPolicy, Plan
 
@@ -45,7 +46,7 @@ __all__ = [
     "plan_json",
 ]
 
-class ProgramError(ValueError):
+class ProgramError(CpulaunchError, ValueError):
     """No program, or an unusable program form."""
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional
 
 from cpulaunch import cpulist
+from cpulaunch.errors import CpulaunchError
 
 __all__ = [
     "RawCpu",
@@ -43,7 +44,7 @@ __all__ = [
 EFFICIENCY_RATIO = 0.85
 
 
-class TopologyError(RuntimeError):
+class TopologyError(CpulaunchError):
     """The host's description is unusable (no CPUs found in sysfs nor lscpu)."""
 
 
