@@ -45,7 +45,23 @@ __all__ = [
     "torchrun_argv",
     "init_process_group",
     "DEFAULT_MASTER_PORT",
+    "RankPlan",
+    "plan_ranks",
+    "mpi_env_hint",
+    "RANK_SPECS_ENV",
+    "STATUS_DIR_ENV",
+    "USER_OMP_ENV",
 ]
+
+#: Set by cpulaunch for the torchrun it starts (elastic rendezvous only): every local
+#: rank's rendered command as JSON; the rank entry (``python -m cpulaunch.rank_entry``)
+#: runs its own, so ranks never probe or plan again.
+RANK_SPECS_ENV = "CPULAUNCH_RANK_SPECS"
+#: Set by cpulaunch for the torchrun it starts: where each rank entry records its exit code.
+STATUS_DIR_ENV = "CPULAUNCH_DDP_STATUS_DIR"
+#: Set by cpulaunch for the torchrun it starts when the user had OMP_NUM_THREADS set
+#: (torchrun sets it to 1 otherwise, and that must not count as the user's value).
+USER_OMP_ENV = "CPULAUNCH_USER_OMP_NUM_THREADS"
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -88,24 +104,23 @@ def _get_int(env: Mapping[str, str], *names: str) -> Optional[int]:
 
 
 def expand_hostlist(text: str) -> list:
-    """Expand a Slurm hostlist: ``"node[01-03,07],gpu1"`` -> ``["node01", "node02",
-    "node03", "node07", "gpu1"]`` (zero padding kept, as scontrol show hostnames does)."""
-    hosts: list = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", text):
-        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
-        if not prefix and not ranges:
-            continue
-        if ranges is None:
-            hosts.append(prefix + suffix)
-            continue
-        for part in ranges.split(","):
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                width = len(lo)
-                hosts += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
-            else:
-                hosts.append(f"{prefix}{part}{suffix}")
-    return hosts
+    """Expand a Slurm hostlist with python-hostlist (Slurm's own rules; no hand parser):
+    ``"node[01-03,07],gpu1"`` -> ``["node01", "node02", "node03", "node07", "gpu1"]``
+    (zero padding kept, as ``scontrol show hostnames`` does); ``"rack[1-2]-n[1-2]"`` ->
+    ``rack1-n1, rack1-n2, rack2-n1, rack2-n2``.
+
+    Raises:
+        DistributedError: the text is not a hostlist, or python-hostlist is missing.
+    """
+    try:
+        import hostlist  # python-hostlist, imported only under Slurm
+    except ImportError:
+        raise DistributedError("reading SLURM_JOB_NODELIST needs python-hostlist: "
+                               "pip install python-hostlist, or export MASTER_ADDR") from None
+    try:
+        return list(hostlist.expand_hostlist(text))
+    except Exception as exc:  # hostlist.BadHostlist
+        raise DistributedError(f"cannot read the Slurm node list {text!r}: {exc}") from None
 
 
 def first_host(nodelist: str) -> str:
@@ -177,6 +192,17 @@ def _mpi(env, engine, rank_v, size_v, local_v, local_size_v) -> RankContext:
         notes.append(f"{engine}: {local_v}/{local_size_v} not set; assuming all ranks on this machine")
     return RankContext(engine, rank, world, local, local_size, env.get("MASTER_ADDR"),
                        _get_int(env, "MASTER_PORT"), tuple(notes))
+
+
+def mpi_env_hint(engine: str, name: str, value: str) -> str:
+    """How to pass one variable to every rank with this engine's own launcher."""
+    if engine == "openmpi":
+        return f"mpirun -x {name}={value}"
+    if engine == "slurm":
+        return f"srun --export=ALL,{name}={value}"
+    if engine == "mpich":
+        return f"mpirun -genv {name} {value}"
+    return f"export {name}={value}"
 
 
 def _slurm(env) -> RankContext:
@@ -409,3 +435,192 @@ def init_process_group(backend: str | None = None, **kwargs):
     kwargs.setdefault("init_method", "env://")
     dist.init_process_group(backend=backend, **kwargs)
     return backend
+
+
+# --------------------------------------------------------------------------- rank plans
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """This machine's ranks, planned once (pure; the parent renders and runs them).
+
+    Attributes:
+        plan: the ranks as planner instances (``index`` = local rank).
+        instance_env: identity variables per local rank (RANK, WORLD_SIZE, MASTER_*,
+            the backend, CCL_*); what each rank's process really receives.
+        environ: the user's environment as the ranks see it (torchrun's default
+            OMP_NUM_THREADS=1 removed under the user's own torchrun).
+        notes: how values were chosen.
+        engine: the engine that started us, or None when cpulaunch starts the ranks.
+        backend: "gloo" or "ccl".
+        elastic: cpulaunch starts torchrun (elastic c10d rendezvous) with the rank entry.
+        info: the ``ddp`` object of ``--dry-run --format json``.
+    """
+
+    plan: object
+    instance_env: Mapping[int, Mapping[str, str]]
+    environ: Mapping[str, str]
+    notes: tuple
+    engine: Optional[RankContext]
+    backend: str
+    elastic: bool
+    info: Mapping[str, object]
+
+
+def _engine_bound(ctx: RankContext, topo) -> bool:
+    """The engine bound this rank itself (Slurm task/affinity, mpirun -bind-to, taskset):
+    our allowed set is narrower than the cgroup cpuset."""
+    return ctx.engine != "torchrun" and topo.cpuset is not None and topo.allowed < topo.cpuset
+
+
+def _plan_under_engine(topo, req, ddp, ctx: RankContext, notes: list):
+    from dataclasses import replace
+
+    from cpulaunch.plan import Plan, plan
+
+    if _engine_bound(ctx, topo):
+        one = plan(topo, replace(req, instance_idx=None))
+        if len(one.instances) != 1:
+            raise DistributedError("internal: engine-bound rank planned as several instances")
+        notes.append(f"{ctx.engine} bound this rank to CPUs {_fmt(topo.allowed)}: cpulaunch uses "
+                     "exactly those (never wider)")
+        inst = replace(one.instances[0], index=ctx.local_rank)
+        return Plan(instances=(inst,), num_instances=ctx.local_world_size, notes=one.notes), None
+    node_plan = plan(topo, rank_request(req, ddp.nproc_per_node, topo, ctx.local_world_size))
+    if len(node_plan.instances) != ctx.local_world_size:
+        raise DistributedError(
+            f"{ctx.engine} started {ctx.local_world_size} rank(s) on this machine, but "
+            f"--nproc-per-node {ddp.nproc_per_node or 'socket'} plans {len(node_plan.instances)}; "
+            "make them agree"
+        )
+    if not 0 <= ctx.local_rank < ctx.local_world_size:
+        raise DistributedError(f"{ctx.engine}: local rank {ctx.local_rank} outside 0-{ctx.local_world_size - 1}")
+    mine = node_plan.instances[ctx.local_rank]
+    return replace(node_plan, instances=(mine,)), node_plan
+
+
+def _fmt(ids) -> str:
+    from cpulaunch import cpulist
+
+    return cpulist.format(ids)
+
+
+def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[RankContext],
+               backend: str, backend_note: str, free_port: Optional[int]) -> RankPlan:
+    """Plan this machine's DDP ranks and each one's identity variables (pure).
+
+    Args:
+        topo: the machine (:class:`cpulaunch.topology.Topology`).
+        req: the user's :class:`cpulaunch.plan.Request` (placement modes must be unset).
+        ddp: :class:`cpulaunch.options.DdpOptions`.
+        environ: the user's environment.
+        engine: the engine that started this process (then this process is one rank), or
+            None (cpulaunch starts every local rank itself, or torchrun for elastic runs).
+        backend, backend_note: the process-group backend chosen on the host, and why.
+        free_port: a port free on this machine now, used for one-machine runs without
+            ``--master-port`` (torchrun's --standalone does the same).
+
+    Raises:
+        DistributedError, cpulaunch.plan.PlanError: with a one-line message.
+    """
+    from dataclasses import replace
+
+    from cpulaunch.plan import plan
+
+    notes = [backend_note]
+    environ = dict(environ)
+    reserve = ddp.ccl_worker_count if backend == "ccl" else 0
+    req = replace(req, **{_ccl_field(req): reserve})
+    if engine is not None:
+        notes.extend(engine.notes)
+        if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(USER_OMP_ENV):
+            environ.pop("OMP_NUM_THREADS")
+            notes.append("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count")
+        rank_plan, node_plan = _plan_under_engine(topo, req, ddp, engine, notes)
+        if node_plan is not None:
+            notes.extend(node_plan.notes)
+        env = _engine_rank_env(engine, ddp, backend, notes)
+        all_helpers = [_ccl_cpus(i) for i in node_plan.instances] if node_plan is not None else None
+        if backend == "ccl":
+            env.update(_ccl_for(engine, rank_plan.instances[0], all_helpers, notes))
+        info = {"engine": engine.engine, "backend": backend, "rank": engine.rank,
+                "world_size": engine.world_size}
+        inst = rank_plan.instances[0]
+        return RankPlan(rank_plan, {inst.index: env}, environ, tuple(notes), engine, backend, False, info)
+
+    node_plan = plan(topo, rank_request(req, ddp.nproc_per_node, topo))
+    nproc = len(node_plan.instances)
+    notes.extend(node_plan.notes)
+    helpers = [_ccl_cpus(i) for i in node_plan.instances]
+    instance_env = {}
+    if ddp.elastic:
+        for inst in node_plan.instances:
+            ctx = RankContext("torchrun", -1, -1, inst.index, nproc)
+            env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc), BACKEND_ENV: backend}
+            env.update(iface_env(ddp.iface))
+            if backend == "ccl":
+                env.update(ccl_env(ctx, helpers))
+            instance_env[inst.index] = env
+        notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE and MASTER_* after it")
+    else:
+        nnodes = int(ddp.nnodes)
+        addr = ddp.master_addr or "127.0.0.1"
+        port = ddp.master_port or (free_port if nnodes == 1 and not ddp.master_addr else None)
+        if port is None:
+            port = DEFAULT_MASTER_PORT
+            notes.append(f"MASTER_PORT={port} (default): jobs sharing a machine need their own --master-port")
+        elif ddp.master_port is None:
+            notes.append(f"MASTER_PORT={port}: a port free on this machine when planned (pass --master-port to fix it)")
+        for inst in node_plan.instances:
+            ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc)
+            env = rank_env(ctx, addr, port, backend)
+            env.update(iface_env(ddp.iface))
+            if backend == "ccl":
+                env.update(ccl_env(ctx, helpers))
+            instance_env[inst.index] = env
+    info = {"engine": "torchrun" if ddp.elastic else "cpulaunch", "backend": backend,
+            "nproc_per_node": nproc, "nnodes": ddp.nnodes, "node_rank": ddp.node_rank}
+    return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info)
+
+
+def _ccl_field(req) -> str:
+    """The planner's name for oneCCL worker cores (``ccl_workers``; ``reserve_cores`` in
+    planners that predate core budgets)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(req)}
+    return "ccl_workers" if "ccl_workers" in names else "reserve_cores"
+
+
+def _ccl_cpus(inst) -> tuple:
+    return tuple(getattr(inst, "ccl_cpus", None) or getattr(inst, "reserved_cpus", ()) or ())
+
+
+def _engine_rank_env(ctx: RankContext, ddp, backend: str, notes: list) -> dict:
+    addr = ddp.master_addr or ctx.master_addr
+    if not addr:
+        if ctx.local_world_size == ctx.world_size:
+            addr = "127.0.0.1"
+        else:
+            raise DistributedError(
+                f"{ctx.engine}: cannot tell rank 0's host; pass --master-addr HOST or "
+                f"{mpi_env_hint(ctx.engine, 'MASTER_ADDR', 'HOST')}"
+            )
+    port = ddp.master_port or ctx.master_port
+    if port is None:
+        port = DEFAULT_MASTER_PORT
+        notes.append(f"MASTER_PORT={port} (default): jobs sharing a machine need their own "
+                     "--master-port or MASTER_PORT")
+    env = rank_env(ctx, addr, port, backend)
+    env.update(iface_env(ddp.iface))
+    return env
+
+
+def _ccl_for(ctx: RankContext, inst, all_helpers, notes: list) -> dict:
+    if all_helpers is not None:
+        return ccl_env(ctx, all_helpers)
+    env = ccl_env(ctx, [_ccl_cpus(inst)] * ctx.local_world_size)
+    env["CCL_WORKER_AFFINITY"] = "auto"
+    notes.append("CCL_WORKER_AFFINITY=auto: the engine bound each rank, so this rank "
+                 "cannot know its neighbours' worker cores")
+    return env

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import struct
 import subprocess
@@ -24,28 +25,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["Library", "REGISTRY", "ALLOCATORS", "OPENMP", "search_dirs", "find", "is_loadable_elf"]
+__all__ = ["Library", "REGISTRY", "ALLOCATORS", "OPENMP", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
+           "search_dirs", "find", "is_loadable_elf", "preload_entries", "identify"]
 
 
 @dataclass(frozen=True)
 class Library:
-    """A preloadable library.
+    """A runtime library cpulaunch can choose (threadpoolctl's controller registry is the
+    model: one entry per library; CLI choices, help text and render's rules come from here).
 
     Attributes:
-        name: registry key and CLI choice ("jemalloc", "tcmalloc", "iomp5").
+        name: registry key ("jemalloc", "tcmalloc", "iomp5", "gomp").
         kind: "allocator" or "openmp".
-        filenames: file names to look for, preferred first.
-        env: environment variables it wants when preloaded.
+        choice: the value users type (``--allocator tcmalloc``, ``--omp-runtime intel``).
+        filenames: file names to look for, preferred first; empty when nothing is
+            preloaded (torch's bundled libgomp is already linked).
         install: how to get it on Debian/Ubuntu and from PyPI.
-        marker: substring identifying the library in a path (LD_PRELOAD, /proc/self/maps).
+        marker: file-name prefix identifying it in LD_PRELOAD and /proc/PID/maps.
+        env: variables it wants whenever it is used (e.g. jemalloc's MALLOC_CONF).
+        idle_env: OpenMP only: variables that make idle threads yield (KMP_BLOCKTIME).
+        pin_style: OpenMP only: how threads are pinned to an instance's CPUs when bound:
+            "kmp" (KMP_AFFINITY, Intel/LLVM runtimes) or "omp" (OMP_PLACES/OMP_PROC_BIND).
+        help: one line for --help.
     """
 
     name: str
     kind: str
+    choice: str
     filenames: tuple
     install: str
     marker: str
     env: Mapping[str, str] = field(default_factory=dict)
+    idle_env: Mapping[str, str] = field(default_factory=dict)
+    pin_style: str = ""
+    help: str = ""
 
 
 REGISTRY: dict = {
@@ -54,6 +67,7 @@ REGISTRY: dict = {
         Library(
             name="tcmalloc",
             kind="allocator",
+            choice="tcmalloc",
             filenames=(
                 "libtcmalloc.so.4",
                 "libtcmalloc_minimal.so.4",
@@ -62,10 +76,12 @@ REGISTRY: dict = {
             ),
             install="apt-get install libtcmalloc-minimal4 (or libgoogle-perftools4)",
             marker="libtcmalloc",
+            help="gperftools' tcmalloc (measured 1.0-1.4x here: docs/performance.md)",
         ),
         Library(
             name="jemalloc",
             kind="allocator",
+            choice="jemalloc",
             filenames=("libjemalloc.so.2", "libjemalloc.so"),
             install="apt-get install libjemalloc2",
             marker="libjemalloc",
@@ -74,16 +90,48 @@ REGISTRY: dict = {
                 "MALLOC_CONF": "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
                 "dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
             },
+            help="jemalloc with the tuning guide's MALLOC_CONF",
         ),
         Library(
             name="iomp5",
             kind="openmp",
+            choice="intel",
             filenames=("libiomp5.so",),
             install="pip install intel-openmp (puts libiomp5.so in sys.prefix/lib)",
             marker="libiomp5",
+            # Intel's OpenMP documentation and the tuning guide: idle threads stop
+            # spinning after 1 ms; threads pinned one per CPU when the instance is bound.
+            idle_env={"KMP_BLOCKTIME": "1"},
+            pin_style="kmp",
+            help="Intel OpenMP, preloaded over torch's libgomp",
+        ),
+        Library(
+            name="gomp",
+            kind="openmp",
+            choice="gnu",
+            filenames=(),
+            install="bundled with torch",
+            marker="libgomp",
+            pin_style="omp",
+            help="GNU OpenMP, the runtime torch links (nothing preloaded)",
         ),
     )
 }
+
+#: --allocator values: "auto" (tcmalloc when found), "default" (the C library's malloc)
+#: and every allocator of the registry.
+ALLOCATOR_CHOICES = ("auto", "default") + tuple(l.choice for l in REGISTRY.values() if l.kind == "allocator")
+#: --omp-runtime values: "auto" (torch's own runtime) and every OpenMP runtime of the registry.
+OPENMP_CHOICES = ("auto",) + tuple(l.choice for l in REGISTRY.values() if l.kind == "openmp")
+
+
+def by_choice(kind: str, choice: str) -> Library:
+    """The registry entry users select as ``choice`` ("intel" -> iomp5). Raises KeyError."""
+    for lib in REGISTRY.values():
+        if lib.kind == kind and lib.choice == choice:
+            return lib
+    raise KeyError(choice)
+
 
 ALLOCATORS = tuple(n for n, lib in REGISTRY.items() if lib.kind == "allocator")
 OPENMP = tuple(n for n, lib in REGISTRY.items() if lib.kind == "openmp")
@@ -170,39 +218,80 @@ def _ldconfig() -> dict:
     return parse_ldconfig(res.stdout) if res.returncode == 0 else {}
 
 
+def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list:
+    """Folders named by ``/etc/ld.so.conf`` and its ``include`` globs (ldconfig(8)), in order.
+
+    Reading them is what ``ldconfig -p`` would tell, without starting a process on every
+    launch. Unreadable files give no folders.
+    """
+    import glob
+
+    out: list = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("include") and _depth < 4:
+            pattern = line.split(None, 1)[1] if " " in line or "\t" in line else ""
+            if pattern and not os.path.isabs(pattern):
+                pattern = os.path.join(os.path.dirname(path), pattern)
+            for inc in sorted(glob.glob(pattern)):
+                out += ld_so_conf_dirs(inc, _depth + 1)
+        elif line.startswith("/"):
+            out.append(Path(line))
+    return out
+
+
+def _first_in(dirs, names) -> Optional[Path]:
+    for name in names:
+        for d in dirs:
+            p = os.path.join(d, name)
+            if os.path.isfile(p) and is_loadable_elf(p):
+                return Path(p)
+    return None
+
+
 def find(
     lib: Library,
     environ: Optional[Mapping[str, str]] = None,
     prefix: str = sys.prefix,
     extra_dirs: Sequence[os.PathLike] = (),
+    use_ldconfig: bool = True,
 ) -> Optional[Path]:
     """Locate ``lib`` on this host (touches the file system; see module doc for the order).
 
-    Returns the path of the first loadable match, or None.
+    The environment's folders first, then the folders of ``/etc/ld.so.conf`` and the
+    multiarch folders (no subprocess); ``ldconfig -p`` is asked only when none of those
+    holds the library (a cache in an unusual place).
+
+    Returns the path of the first loadable match, or None (always None for a library
+    with no file names, such as torch's bundled libgomp).
     """
+    if not lib.filenames:
+        return None
     environ = os.environ if environ is None else environ
     dirs = [Path(d) for d in extra_dirs] + search_dirs(environ, prefix)
-    for name in lib.filenames:
-        for d in dirs:
-            p = d / name
-            if p.is_file() and is_loadable_elf(p):
-                return p
+    hit = _first_in(dirs, lib.filenames) or _first_in(multiarch_dirs() + ld_so_conf_dirs(), lib.filenames)
+    if hit is not None or not use_ldconfig:
+        return hit
     cache = _ldconfig()
     for name in lib.filenames:
         p = cache.get(name)
         if p and is_loadable_elf(p):
             return Path(p)
-    for name in lib.filenames:
-        for d in multiarch_dirs():
-            p = d / name
-            if p.is_file() and is_loadable_elf(p):
-                return p
     return None
 
 
 def preload_entries(value: str) -> list:
-    """Split an LD_PRELOAD value into entries; ld.so(8) accepts spaces and colons."""
-    return [e for e in value.replace(":", " ").split() if e]
+    """Split an LD_PRELOAD value into entries as glibc does: on spaces and colons only
+    (ld.so(8); ``elf/rtld.c`` splits on " :"), so an entry holding a tab or a newline
+    stays one entry, byte for byte. ``"/a.so:/b.so c.so"`` -> ``["/a.so", "/b.so", "c.so"]``."""
+    return [e for e in re.split("[ :]", value) if e]
 
 
 def identify(entry: str) -> Optional[str]:

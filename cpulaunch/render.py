@@ -30,7 +30,7 @@ from typing import Mapping, Optional, Sequence
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
-from cpulaunch.libraries import REGISTRY, identify, preload_entries
+from cpulaunch.libraries import REGISTRY, by_choice, identify, preload_entries
 from cpulaunch.plan import Instance, MemPolicy, Plan
 
 __all__ = [
@@ -44,6 +44,13 @@ __all__ = [
     "shell_exports",
     "dotenv_lines",
     "plan_json",
+    "dry_run_text",
+    "instance_dict",
+    "binding_prefix",
+    "omp_bind_string",
+    "bind_lines",
+    "one_line",
+    "command_text",
 ]
 
 class ProgramError(CpulaunchError, ValueError):
@@ -55,21 +62,23 @@ class Settings:
     """Choices resolved against the host before rendering (all typed, no strings to parse).
 
     Attributes:
-        omp_runtime: "intel" or "gnu" (already resolved from "auto").
-        iomp5: path of libiomp5 to preload when omp_runtime is "intel".
-        allocator: "jemalloc", "tcmalloc" or None (the C library's malloc).
-        allocator_path: path of the allocator's library.
+        omp_runtime: an OpenMP choice of the library registry ("gnu", "intel"), resolved
+            from "auto"; its registry entry gives the env rules (pinning style, blocktime).
+        openmp_path: file to preload for that runtime (None: nothing to preload).
+        allocator: registry name of the allocator to preload, or None (the C library's).
+        allocator_path: its file.
         bind: "numactl", "affinity" or "none".
-        numactl: path of numactl when bind is "numactl".
+        numactl: numactl's path (or "numactl" when describing another machine).
         override_env: cpulaunch's values win over the user's.
         environ: the user's environment (never modified).
         extra_env: more tunables for every instance (e.g. CPULAUNCH_INFERENCE_PATH).
         instance_env: identity variables per instance index (e.g. RANK for DDP ranks).
         omp_places: set OMP_PLACES/OMP_PROC_BIND (GNU) to the compute CPUs.
+        label: what an instance is called in messages ("instance" or "rank").
     """
 
     omp_runtime: str = "gnu"
-    iomp5: Optional[Path] = None
+    openmp_path: Optional[Path] = None
     allocator: Optional[str] = None
     allocator_path: Optional[Path] = None
     bind: str = "numactl"
@@ -79,6 +88,7 @@ class Settings:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     instance_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
     omp_places: bool = False
+    label: str = "instance"
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ class RenderedInstance:
         argv: the full command, binding prefix included.
         prefix: the binding prefix alone (``numactl ...``), empty if none.
         affinity: CPUs to set with sched_setaffinity before exec (bind="affinity").
+        label: "instance 1" / "rank 1", for messages.
     """
 
     index: int
@@ -103,6 +114,7 @@ class RenderedInstance:
     argv: tuple
     prefix: tuple
     affinity: Optional[tuple] = None
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,10 +144,13 @@ def resolve_program(args: Sequence[str], no_python: bool = False, python: str = 
         )
     if no_python:
         return tuple(args)
-    if args[0] == "-m":
+    if args[0] in ("-m", "--module", "-c"):
         if len(args) < 2:
-            raise ProgramError("-m needs a module name, e.g. `cpulaunch -m mypkg.serve`")
-        return (python, *args)
+            what = "code" if args[0] == "-c" else "a module name"
+            raise ProgramError(f"{args[0]} needs {what}, e.g. `cpulaunch -m mypkg.serve`")
+        return (python, "-m" if args[0] == "--module" else args[0], *args[1:])
+    if args[0].startswith(("-m", "-c")) and not args[0].startswith("--"):
+        return (python, *args)  # -mhttp.server, -cCODE: python's own short forms
     if args[0].endswith(".py"):
         return (python, *args)
     return tuple(args)
@@ -158,35 +173,60 @@ def numactl_prefix(numactl: str, cpus: Sequence[int], policy: MemPolicy, mem_nod
     return tuple(argv)
 
 
+def _helper_cpus(inst: Instance) -> bool:
+    """True when the instance is bound to CPUs its OpenMP threads must stay off
+    (oneCCL workers, DataLoader workers, reserved cores)."""
+    return set(inst.bound_cpus) != set(inst.cpus)
+
+
 def _planned_tunables(inst: Instance, settings: Settings) -> dict:
+    """OpenMP and allocator variables, by the registry entries' rules (module doc)."""
+    omp = by_choice("openmp", settings.omp_runtime)
     env = {"OMP_NUM_THREADS": str(inst.threads)}
     bound = settings.bind != "none"
-    if settings.omp_runtime == "intel":
-        if bound:
-            if inst.reserved_cpus:
-                # Keep OpenMP threads off the reserved (oneCCL worker) CPUs.
-                procs = ",".join(str(c) for c in inst.cpus)
-                env["KMP_AFFINITY"] = f"granularity=fine,proclist=[{procs}],explicit"
-            else:
-                env["KMP_AFFINITY"] = "granularity=fine,compact,1,0"
-        env["KMP_BLOCKTIME"] = "1"
-    elif bound and (settings.omp_places or inst.reserved_cpus):
+    helpers = _helper_cpus(inst)
+    if bound and omp.pin_style == "kmp":
+        if helpers:  # keep OpenMP threads off the helper CPUs
+            procs = ",".join(str(c) for c in inst.cpus)
+            env["KMP_AFFINITY"] = f"granularity=fine,proclist=[{procs}],explicit"
+        else:
+            env["KMP_AFFINITY"] = "granularity=fine,compact,1,0"
+    elif bound and omp.pin_style == "omp" and (settings.omp_places or helpers):
         env["OMP_PLACES"] = ",".join("{%d}" % c for c in inst.cpus)
         env["OMP_PROC_BIND"] = "close"
+    env.update(omp.idle_env)
+    env.update(omp.env)
     if settings.allocator:
         env.update(REGISTRY[settings.allocator].env)
     env.update(settings.extra_env)
     return env
 
 
+def _budget_env(inst: Instance) -> dict:
+    """Identity variables describing the instance's core budgets (issue 11)."""
+    env = {}
+    dl = tuple(getattr(inst, "dataloader_cpus", ()) or ())
+    if dl:
+        env["CPULAUNCH_DATALOADER_CPUS"] = cpulist.format(dl)
+        workers = getattr(inst, "dataloader_workers", None)
+        env["CPULAUNCH_DATALOADER_WORKERS"] = str(workers if workers else len(dl))
+    reserved = tuple(getattr(inst, "reserved_cpus", ()) or ())
+    if reserved and hasattr(inst, "ccl_cpus"):
+        env["CPULAUNCH_RESERVED_CPUS"] = cpulist.format(reserved)
+    return env
+
+
 def _preload(settings: Settings, notes: list) -> Optional[str]:
-    user = preload_entries(settings.environ.get("LD_PRELOAD", ""))
+    """LD_PRELOAD: ours in front of the user's value, which is kept byte for byte."""
+    user_value = settings.environ.get("LD_PRELOAD", "")
+    user = preload_entries(user_value)
     ours: list = []
-    if settings.omp_runtime == "intel" and settings.iomp5:
-        if not any(identify(e) == "iomp5" for e in user):
-            ours.append(str(settings.iomp5))
+    omp = by_choice("openmp", settings.omp_runtime)
+    if settings.openmp_path and not any(identify(e) == omp.name for e in user):
+        ours.append(str(settings.openmp_path))
     if settings.allocator and settings.allocator_path:
-        user_allocs = {identify(e) for e in user} & {"jemalloc", "tcmalloc"}
+        allocators = {n for n, lib in REGISTRY.items() if lib.kind == "allocator"}
+        user_allocs = {identify(e) for e in user} & allocators
         if user_allocs:
             notes.append(
                 f"LD_PRELOAD already holds {', '.join(sorted(user_allocs))}: not preloading "
@@ -196,7 +236,7 @@ def _preload(settings: Settings, notes: list) -> Optional[str]:
             ours.append(str(settings.allocator_path))
     if not ours:
         return None
-    return " ".join(ours + user)
+    return " ".join(ours) + (" " + user_value if user_value else "")
 
 
 def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
@@ -228,6 +268,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
         env["CPULAUNCH_INSTANCE_INDEX"] = str(inst.index)
         env["CPULAUNCH_NUM_INSTANCES"] = str(plan.num_instances)
         env["CPULAUNCH_CPUS"] = inst.cpulist
+        env.update(_budget_env(inst))
         env.update(settings.instance_env.get(inst.index, {}))
         if settings.bind == "numactl":
             prefix = numactl_prefix(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)
@@ -247,9 +288,11 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
                 argv=tuple(prefix) + tuple(program),
                 prefix=tuple(prefix),
                 affinity=affinity,
+                label=f"{settings.label} {inst.index}",
             )
         )
-    return Rendered(instances=tuple(out), num_instances=plan.num_instances, notes=tuple(notes))
+    return Rendered(instances=tuple(out), num_instances=plan.num_instances,
+                    notes=tuple(one_line(n) for n in notes))
 
 
 # --------------------------------------------------------------------------- text forms
@@ -278,15 +321,40 @@ def shell_exports(inst: RenderedInstance, taskset: Optional[str] = "taskset") ->
     return "\n".join(lines) + "\n"
 
 
-def _dotenv_quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("$", "\\$") + '"'
-
-
 def dotenv_lines(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> str:
-    """``NAME="value"`` lines (python-dotenv / docker-compose style, backslash escapes)."""
+    """``NAME='value'`` lines for POSIX sh's ``set -a; . ./FILE; set +a`` (the target this
+    format is written for: every value single-quoted by shlex.quote, so ``$``, backticks,
+    backslashes and newlines come back exactly as they are)."""
     env = dict(inst.env)
     env["CPULAUNCH_PREFIX"] = _print_prefix(inst, taskset)
-    return "".join(f"{k}={_dotenv_quote(v)}\n" for k, v in env.items())
+    return "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
+
+
+def omp_bind_string(rendered: "Rendered") -> str:
+    """The instances' compute cpulists joined by ``|`` (``0-31|32-63``): the format of
+    vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` and SGLang's ``SGLANG_CPU_OMP_THREADS_BIND``
+    (one entry per tensor-parallel rank, in rank order)."""
+    return "|".join(cpulist.format(i.cpus) for i in rendered.instances)
+
+
+def bind_lines(rendered: "Rendered", stack: str) -> str:
+    """Assignment lines for another serving stack (``--print-env --format vllm|sglang``).
+
+    vLLM (CPU backend, docs "CPU installation", v0.8+): ``VLLM_CPU_OMP_THREADS_BIND`` and,
+    when cores are reserved, ``VLLM_CPU_NUM_OF_RESERVED_CPU``. SGLang (CPU backend):
+    ``SGLANG_CPU_OMP_THREADS_BIND``. Values are shell-quoted.
+    """
+    bind = omp_bind_string(rendered)
+    if stack == "vllm":
+        lines = [f"VLLM_CPU_OMP_THREADS_BIND={shlex.quote(bind)}"]
+        reserved = sum(len(getattr(i, "reserved_cpus", ()) or ()) for i in rendered.instances)
+        if reserved:
+            lines.append(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved}")
+    elif stack == "sglang":
+        lines = [f"SGLANG_CPU_OMP_THREADS_BIND={shlex.quote(bind)}"]
+    else:
+        raise ValueError(stack)
+    return "\n".join(lines) + "\n"
 
 
 def instance_dict(inst: RenderedInstance) -> dict:
@@ -316,17 +384,109 @@ def plan_json(rendered: Rendered, topology: dict, extra: Optional[dict] = None) 
     return json.dumps(doc, indent=2)
 
 
+def one_line(text: str) -> str:
+    """``text`` with every control character (newline, carriage return, escape, ...)
+    written as a backslash escape, so a value the user set can never start a new line in
+    a ``# note:`` comment, a log line or a terminal: ``"1\\ntouch x"`` -> ``"1\\\\ntouch x"``."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if o < 32 or o == 127 or 0x80 <= o < 0xA0 or ch in "\u2028\u2029":
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def command_text(env: Mapping[str, str], argv: Sequence[str]) -> str:
+    """One shell command that runs ``argv`` with ``env`` added: ``env NAME=VALUE ... prog
+    args``, every word quoted (shlex.quote). A program whose name holds ``=`` would be read
+    by env(1) as one more assignment, so it is run through ``sh -c 'exec "$0" "$@"'``."""
+    words = ["env"] + [f"{k}={v}" for k, v in env.items()]
+    argv = list(argv)
+    if argv and "=" in argv[0]:
+        words += ["sh", "-c", 'exec "$0" "$@"']
+    return " ".join(shlex.quote(w) for w in words + argv)
+
+
 def dry_run_text(rendered: Rendered) -> str:
-    """Human-readable dry run: each instance's command and the env it changes, then notes."""
+    """Human-readable dry run: each instance's command and the env it changes, then notes.
+
+    Safe to paste or pipe to ``sh`` whatever the values hold: comments hold only
+    :func:`one_line` text, and commands only shell-quoted words.
+    """
     lines = []
     for inst in rendered.instances:
-        lines.append(f"# instance {inst.index}: cpus {cpulist.format(inst.cpus)}"
-                     + (f" (+ reserved {cpulist.format(set(inst.bound_cpus) - set(inst.cpus))})"
-                        if set(inst.bound_cpus) != set(inst.cpus) else "")
-                     + (f", memory {inst.mem_policy} {cpulist.format(inst.mem_nodes)}" if inst.mem_nodes else "")
-                     + (f", affinity {cpulist.format(inst.affinity)}" if inst.affinity else ""))
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst.env.items())
-        lines.append(f"env {env} {shlex.join(inst.argv)}")
+        extra = set(inst.bound_cpus) - set(inst.cpus)
+        head = (f"# {inst.label or 'instance %d' % inst.index}: cpus {cpulist.format(inst.cpus)}"
+                + (f" (+ helpers {cpulist.format(extra)})" if extra else "")
+                + (f", memory {inst.mem_policy} {cpulist.format(inst.mem_nodes)}" if inst.mem_nodes else "")
+                + (f", affinity {cpulist.format(inst.affinity)}" if inst.affinity else ""))
+        lines.append(one_line(head))
+        lines.append(command_text(inst.env, inst.argv))
     for note in rendered.notes:
-        lines.append(f"# note: {note}")
+        lines.append(f"# note: {one_line(note)}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- topology view
+
+#: /proc/cpuinfo flags that decide oneDNN's kernels: AVX2/AVX-512 for fp32, VNNI for int8,
+#: AVX512_BF16 and AMX for bf16 (Intel's optimization guide for PyTorch on CPU).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+             "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def _gib(kb) -> str:
+    return f"{kb / 2**20:.1f} GiB" if kb else "? GiB"
+
+
+def _core_lines(topo, cores) -> list:
+    lines = []
+    for core in cores:
+        cpus = " ".join(f"{c}{'' if c in topo.allowed else '!'}" for c in core.cpus)
+        lines.append(f"    core {core.id}{' E' if core.efficiency else ''}: {cpus}")
+    return lines
+
+
+def topology_text(topo) -> str:
+    """A person's view (``--show-topology``): sockets -> NUMA nodes -> cores with their
+    SMT siblings (logical CPU ids). Pure. Every core appears once: cores whose CPUs belong
+    to no NUMA node are listed under ``(no NUMA node)`` of their socket. Marks: ``E`` an
+    E-core, ``!`` a CPU this process may not use; memory-only nodes and offline CPUs last.
+    """
+    lines = [
+        f"{topo.model or 'CPU'} ({topo.source}): {len(topo.sockets)} socket(s), "
+        f"{len([n for n in topo.nodes.values() if n.cpus])} NUMA node(s) with CPUs, "
+        f"{len(topo.cores)} cores, {len(topo.online)} logical CPUs online",
+        f"allowed CPUs: {cpulist.format(topo.allowed)} ({topo.allowed_source})"
+        + (f"; CPU quota {topo.quota_cpus:g}" if topo.quota_cpus else ""),
+    ]
+    if topo.flags:
+        have = [f for f in ISA_FLAGS if f in topo.flags]
+        lines.append("ISA for PyTorch: " + (" ".join(have) if have else "none of " + " ".join(ISA_FLAGS)))
+    by_place: dict = {}
+    for core in topo.cores:
+        by_place.setdefault((core.socket, core.node), []).append(core)
+    for sock in topo.sockets:
+        pkg = f"package {sock.package_id}" if sock.package_id is not None else "no package id"
+        lines.append(f"socket {sock.index} ({pkg}): CPUs {cpulist.format(sock.cpus)}")
+        node_ids = [n for n in sock.nodes] + sorted({n for (s, n) in by_place if s == sock.index and n not in sock.nodes},
+                                                    key=lambda n: (n is None, n or 0))
+        for nid in node_ids:
+            node = topo.nodes.get(nid) if nid is not None else None
+            if node is not None:
+                lines.append(f"  node {nid} ({_gib(node.mem_total_kb) if node.has_memory else 'no memory'})")
+            else:
+                lines.append("  (no NUMA node)")
+            lines += _core_lines(topo, by_place.get((sock.index, nid), []))
+    mem_only = sorted((n for n in topo.nodes.values() if not n.cpus), key=lambda n: n.id)
+    if mem_only:
+        lines.append("memory-only nodes: " + ", ".join(f"{n.id} ({_gib(n.mem_total_kb)})" for n in mem_only))
+    if topo.offline:
+        lines.append(f"offline CPUs: {cpulist.format(topo.offline)}")
+    if any(c not in topo.allowed for c in topo.online):
+        lines.append("! = not allowed for this process (affinity mask / cgroup cpuset)")
+    for note in topo.notes:
+        lines.append(f"note: {one_line(note)}")
     return "\n".join(lines) + "\n"

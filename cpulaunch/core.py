@@ -1,0 +1,402 @@
+"""The core of one invocation: Options -> probe -> host facts -> plan -> render -> print or launch.
+
+Data flows one way. The host is read twice, both before planning: the topology
+(:mod:`cpulaunch.probe`) and the other facts (:mod:`cpulaunch.host`: libraries, numactl,
+engine, a free port). Planning and rendering are pure and happen once; ``--dry-run`` and
+``--print-env`` print the very :class:`Prepared` value a run launches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional
+
+from cpulaunch import cpulist
+from cpulaunch.errors import CpulaunchError
+from cpulaunch.options import BindMode, Format, Options, Output
+from cpulaunch.plan import Plan, Request
+from cpulaunch.render import Rendered, Settings
+from cpulaunch.topology import Topology
+
+__all__ = ["Prepared", "probe_topology", "resolve_settings", "prepare", "execute", "output_text"]
+
+log = logging.getLogger("cpulaunch")
+
+#: The variable through which ``--inference-path`` reaches cpulaunch.inference.optimize.
+INFERENCE_PATH_ENV = "CPULAUNCH_INFERENCE_PATH"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a run needs, computed once (what --dry-run prints is this value).
+
+    Attributes:
+        opts: the options.
+        topo: the machine.
+        host: host facts (None for --show-topology).
+        plan: the plan (ranks for --ddp).
+        settings: library/binding choices resolved against the host.
+        rendered: each instance's env and argv, and every note.
+        program: the program's argv (empty when none was given to --dry-run/--print-env).
+        ddp_info: the ``ddp`` member of the JSON plan, or None.
+        elastic_argv: the torchrun command for an elastic --ddp run, else None.
+    """
+
+    opts: Options
+    topo: Topology
+    host: object = None
+    plan: Optional[Plan] = None
+    settings: Optional[Settings] = None
+    rendered: Optional[Rendered] = None
+    program: tuple = ()
+    ddp_info: Optional[Mapping] = None
+    elastic_argv: Optional[tuple] = None
+    extra_notes: tuple = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def probe_topology(opts: Options) -> Topology:
+    """Read the machine at ``opts.sysroot``. Raises CpulaunchError for a missing folder
+    or an unusable tree (one line naming the file)."""
+    from cpulaunch import probe
+
+    if not os.path.isdir(opts.sysroot):
+        raise CpulaunchError(f"--sysroot {opts.sysroot}: no such folder")
+    return probe.probe(opts.sysroot)
+
+
+def _library_path(host, name: str, option: str, fallback: str) -> object:
+    from cpulaunch import libraries
+
+    path = host.libraries.get(name)
+    if path is None:
+        lib = libraries.REGISTRY[name]
+        raise CpulaunchError(
+            f"{option}: {'/'.join(lib.filenames[:2])} not found (searched sys.prefix/lib, "
+            f"$CONDA_PREFIX/lib, $VIRTUAL_ENV/lib, $LD_LIBRARY_PATH, the system folders); "
+            f"{lib.install}, or use {fallback}"
+        )
+    return path
+
+
+def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",
+                     instance_env: Optional[Mapping] = None) -> tuple:
+    """Options + host facts -> (:class:`Settings`, notes). Pure.
+
+    Rules: ``--omp-runtime auto`` keeps torch's GNU OpenMP (libiomp5 measured within noise
+    of it here, docs/performance.md); ``--allocator auto`` preloads tcmalloc when found
+    (1.0-1.4x measured here; jemalloc 0.68-0.91x). Binding with numactl falls back to
+    sched_setaffinity, with a note, when numactl is missing or refuses on this machine;
+    under --sysroot the plan describes the dumped machine, so numactl is assumed.
+
+    Raises:
+        CpulaunchError: a library asked for by name is not installed.
+    """
+    from cpulaunch import libraries
+
+    notes = []
+    omp = "gnu" if opts.omp_runtime == "auto" else opts.omp_runtime
+    omp_lib = libraries.by_choice("openmp", omp)
+    openmp_path = None
+    if omp_lib.filenames:
+        openmp_path = _library_path(host, omp_lib.name, f"--omp-runtime {omp}", "--omp-runtime gnu")
+    alloc, alloc_path = None, None
+    if opts.allocator == "auto":
+        alloc_path = host.libraries.get("tcmalloc")
+        if alloc_path is None:
+            notes.append("tcmalloc not found: using the C library's malloc "
+                         f"({libraries.REGISTRY['tcmalloc'].install} to get it)")
+        else:
+            alloc = "tcmalloc"
+    elif opts.allocator != "default":
+        alloc = libraries.by_choice("allocator", opts.allocator).name
+        alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
+    bind, numactl = opts.bind.value, host.numactl or "numactl"
+    if opts.bind is BindMode.NUMACTL:
+        bind, note = _numactl_fallback(opts, host)
+        if note:
+            notes.append(note)
+    extra = {INFERENCE_PATH_ENV: opts.inference_path} if opts.inference_path else {}
+    settings = Settings(
+        omp_runtime=omp, openmp_path=openmp_path, allocator=alloc, allocator_path=alloc_path,
+        bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
+        extra_env=extra, instance_env=dict(instance_env or {}), omp_places=opts.omp_places, label=label,
+    )
+    return settings, notes
+
+
+def _numactl_fallback(opts: Options, host) -> tuple:
+    if not host.live:
+        here = f"installed here at {host.numactl}" if host.numactl else "not installed on this machine"
+        return "numactl", f"numactl not checked: --sysroot describes another machine (numactl is {here})"
+    if host.numactl is None:
+        return "affinity", ("numactl not found: CPUs bound with sched_setaffinity instead and memory "
+                            "binding dropped (apt-get install numactl)")
+    if host.numactl_usable is False:
+        return "affinity", (f"{host.numactl_reason}: CPUs bound with sched_setaffinity instead; "
+                            "memory binding dropped")
+    return "numactl", ""
+
+
+def _resolve_program(opts: Options, python: str) -> tuple:
+    from cpulaunch.render import ProgramError, resolve_program
+
+    try:
+        return resolve_program(opts.program, no_python=opts.no_python, python=python)
+    except ProgramError:
+        if opts.output in (Output.DRY_RUN, Output.PRINT_ENV) and not opts.program:
+            return ()
+        raise
+
+
+def _engine_request(topo: Topology, req: Request, engine, notes: list) -> Request:
+    """Without --ddp under an engine that started several tasks on this machine (``srun
+    -n 4 cpulaunch ...``), each task runs the instance whose index is its local task id,
+    inside what the engine gave it (issue 11)."""
+    if engine is None or engine.local_world_size <= 1:
+        return req
+    if topo.cpuset is not None and topo.allowed < topo.cpuset and engine.engine != "torchrun":
+        notes.append(f"{engine.engine} task {engine.local_rank} bound to CPUs {cpulist.format(topo.allowed)}: "
+                     "one instance on exactly those")
+        return replace(req, ninstances=None, instances_per_socket=None, instances_per_node=None,
+                       throughput_mode=False, latency_mode=False, ncores_per_instance=None, instance_idx=None)
+    modes = (req.ninstances, req.instances_per_socket, req.instances_per_node, req.latency_mode,
+             req.throughput_mode, req.ncores_per_instance)
+    if req.instance_idx is not None:
+        raise CpulaunchError(f"--instance-idx does not apply under {engine.engine}: each task runs the "
+                             "instance of its local task id")
+    if not any(modes):
+        req = replace(req, ninstances=engine.local_world_size)
+    notes.append(f"{engine.engine} started {engine.local_world_size} tasks here: this one "
+                 f"(local id {engine.local_rank}) runs instance {engine.local_rank}")
+    return replace(req, instance_idx=(engine.local_rank,))
+
+
+def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
+    from cpulaunch.plan import plan
+
+    notes: list = []
+    req = _engine_request(topo, opts.request, host.engine, notes)
+    result = plan(topo, req)
+    if host.engine is not None and host.engine.local_world_size > 1 and req.instance_idx is not None:
+        if result.num_instances != host.engine.local_world_size:
+            raise CpulaunchError(
+                f"{host.engine.engine} started {host.engine.local_world_size} tasks on this machine but "
+                f"the options plan {result.num_instances} instance(s); make them agree"
+            )
+    return replace(result, notes=tuple(notes) + result.notes)
+
+
+def _backend(opts: Options, host) -> tuple:
+    from cpulaunch import distributed
+
+    return distributed.select_backend(
+        opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None)
+
+
+def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
+    """Probe, gather host facts, plan and render: everything but the launch.
+
+    Raises:
+        CpulaunchError: anything the user can fix (one line).
+    """
+    from cpulaunch import host as host_mod
+    from cpulaunch.render import render
+
+    topo = probe_topology(opts)
+    if opts.output is Output.SHOW_TOPOLOGY:
+        return Prepared(opts=opts, topo=topo)
+    host = host_mod.gather(opts, topo, environ)
+    program = _resolve_program(opts, host.python)
+    ddp_info, label, instance_env, run_environ = None, "instance", {}, environ
+    if opts.ddp is not None:
+        from cpulaunch import distributed
+
+        backend, note = _backend(opts, host)
+        ranks = distributed.plan_ranks(topo, opts.request, opts.ddp, environ, engine=host.engine,
+                                       backend=backend, backend_note=note, free_port=host.free_port)
+        the_plan = replace(ranks.plan, notes=ranks.notes)
+        ddp_info, label, instance_env, run_environ = dict(ranks.info), "rank", ranks.instance_env, ranks.environ
+    else:
+        the_plan = _plan_plain(opts, topo, host)
+    settings, notes = resolve_settings(opts, host, run_environ, label, instance_env)
+    rendered = render(the_plan, program, settings)
+    rendered = replace(rendered, notes=rendered.notes + tuple(notes))
+    prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,
+                        rendered=rendered, program=program, ddp_info=ddp_info)
+    if opts.ddp is not None and opts.ddp.elastic and host.engine is None:
+        from cpulaunch import distributed
+
+        argv = distributed.torchrun_argv(host.python, len(rendered.instances), opts.ddp.nnodes, 0, None, None,
+                                         opts.ddp.rdzv_endpoint, opts.ddp.rdzv_id,
+                                         [host.python, "-m", "cpulaunch.rank_entry"])
+        prepared = replace(prepared, elastic_argv=tuple(argv),
+                           ddp_info={**ddp_info, "launcher_argv": list(argv)})
+    return prepared
+
+
+# --------------------------------------------------------------------------- output
+
+
+def output_text(p: Prepared) -> str:
+    """The text --dry-run, --print-env or --show-topology prints (pure over ``p``)."""
+    from cpulaunch import render as r
+
+    fmt = p.opts.fmt
+    if p.opts.output is Output.SHOW_TOPOLOGY:
+        if fmt is Format.JSON:
+            return json.dumps(p.topo.to_dict(), indent=2) + "\n"
+        return r.topology_text(p.topo)
+    rendered = p.rendered
+    if p.opts.output is Output.DRY_RUN:
+        if fmt is Format.JSON:
+            return r.plan_json(rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None) + "\n"
+        text = r.dry_run_text(rendered)
+        if p.elastic_argv:
+            text += "# then torchrun starts each rank's command above:\n" + r.command_text({}, p.elastic_argv) + "\n"
+        return text
+    if not rendered.instances:
+        raise CpulaunchError("--print-env: no instance planned")
+    if fmt in (Format.OMP_BIND, Format.VLLM, Format.SGLANG):
+        if fmt is Format.OMP_BIND:
+            return r.omp_bind_string(rendered) + "\n"
+        return r.bind_lines(rendered, fmt.value)
+    inst = rendered.instances[0]
+    taskset = p.host.taskset or "taskset"
+    if fmt is Format.DOTENV:
+        return r.dotenv_lines(inst, taskset)
+    if fmt is Format.JSON:
+        doc = r.instance_dict(inst)
+        doc["prefix"] = list(r.binding_prefix(inst, taskset))
+        doc["notes"] = list(rendered.notes)
+        return json.dumps(doc, indent=2) + "\n"
+    return r.shell_exports(inst, taskset)
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def _require_program(program: tuple) -> None:
+    if not program:
+        from cpulaunch.render import ProgramError
+
+        raise ProgramError("no program given; put it after cpulaunch's options, e.g. "
+                           "`cpulaunch --instances-per-socket python infer.py`")
+    if shutil.which(program[0]) is None:
+        raise CpulaunchError(f"program {program[0]!r} not found (not a file, not on PATH)")
+
+
+def _specs(rendered: Rendered) -> list:
+    from cpulaunch import launch
+
+    return [launch.ProcessSpec(index=i.index, label=i.label or f"instance {i.index}", argv=tuple(i.argv),
+                               env=dict(i.env), affinity=i.affinity, cpus=tuple(i.cpus))
+            for i in rendered.instances]
+
+
+def _run_info(p: Prepared) -> str:
+    from cpulaunch import render as r
+
+    return r.plan_json(p.rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None)
+
+
+def execute(p: Prepared, environ: Mapping[str, str]) -> int:
+    """Launch a prepared run; returns the exit code (the root cause's, 128+N for signal N).
+
+    One instance without a log folder is exec'd (its signals and exit code are its own);
+    several are supervised (launch.run_group); an elastic --ddp run starts torchrun with
+    cpulaunch's rank entry.
+
+    Raises:
+        CpulaunchError: the program cannot be started, the log folder cannot be made.
+    """
+    from cpulaunch import launch
+
+    _require_program(p.program)
+    for note in p.rendered.notes:
+        log.warning("note: %s", note)
+    lopts = p.opts.launch
+    if p.elastic_argv:
+        return _execute_elastic(p, environ)
+    specs = _specs(p.rendered)
+    for spec in specs:
+        log.info("%s: %s", spec.label, " ".join(spec.argv))
+    if len(specs) == 1 and lopts.log_dir is None and lopts.verify_after is None:
+        launch.exec_spec(specs[0], environ)
+    stdin_for = lopts.stdin_instance
+    if stdin_for is None and len(specs) == 1:
+        stdin_for = specs[0].index
+    outcome = launch.run_group(
+        specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
+        grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
+        stdin_for=stdin_for,
+    )
+    if outcome.exit_code != 0 or outcome.signalled:
+        log.warning("%s", launch.describe_failure(outcome, specs, keep_going=lopts.keep_going))
+    return outcome.exit_code
+
+
+def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:
+    """Elastic --ddp: torchrun's c10d agent starts each rank as ``python -m
+    cpulaunch.rank_entry``, which runs that local rank's rendered command (passed as
+    JSON in one variable, so ranks never plan again) and records its exit code."""
+    import tempfile
+    from pathlib import Path
+
+    from cpulaunch import distributed, launch
+
+    ranks = [{"index": i.index, "label": i.label, "argv": list(i.argv), "env": dict(i.env),
+              "affinity": list(i.affinity) if i.affinity is not None else None, "cpus": list(i.cpus)}
+             for i in p.rendered.instances]
+    with tempfile.TemporaryDirectory(prefix="cpulaunch-ddp-") as status_dir:
+        env = {distributed.RANK_SPECS_ENV: json.dumps(ranks), distributed.STATUS_DIR_ENV: status_dir}
+        if "OMP_NUM_THREADS" not in environ:
+            env["OMP_NUM_THREADS"] = "1"  # keeps torchrun's banner away; each rank sets its own
+        runner = launch.ProcessSpec(index=0, label="torchrun", argv=tuple(p.elastic_argv), env=env,
+                                    affinity=None, cpus=())
+        outcome = launch.run_group([runner], environ, log_dir=p.opts.launch.log_dir, run_info=_run_info(p),
+                                   grace_period=p.opts.launch.grace_period + 5, prefix_output=False,
+                                   stdin_for=None)
+        if outcome.exit_code == 0:
+            return 0
+        records = []
+        for f in Path(status_dir).glob("rank*.json"):
+            try:
+                records.append(json.loads(f.read_text()))
+            except (OSError, ValueError):
+                pass
+    failed = sorted((r for r in records if r.get("exit_code")), key=lambda r: r["time"])
+    if failed:
+        log.warning("rank %d failed first (%s)", failed[0]["rank"], failed[0].get("how", f"exit code {failed[0]['exit_code']}"))
+        return int(failed[0]["exit_code"])
+    log.warning("%s", launch.describe_failure(outcome, [runner]))
+    return outcome.exit_code
+
+
+def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None) -> int:
+    """Carry out one invocation: prepare, then print (--dry-run, --print-env,
+    --show-topology) or launch. Returns the exit code."""
+    environ = dict(os.environ if environ is None else environ)
+    p = prepare(opts, environ)
+    if opts.output is not Output.RUN:
+        write_text(output_text(p), out)
+        if p.rendered is not None:
+            for note in p.rendered.notes:
+                log.info("note: %s", note)
+        return 0
+    return execute(p, environ)
+
+
+def write_text(text: str, out=None) -> None:
+    """Write ``text`` to stdout as bytes, so values holding non-UTF-8 bytes (carried as
+    surrogate escapes, as os.environ does) come out exactly as they came in."""
+    stream = out or sys.stdout.buffer
+    stream.write(text.encode("utf-8", "surrogateescape"))
+    stream.flush()

@@ -1,0 +1,435 @@
+"""One typed, frozen value for everything the user asked for, built once from the options.
+
+The shape of torchrun's ``config_from_args`` -> ``LaunchConfig``, without its
+``os.environ`` changes: :func:`from_values` turns the parsed option values into
+:class:`Options`, checks every combination, and raises :class:`OptionsError` (one line,
+exit code 2) for anything that would otherwise be ignored or misread. Nothing here reads
+the host; the core (``core.py``) takes an :class:`Options` and does the rest.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+from cpulaunch import cpulist
+from cpulaunch.errors import CpulaunchError
+from cpulaunch.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES
+from cpulaunch.plan import MemPolicy, Request
+
+__all__ = [
+    "OptionsError",
+    "BindMode",
+    "Output",
+    "Format",
+    "DdpOptions",
+    "LaunchOptions",
+    "Options",
+    "from_values",
+    "ALIASES",
+]
+
+
+class OptionsError(CpulaunchError):
+    """Options that cannot be used together, or a value out of range."""
+
+
+class BindMode(str, enum.Enum):
+    """How an instance is bound to its CPUs and memory."""
+
+    NUMACTL = "numactl"  #: ``numactl -C CPUS -m NODES program`` (numactl(8)): CPUs and memory
+    AFFINITY = "affinity"  #: sched_setaffinity(2) before exec: CPUs only, memory unbound
+    NONE = "none"  #: no binding (OMP_NUM_THREADS and libraries still set)
+
+
+class Output(str, enum.Enum):
+    """What the invocation produces."""
+
+    RUN = "run"  #: start the program (exec one instance, supervise several)
+    DRY_RUN = "dry-run"  #: print each instance's env and command; run nothing
+    PRINT_ENV = "print-env"  #: print one instance's environment for a shell script
+    SHOW_TOPOLOGY = "show-topology"  #: draw the machine
+
+
+class Format(str, enum.Enum):
+    """Text forms of --dry-run, --print-env and --show-topology (which accepts which is
+    checked in :func:`from_values`)."""
+
+    TEXT = "text"  #: person-readable (--dry-run, --show-topology)
+    SHELL = "shell"  #: ``export NAME='value'`` lines, safe to eval (--print-env)
+    DOTENV = "dotenv"  #: ``NAME='value'`` lines for POSIX ``set -a; . FILE`` (--print-env)
+    JSON = "json"  #: docs/plan-json.md (all three)
+    OMP_BIND = "omp-bind"  #: instances' cpulists joined by ``|`` (vLLM/SGLang bind string)
+    VLLM = "vllm"  #: ``VLLM_CPU_OMP_THREADS_BIND=...`` assignment lines
+    SGLANG = "sglang"  #: ``SGLANG_CPU_OMP_THREADS_BIND=...`` assignment lines
+
+
+_FORMATS_FOR = {
+    Output.DRY_RUN: (Format.TEXT, Format.JSON),
+    Output.PRINT_ENV: (Format.SHELL, Format.DOTENV, Format.JSON, Format.OMP_BIND, Format.VLLM, Format.SGLANG),
+    Output.SHOW_TOPOLOGY: (Format.TEXT, Format.JSON),
+}
+_DEFAULT_FORMAT = {Output.DRY_RUN: Format.TEXT, Output.PRINT_ENV: Format.SHELL, Output.SHOW_TOPOLOGY: Format.TEXT}
+
+#: Spellings of other launchers accepted as aliases (same meaning), listed in --help and
+#: README: run_cpu (torch.backends.xeon.run_cpu / ipexrun) and torchrun. Every option also
+#: takes torchrun's ``--name_with_underscores`` form.
+ALIASES: Mapping[str, str] = {
+    "--use-logical-core": "--use-logical-cores (run_cpu)",
+    "--node-id": "--node-list N (run_cpu: one node)",
+    "--disable-numactl": "--bind affinity (run_cpu)",
+    "--disable-taskset": "with --disable-numactl: --bind none (run_cpu)",
+    "--log-path": "--log-dir (run_cpu)",
+    "--enable-tcmalloc": "--allocator tcmalloc (run_cpu)",
+    "--enable-jemalloc": "--allocator jemalloc (run_cpu)",
+    "--use-default-allocator": "--allocator default (run_cpu)",
+    "--disable-iomp": "--omp-runtime gnu (run_cpu)",
+    "--multi-instance": "--throughput-mode (run_cpu: one instance per node)",
+    "--module": "-m (run_cpu: the program is a Python module)",
+    "--standalone": "--ddp on one machine (torchrun)",
+    "--nproc-per-node": "(torchrun's spelling; also --nproc_per_node)",
+}
+
+
+@dataclass(frozen=True)
+class DdpOptions:
+    """``--ddp``: distributed training, one rank per socket by default.
+
+    Attributes:
+        nproc_per_node: ranks on this machine: "socket", "node" or a count (as text);
+            None = "socket", or what the engine that started us says.
+        nnodes: machines, "N" or "MIN:MAX" (elastic only).
+        node_rank: this machine's rank (static rendezvous).
+        master_addr: host of rank 0; None = this machine (one-machine runs).
+        master_port: TCP port of rank 0's store; None = a free port (one machine) or 29500.
+        rdzv_endpoint: HOST:PORT of an elastic c10d rendezvous (torchrun starts the ranks).
+        rdzv_id: elastic job id.
+        backend: "auto", "gloo" or "ccl".
+        ccl_worker_count: cores per rank reserved for oneCCL workers (ccl only).
+        iface: network interface for gloo, oneCCL and libfabric.
+        standalone: torchrun's --standalone was given (one machine; checked).
+    """
+
+    nproc_per_node: Optional[str] = None
+    nnodes: str = "1"
+    node_rank: int = 0
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    rdzv_endpoint: Optional[str] = None
+    rdzv_id: Optional[str] = None
+    backend: str = "auto"
+    ccl_worker_count: int = 1
+    iface: Optional[str] = None
+    standalone: bool = False
+
+    @property
+    def elastic(self) -> bool:
+        """True with an elastic rendezvous (torchrun's c10d agent starts the ranks)."""
+        return bool(self.rdzv_endpoint)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How instances are started and watched.
+
+    Attributes:
+        log_dir: torchrun's layout under it: ``<run-id>/<i>/stdout.log`` etc.
+        keep_going: on a failure let the others finish instead of stopping them.
+        grace_period: seconds (finite, >= 0) between SIGTERM and SIGKILL.
+        prefix_output: prefix console lines with ``[i] `` when several instances run.
+        stdin_instance: index of the instance that reads the launcher's stdin; None =
+            the only instance when there is one, else none (all read /dev/null).
+        verify_after: seconds after start at which to inspect the processes (--verify).
+    """
+
+    log_dir: Optional[Path] = None
+    keep_going: bool = False
+    grace_period: float = 10.0
+    prefix_output: bool = True
+    stdin_instance: Optional[int] = None
+    verify_after: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything one invocation asked for (typed; ``None`` = not given, never -1).
+
+    Attributes:
+        output: what to produce (run, dry-run, print-env, show-topology).
+        fmt: text form of the output (checked against ``output``).
+        sysroot: root to read the machine from ("/" = this machine).
+        request: the placement request for the planner.
+        omp_runtime: "auto" or a choice from the library registry ("gnu", "intel").
+        allocator: "auto", "default" or an allocator of the registry.
+        bind: how to bind.
+        override_env: cpulaunch's values win over the user's environment.
+        program: the program's argv as the user gave it (resolved later); may be empty
+            for --dry-run/--print-env.
+        no_python: run ``program`` as it is even if it ends in .py.
+        launch: start/supervision options.
+        inference_path: value for CPULAUNCH_INFERENCE_PATH, or None.
+        ddp: distributed options, None without --ddp.
+        omp_places: set OMP_PLACES/OMP_PROC_BIND for GNU OpenMP.
+        verbose: -v count.
+    """
+
+    output: Output = Output.RUN
+    fmt: Optional[Format] = None
+    sysroot: str = "/"
+    request: Request = field(default_factory=Request)
+    omp_runtime: str = "auto"
+    allocator: str = "auto"
+    bind: BindMode = BindMode.NUMACTL
+    override_env: bool = False
+    program: tuple = ()
+    no_python: bool = False
+    launch: LaunchOptions = field(default_factory=LaunchOptions)
+    inference_path: Optional[str] = None
+    ddp: Optional[DdpOptions] = None
+    omp_places: bool = False
+    verbose: int = 0
+
+    @property
+    def live(self) -> bool:
+        """True when the machine described is the one we run on (no --sysroot)."""
+        return self.sysroot in ("/", "") or Path(self.sysroot).resolve() == Path("/")
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _parse_list(opt: str, text: Optional[str]) -> Optional[frozenset]:
+    if text is None:
+        return None
+    try:
+        ids = cpulist.parse(text, limit=cpulist.MAX_IDS) if hasattr(cpulist, "MAX_IDS") else cpulist.parse(text)
+    except CpulaunchError as exc:
+        raise OptionsError(f"--{opt} {text!r}: {exc}; expected e.g. 0-3,8") from None
+    if not ids:
+        raise OptionsError(f"--{opt} {text!r} names nothing; expected e.g. 0-3,8")
+    return ids
+
+
+def _positive(name: str, value: Optional[int], minimum: int = 1) -> Optional[int]:
+    if value is not None and value < minimum:
+        raise OptionsError(f"--{name} {value}: must be {minimum} or more")
+    return value
+
+
+def _output(values: Mapping) -> Output:
+    chosen = [o for o, flag in ((Output.SHOW_TOPOLOGY, "show_topology"), (Output.PRINT_ENV, "print_env"),
+                                (Output.DRY_RUN, "dry_run")) if values.get(flag)]
+    if len(chosen) > 1:
+        raise OptionsError(" and ".join("--" + o.value for o in chosen) + " cannot be combined; choose one")
+    return chosen[0] if chosen else Output.RUN
+
+
+def _format(values: Mapping, output: Output) -> Optional[Format]:
+    text = values.get("fmt")
+    if text is None:
+        return _DEFAULT_FORMAT.get(output)
+    fmt = Format(text.lower())
+    if output is Output.RUN:
+        raise OptionsError(f"--format {fmt.value} applies to --dry-run, --print-env or --show-topology")
+    allowed = _FORMATS_FOR[output]
+    if fmt not in allowed:
+        raise OptionsError(f"--{output.value} --format {fmt.value}: use " + ", ".join(f.value for f in allowed))
+    return fmt
+
+
+def _aliases(values: Mapping, given: frozenset) -> dict:
+    """Fold run_cpu's spellings into ours; an alias that contradicts the option it
+    stands for is an error (never a silent pick)."""
+    v = dict(values)
+
+    def fold(alias: str, option: str, value, label: str):
+        if not v.get(alias):
+            return
+        if option in given and v.get(option) != value:
+            raise OptionsError(f"{label} contradicts --{option.replace('_', '-')} {v.get(option)}; give one")
+        v[option] = value
+
+    fold("use_logical_core", "use_logical_cores", True, "--use-logical-core")
+    bind = "none" if v.get("disable_taskset") and v.get("disable_numactl") else "affinity"
+    if v.get("disable_taskset") and not v.get("disable_numactl"):
+        raise OptionsError("--disable-taskset goes with --disable-numactl (run_cpu); or use --bind none")
+    fold("disable_numactl", "bind", bind, "--disable-numactl")
+    for alias, alloc in (("enable_tcmalloc", "tcmalloc"), ("enable_jemalloc", "jemalloc"),
+                         ("use_default_allocator", "default")):
+        fold(alias, "allocator", alloc, "--" + alias.replace("_", "-"))
+    fold("disable_iomp", "omp_runtime", "gnu", "--disable-iomp")
+    fold("multi_instance", "throughput_mode", True, "--multi-instance")
+    if v.get("node_id") is not None:
+        if v.get("node_list") is not None:
+            raise OptionsError("--node-id and --node-list cannot be combined; give --node-list")
+        v["node_list"] = str(v["node_id"])
+    if v.get("log_path") is not None:
+        if v.get("log_dir") is not None:
+            raise OptionsError("--log-path and --log-dir cannot be combined; give --log-dir")
+        v["log_dir"] = v["log_path"]
+    return v
+
+
+def _request(v: Mapping, ddp: bool) -> Request:
+    from cpulaunch.plan import parse_index_list
+
+    instance_idx = None
+    if v.get("instance_idx") is not None:
+        try:
+            instance_idx = parse_index_list(v["instance_idx"])
+        except CpulaunchError as exc:
+            raise OptionsError(f"--instance-idx {v['instance_idx']!r}: {exc}") from None
+        if not instance_idx:
+            raise OptionsError(f"--instance-idx {v['instance_idx']!r} names no instance")
+    count = lambda name: _positive(name.replace("_", "-"), v.get(name))  # noqa: E731
+    return Request(
+        ninstances=count("ninstances"),
+        instances_per_socket=count("instances_per_socket"),
+        instances_per_node=count("instances_per_node"),
+        ncores_per_instance=count("ncores_per_instance"),
+        latency_mode=bool(v.get("latency_mode")),
+        throughput_mode=bool(v.get("throughput_mode")),
+        use_logical_cores=bool(v.get("use_logical_cores")),
+        use_e_cores=bool(v.get("use_e_cores")),
+        core_list=_parse_list("core-list", v.get("core_list")),
+        node_list=_parse_list("node-list", v.get("node_list")),
+        instance_idx=instance_idx,
+        mem_policy=MemPolicy(str(v.get("mem_policy") or "bind").lower()),
+        **_budgets(v),
+    )
+
+
+def _budgets(v: Mapping) -> dict:
+    """The core budgets the planner knows about (issue 11), only those it has fields for."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(Request)}
+    out = {}
+    for name in ("dataloader_workers", "reserve_cores"):
+        value = v.get(name)
+        if value is not None:
+            _positive(name.replace("_", "-"), value, minimum=0)
+            if name in known:
+                out[name] = value
+            elif value:
+                raise OptionsError(f"--{name.replace('_', '-')} is not supported by this planner yet")
+    return out
+
+
+_DDP_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
+             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend")
+
+
+def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
+    wants = v.get("ddp") or v.get("standalone")
+    stray = [n for n in _DDP_ONLY if n in given and v.get(n) not in (None, False)]
+    if not wants:
+        if stray:
+            raise OptionsError(f"--{stray[0].replace('_', '-')} applies to --ddp only; add --ddp or drop it")
+        return None
+    nnodes = str(v.get("nnodes") or "1")
+    if v.get("rdzv_backend") not in (None, "c10d"):
+        raise OptionsError(f"--rdzv-backend {v['rdzv_backend']}: only c10d is supported")
+    opts = DdpOptions(
+        nproc_per_node=v.get("nproc_per_node"),
+        nnodes=nnodes,
+        node_rank=int(v.get("node_rank") or 0),
+        master_addr=v.get("master_addr"),
+        master_port=v.get("master_port"),
+        rdzv_endpoint=v.get("rdzv_endpoint"),
+        rdzv_id=v.get("rdzv_id"),
+        backend=str(v.get("backend") or "auto").lower(),
+        ccl_worker_count=_positive("ccl-worker-count", 1 if v.get("ccl_worker_count") is None
+                                    else v["ccl_worker_count"], minimum=0),
+        iface=v.get("iface"),
+        standalone=bool(v.get("standalone")),
+    )
+    if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
+        raise OptionsError(f"--master-port {opts.master_port}: use a TCP port 1-65535")
+    if opts.standalone and (nnodes != "1" or opts.master_addr or opts.rdzv_endpoint):
+        raise OptionsError("--standalone is one machine: drop --nnodes/--master-addr/--rdzv-endpoint")
+    if not opts.elastic:
+        if not nnodes.isdigit() or int(nnodes) < 1:
+            raise OptionsError(f"--nnodes {nnodes}: a MIN:MAX range needs --rdzv-endpoint HOST:PORT (elastic)")
+        if int(nnodes) > 1 and not opts.master_addr:
+            raise OptionsError("--nnodes > 1 needs --master-addr HOST (rank 0's machine) or --rdzv-endpoint HOST:PORT")
+        if not 0 <= opts.node_rank < int(nnodes):
+            raise OptionsError(f"--node-rank {opts.node_rank} must be between 0 and --nnodes - 1")
+    elif "node_rank" in given and v.get("node_rank"):
+        raise OptionsError("--node-rank applies to a static rendezvous; the elastic one assigns ranks")
+    if v.get("instance_idx") is not None:
+        raise OptionsError("--instance-idx does not apply to --ddp: every local rank runs (use --nproc-per-node)")
+    return opts
+
+
+def _launch(v: Mapping, output: Output, ddp: bool) -> LaunchOptions:
+    grace = float(v.get("grace_period", 10.0))
+    if not math.isfinite(grace) or grace < 0:
+        raise OptionsError(f"--grace-period {v.get('grace_period')}: give a finite number of seconds >= 0")
+    verify_after = v.get("verify_after")
+    if verify_after is not None and (not math.isfinite(verify_after) or verify_after < 0):
+        raise OptionsError(f"--verify-after {verify_after}: give a finite number of seconds >= 0")
+    if v.get("verify") and verify_after is None:
+        verify_after = 5.0
+    log_dir = v.get("log_dir")
+    return LaunchOptions(
+        log_dir=Path(log_dir) if log_dir else None,
+        keep_going=bool(v.get("keep_going")),
+        grace_period=grace,
+        prefix_output=not v.get("no_prefix"),
+        stdin_instance=v.get("stdin_instance"),
+        verify_after=verify_after,
+    )
+
+
+def from_values(values: Mapping, given: frozenset = frozenset()) -> Options:
+    """Build :class:`Options` from parsed option values (pure).
+
+    Args:
+        values: option name (python identifier, e.g. "ninstances") -> parsed value, as
+            click gives them; ``program`` is the tuple of words after cpulaunch's options.
+        given: names the user set explicitly (command line or CPULAUNCH_* variable), so
+            that an alias contradicting an option is caught.
+
+    Raises:
+        OptionsError: a combination that would be ignored or misread, or a bad value.
+    """
+    v = _aliases(values, given)
+    output = _output(v)
+    fmt = _format(v, output)
+    ddp = _ddp(v, given)
+    if output is Output.PRINT_ENV and fmt in (Format.SHELL, Format.DOTENV, Format.JSON):
+        idx = v.get("instance_idx")
+        if idx is not None and ("," in idx or "-" in idx):
+            raise OptionsError(f"--print-env prints one instance; give one index (--instance-idx {idx}), "
+                               "or use --dry-run for several")
+    if ddp is not None and output is Output.PRINT_ENV:
+        raise OptionsError("--print-env does not apply to --ddp (each rank's env needs its rendezvous); "
+                           "use --ddp --dry-run --format json")
+    omp = str(v.get("omp_runtime") or "auto").lower()
+    if omp not in OPENMP_CHOICES:
+        raise OptionsError(f"--omp-runtime {omp}: use one of {', '.join(OPENMP_CHOICES)}")
+    alloc = str(v.get("allocator") or "auto").lower()
+    if alloc not in ALLOCATOR_CHOICES:
+        raise OptionsError(f"--allocator {alloc}: use one of {', '.join(ALLOCATOR_CHOICES)}")
+    launch = _launch(v, output, ddp is not None)
+    return Options(
+        output=output,
+        fmt=fmt,
+        sysroot=str(v.get("sysroot") or "/"),
+        request=_request(v, ddp is not None),
+        omp_runtime=omp,
+        allocator=alloc,
+        bind=BindMode(str(v.get("bind") or "numactl").lower()),
+        override_env=bool(v.get("override_env")),
+        program=tuple(v.get("program") or ()),
+        no_python=bool(v.get("no_python")),
+        launch=launch,
+        inference_path=v.get("inference_path"),
+        ddp=ddp,
+        omp_places=bool(v.get("omp_places")),
+        verbose=int(v.get("verbose") or 0),
+    )
