@@ -149,6 +149,12 @@ CONTEXT = {"allow_interspersed_args": False, "auto_envvar_prefix": "CPULAUNCH",
 @_opt("--use-default-allocator", is_flag=True, hidden=True)
 @_opt("--disable-iomp", is_flag=True, hidden=True)
 @_opt("--multi-instance", is_flag=True, hidden=True)
+@_opt("--kmp-blocktime", type=int, default=None,
+      help="KMP_BLOCKTIME in ms for --omp-runtime intel (default 1, the tuning guide's).")
+@_opt("--config", type=click.Path(dir_okay=False), default=None, expose_value=False, is_eager=True,
+      callback=lambda ctx, param, value: _load_config(ctx, value),
+      help="Defaults from a TOML file (tune's best.toml, or [tool.cpulaunch] of a pyproject.toml); "
+           "precedence: flags > CPULAUNCH_* variables > this file > built-in defaults.")
 @_opt("--omp-places", is_flag=True, help="Pin GNU OpenMP threads with OMP_PLACES/OMP_PROC_BIND.")
 @_opt("--override-env", is_flag=True, help="cpulaunch's values win over ones already in your environment.")
 @_opt("--no-python", is_flag=True, help="Run the program as it is, even if it ends in .py.")
@@ -201,6 +207,22 @@ def command(ctx, **values):
     _configure_logging(values.get("verbose") or 0)
     opts = options.from_values(values, given)
     return core.run(opts)
+
+
+def _load_config(ctx, path) -> None:
+    """``--config FILE``: its values become click's default_map, which click consults
+    after the command line and CPULAUNCH_* variables and before built-in defaults."""
+    if not path:
+        return
+    from cpulaunch.options import config_defaults
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}") from None
+    known = {p.name for p in ctx.command.params}
+    ctx.default_map = {**(ctx.default_map or {}), **config_defaults(data, path, known)}
 
 
 def _configure_logging(verbose: int) -> None:

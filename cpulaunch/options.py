@@ -173,6 +173,7 @@ class Options:
         inference_path: value for CPULAUNCH_INFERENCE_PATH, or None.
         ddp: distributed options, None without --ddp.
         omp_places: set OMP_PLACES/OMP_PROC_BIND for GNU OpenMP.
+        kmp_blocktime: KMP_BLOCKTIME in ms for Intel OpenMP (None: the registry's 1 ms).
         verbose: -v count.
     """
 
@@ -190,6 +191,7 @@ class Options:
     inference_path: Optional[str] = None
     ddp: Optional[DdpOptions] = None
     omp_places: bool = False
+    kmp_blocktime: Optional[int] = None
     verbose: int = 0
 
     @property
@@ -431,5 +433,43 @@ def from_values(values: Mapping, given: frozenset = frozenset()) -> Options:
         inference_path=v.get("inference_path"),
         ddp=ddp,
         omp_places=bool(v.get("omp_places")),
+        kmp_blocktime=_positive("kmp-blocktime", v.get("kmp_blocktime"), minimum=0),
         verbose=int(v.get("verbose") or 0),
     )
+
+
+#: Options a config file may not set (they choose what the invocation does, not how).
+_NOT_CONFIGURABLE = {"program", "dry_run", "print_env", "show_topology", "fmt", "sysroot", "verbose"}
+
+
+def config_defaults(data: bytes, path: str, known: set) -> dict:
+    """Defaults from a TOML config file (pure over its bytes).
+
+    Keys are cpulaunch's option names (``ninstances``, ``allocator``, ``omp-runtime`` or
+    ``omp_runtime``); a ``pyproject.toml`` is read from its ``[tool.cpulaunch]`` table,
+    any other file from its top level (``[cpulaunch]`` too, as tune's best.toml writes).
+
+    Raises:
+        OptionsError: not TOML, an unknown key, or a key that is not a setting.
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise OptionsError(f"--config {path}: not a TOML file ({exc})") from None
+    if path.endswith("pyproject.toml"):
+        doc = doc.get("tool", {}).get("cpulaunch", {})
+    elif isinstance(doc.get("cpulaunch"), dict):
+        doc = doc["cpulaunch"]
+    out = {}
+    for key, value in doc.items():
+        name = key.replace("-", "_")
+        if isinstance(value, dict):
+            continue  # other tables (tune's [measured]) are information
+        if name not in known or name in _NOT_CONFIGURABLE:
+            raise OptionsError(f"--config {path}: {key!r} is not a cpulaunch setting; see cpulaunch --help")
+        out[name] = value
+    return out

@@ -75,6 +75,8 @@ class Settings:
         instance_env: identity variables per instance index (e.g. RANK for DDP ranks).
         omp_places: set OMP_PLACES/OMP_PROC_BIND (GNU) to the compute CPUs.
         label: what an instance is called in messages ("instance" or "rank").
+        kmp_blocktime: KMP_BLOCKTIME (ms) for runtimes that read it, instead of the
+            registry's value (vLLM uses 5; tune searches it).
     """
 
     omp_runtime: str = "gnu"
@@ -89,6 +91,7 @@ class Settings:
     instance_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
     omp_places: bool = False
     label: str = "instance"
+    kmp_blocktime: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ def _planned_tunables(inst: Instance, settings: Settings) -> dict:
         env["OMP_PLACES"] = ",".join("{%d}" % c for c in inst.cpus)
         env["OMP_PROC_BIND"] = "close"
     env.update(omp.idle_env)
+    if settings.kmp_blocktime is not None and "KMP_BLOCKTIME" in omp.idle_env:
+        env["KMP_BLOCKTIME"] = str(settings.kmp_blocktime)
     env.update(omp.env)
     if settings.allocator:
         env.update(REGISTRY[settings.allocator].env)
