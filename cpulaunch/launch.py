@@ -1,225 +1,1221 @@
-"""Side effects only: exec one instance, or start and supervise several.
+"""Side effects only: exec one instance, or start, relay and supervise several.
 
-Supervision follows torchelastic's local agent: every instance runs in its own session
-(``start_new_session=True``, so it is its own process group); SIGINT, SIGTERM and SIGHUP
-received by the launcher are forwarded to every group; the first instance to fail is the
-root cause, the others get SIGTERM and, after a grace period, SIGKILL; the launcher's exit
-code is the root cause's (128+N when killed by signal N, as shells report it), 0 only if
-every instance succeeded. Every group is killed before the launcher returns, so nothing
-is left behind. Signal handlers are restored afterwards.
+The shape is torchelastic's (``multiprocessing/api.py``: a spec per process, a group with
+start / poll / stop(deadline) / close, failures named with their signal):
+
+* :class:`ProcessSpec` says what one process runs (argv, env changes, CPU affinity).
+* :func:`exec_spec` replaces the launcher with a single instance (its signals and exit
+  code are then its own).
+* :class:`ProcessGroup` starts several, each in its own session (so each is a process
+  group the launcher can signal as a whole), relays their output and reports exits.
+* :func:`run_group` is the supervisor: signals, the first failure as root cause, the
+  grace period, the ``--log-dir`` files and the :class:`Outcome`.
+
+Promises (issue 8), each with a real-process test in ``tests/test_launch*.py``:
+
+* Children start with every catchable signal at SIG_DFL and an empty signal mask (Python
+  ignores SIGPIPE and SIGXFSZ and handles SIGINT; ignored dispositions survive exec). The
+  one exception: SIGHUP ignored by the launcher's own parent (``nohup``) stays ignored,
+  in the launcher (not forwarded) and in its children, as ``nohup PROGRAM`` would have it.
+* Nothing outlives the launcher, even when it is SIGKILLed: every child sets
+  PR_SET_PDEATHSIG=SIGKILL before exec (and checks its parent is still the launcher, as
+  prctl(2) advises), and a watchdog process killpg()s every registered group with SIGKILL
+  when the launcher's end of its pipe closes. A program that leaves its process group
+  (setsid, daemons) is beyond reach; only a cgroup could follow it.
+* No signal is lost while starting: the forwarded signals are blocked while children are
+  spawned and registered, then unblocked and delivered to every group.
+* SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every group
+  (torchrun's ``--signals-to-handle``). SIGTSTP (Ctrl-Z) stops every group, then the
+  launcher; SIGCONT continues them. Children sit in sessions of their own, whose groups
+  the kernel treats as orphaned and in which it discards SIGTSTP, so groups are stopped
+  with SIGSTOP.
+* Every wait is bounded, including the one after SIGKILL (a process in D state is
+  reported, not waited for).
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
+import fcntl
+import json
 import logging
+import math
 import os
+import select
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Mapping, Optional, Sequence
+from typing import IO, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from cpulaunch import cpulist
-from cpulaunch.render import RenderedInstance
+from cpulaunch.errors import CpulaunchError
 
-__all__ = ["exec_instance", "supervise", "exit_code_of", "Outcome"]
+__all__ = [
+    "LaunchError", "ProcessSpec", "InstanceResult", "Outcome", "ProcessGroup",
+    "exec_spec", "run_group", "describe_failure", "spec_from_instance",
+    "exit_code_of", "signal_name", "FORWARDED_SIGNALS", "STOPPING_SIGNALS",
+    "exec_instance", "supervise",
+]
 
 log = logging.getLogger(__name__)
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Signals the launcher forwards to every instance's process group.
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                     signal.SIGUSR1, signal.SIGUSR2)
+#: Forwarded signals that end the run: the launcher then exits with 128+N, and after
+#: the grace period SIGKILLs whatever is left. SIGUSR1/SIGUSR2 are only passed on (a
+#: program may catch them, e.g. Slurm's ``--signal`` checkpoint request).
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_JOB_CONTROL = (signal.SIGTSTP, signal.SIGCONT)
+_HANDLED = FORWARDED_SIGNALS + _JOB_CONTROL
+
+#: Seconds to wait for processes to disappear after SIGKILL before reporting them stuck.
+KILL_TIMEOUT = 5.0
+#: Seconds to wait, once every instance has exited, for the output relays to drain.
+RELAY_TIMEOUT = 2.0
+_CHUNK = 65536  # relay read size; also the longest line relayed in one piece
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class LaunchError(CpulaunchError):
+    """A run could not start: program not runnable, log folder unusable, bad grace period."""
 
 
 def exit_code_of(returncode: int) -> int:
-    """Popen return code -> shell-style exit code: -N (killed by signal N) -> 128+N."""
+    """Popen return code -> shell-style exit code: -N (killed by signal N) -> 128+N.
+
+    >>> exit_code_of(-9), exit_code_of(3)
+    (137, 3)
+    """
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _child_env(environ: Mapping[str, str], inst: RenderedInstance) -> dict:
-    env = dict(environ)
-    env.update(inst.env)
+def signal_name(n: int) -> str:
+    """Signal number -> name as kill -l spells it: 9 -> ``"SIGKILL"``, 36 -> ``"SIGRTMIN+2"``;
+    an unknown number -> ``"signal 99"``."""
+    if signal.SIGRTMIN < n < signal.SIGRTMAX:
+        return f"SIGRTMIN+{n - signal.SIGRTMIN}"
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What one process runs.
+
+    Attributes:
+        index: instance (or local rank) index; names its log folder and ``[i]`` prefix.
+        label: how messages name it, e.g. ``"instance 1"`` or ``"rank 1"``.
+        argv: the full command (binding prefix included). ``argv[0]`` is looked up on PATH.
+        env: variables set on top of the base environment. Values are ``str`` as
+            ``os.environ`` holds them: non-UTF-8 bytes as surrogate escapes, which
+            exec re-encodes to the original bytes (never decode/encode them strictly).
+        affinity: logical CPU ids (as in /sys/devices/system/cpu/cpuN) to set with
+            sched_setaffinity(2) before exec; None leaves the affinity as inherited.
+        cpus: logical CPU ids of the instance, for display and log names only.
+    """
+
+    index: int
+    label: str
+    argv: Tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    affinity: Optional[Tuple[int, ...]] = None
+    cpus: Tuple[int, ...] = ()
+
+
+def spec_from_instance(inst, label: Optional[str] = None) -> ProcessSpec:
+    """A :class:`ProcessSpec` from anything with ``.index .argv .env .affinity .cpus``
+    (``render.RenderedInstance``); ``label`` defaults to ``"instance <index>"``."""
+    return ProcessSpec(
+        index=inst.index,
+        label=label or f"instance {inst.index}",
+        argv=tuple(inst.argv),
+        env=dict(inst.env),
+        affinity=tuple(inst.affinity) if inst.affinity is not None else None,
+        cpus=tuple(inst.cpus),
+    )
+
+
+def _environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
+    env = dict(base)
+    env.update(spec.env)
     return env
 
 
-def exec_instance(inst: RenderedInstance, environ: Mapping[str, str]) -> None:
-    """Replace this process with the instance (its signals and exit code are its own).
+def _cannot_run(spec: ProcessSpec, exc: BaseException) -> LaunchError:
+    if isinstance(exc, OSError):
+        cause = exc.strerror or str(exc)
+    elif isinstance(exc, ValueError):  # "embedded null byte" in argv or env
+        cause = f"{exc} in its command line or environment"
+    else:
+        cause = str(exc)
+    return LaunchError(f"cannot run {spec.argv[0]!r}: {cause}")
 
-    With ``inst.affinity`` the CPU affinity is narrowed first (sched_setaffinity(2)),
-    which the new program inherits. Does not return; raises OSError if exec fails.
+
+# --------------------------------------------------------------------------- child set-up
+
+
+def _signals_to_reset() -> Tuple[int, ...]:
+    """Every catchable signal, less SIGHUP when it is ignored on entry (``nohup``)."""
+    keep = {signal.SIGKILL, signal.SIGSTOP}
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        keep.add(signal.SIGHUP)
+    return tuple(s for s in sorted(signal.valid_signals()) if s not in keep)
+
+
+def _reset_signals(signals: Sequence[int]) -> None:
+    for s in signals:
+        try:
+            signal.signal(s, signal.SIG_DFL)
+        except (OSError, ValueError, RuntimeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _load_prctl() -> Optional[Callable]:
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+def _child_setup(signals: Tuple[int, ...], affinity, launcher_pid: int, prctl) -> Callable[[], None]:
+    """The function run in each child between fork and exec (Popen's preexec_fn; the
+    launcher has no other thread then): default dispositions, empty mask, parent-death
+    signal, affinity."""
+
+    def setup() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != launcher_pid:  # the launcher died before prctl: prctl(2)
+                os.kill(os.getpid(), signal.SIGKILL)
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+        _reset_signals(signals)  # last: the mask unblocks only once all else is done
+
+    return setup
+
+
+def exec_spec(spec: ProcessSpec, base_environ: Mapping[str, str]) -> NoReturn:
+    """Replace this process with ``spec`` (a single instance needs no supervisor).
+
+    Before exec: every catchable signal back to SIG_DFL (SIGHUP stays ignored under
+    ``nohup``), an empty signal mask, ``spec.affinity`` set with sched_setaffinity(2),
+    Python's stdout/stderr flushed. stdin, stdout and stderr are the launcher's.
+
+    Args:
+        spec: what to run; ``spec.env`` is applied on top of ``base_environ``.
+        base_environ: the user's environment (``os.environ``); not modified.
+
+    Raises:
+        LaunchError: ``cannot run 'PROG': <strerror>`` when exec fails (the launcher's
+            dispositions and mask are restored first) or the affinity cannot be set.
     """
-    if inst.affinity is not None:
-        os.sched_setaffinity(0, inst.affinity)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execvpe(inst.argv[0], list(inst.argv), _child_env(environ, inst))
+    env = _environ(base_environ, spec)
+    if spec.affinity is not None:
+        try:
+            os.sched_setaffinity(0, spec.affinity)
+        except OSError as exc:
+            raise LaunchError(f"cannot bind {spec.label} to CPUs {cpulist.format(spec.affinity)}: "
+                              f"{exc.strerror}") from None
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    signals = _signals_to_reset()
+    saved = {s: signal.getsignal(s) for s in signals}
+    saved_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    _reset_signals(signals)
+    try:
+        os.execvpe(spec.argv[0], list(spec.argv), env)
+    except (OSError, ValueError) as exc:
+        for s, h in saved.items():
+            if h is not None:
+                signal.signal(s, h)
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
+        raise _cannot_run(spec, exc) from None
 
 
-@dataclass
+# --------------------------------------------------------------------------- watchdog
+
+
+class _Watchdog:
+    """A forked process that outlives a SIGKILLed launcher just long enough to killpg()
+    every registered group with SIGKILL.
+
+    It blocks reading a pipe whose only write end is the launcher's: "+PGID" registers a
+    group, "q" ends it quietly; end of file (the launcher died) kills every group. It
+    runs in a session of its own with catchable signals ignored, so neither Ctrl-C on
+    the terminal nor a kill of the launcher's process group reaches it.
+    """
+
+    def __init__(self) -> None:
+        r, w = os.pipe()  # both ends close-on-exec: children never hold them
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the forked child
+            code = 0
+            try:
+                _watchdog_main(r, w)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        os.close(r)
+        self.pid: Optional[int] = pid
+        self._fd: Optional[int] = w
+
+    def register(self, pgid: int) -> None:
+        self._send(b"+%d\n" % pgid)
+
+    def _send(self, data: bytes) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, data)
+        except OSError:  # it died: the launcher still cleans up on every normal path
+            pass
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Tell it to leave (groups are already reaped) and reap it, within ``timeout``."""
+        if self._fd is None:
+            return
+        self._send(b"q\n")
+        os.close(self._fd)
+        self._fd = None
+        deadline = time.monotonic() + timeout
+        while self.pid is not None:
+            try:
+                done, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                done = self.pid
+            if done:
+                self.pid = None
+            elif time.monotonic() >= deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                self.pid = None
+            else:
+                time.sleep(0.002)
+
+
+def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the forked child
+    os.close(w)
+    os.setsid()
+    for s in _HANDLED + (signal.SIGPIPE, signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if r <= 2:  # the launcher ran with a standard stream closed
+        r = fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, 3)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, r)  # hold nothing of the launcher's open (its stdout pipe, say)
+    os.closerange(r + 1, max(os.sysconf("SC_OPEN_MAX"), r + 1))
+    groups: List[int] = []
+    buf = b""
+    while True:
+        data = os.read(r, 4096)
+        if not data:
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line == b"q":
+                return
+            if line.startswith(b"+"):
+                groups.append(int(line[1:]))
+
+
+# --------------------------------------------------------------------------- output relay
+
+
+class _Console:
+    """One of the launcher's streams, shared by every relay: one write per batch of
+    whole lines under a lock, so lines of different instances never interleave.
+
+    EPIPE (the reader went away, ``| head -1``) marks it ``closed``: relays then close
+    their pipes so children get SIGPIPE as in a shell pipeline, and the stream's file
+    descriptor is pointed at /dev/null so nothing (Python's exit flush included) fails
+    again. Any other error (EIO, ENOSPC) marks it ``failed``: said once on stderr,
+    relays keep draining children's pipes (and writing logs) without it.
+    """
+
+    def __init__(self, stream: IO[bytes], name: str) -> None:
+        self.stream, self.name = stream, name
+        self.lock = threading.Lock()
+        self.closed = False  # EPIPE
+        self.failed = False  # any other error
+        self.report: Callable[[str], None] = lambda msg: None
+
+    @property
+    def usable(self) -> bool:
+        return not (self.closed or self.failed)
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            if not self.usable:
+                return
+            try:
+                self.stream.write(data)
+                self.stream.flush()
+                return
+            except BrokenPipeError:
+                self.closed = True
+                _point_at_devnull(self.stream)
+                return
+            except (OSError, ValueError) as exc:
+                self.failed = True
+                cause = getattr(exc, "strerror", None) or str(exc)
+        self.report(f"cpulaunch: relaying output to {self.name} stopped: {cause}\n")
+
+
+def _point_at_devnull(stream: IO[bytes]) -> None:
+    try:
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):
+        return
+    os.dup2(null, fd)
+    os.close(null)
+
+
+class _LogFile:
+    """An instance's stdout.log or stderr.log; on the first write error it closes, says
+    once ``cpulaunch: logging to PATH stopped: <cause>`` and takes no more writes."""
+
+    def __init__(self, path: Path, fd: int, report: Callable[[str], None]) -> None:
+        self.path, self.fd, self.report = path, fd, report
+
+    def write(self, data: bytes) -> None:
+        if self.fd is None:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            self.close()
+            self.report(f"cpulaunch: logging to {self.path} stopped: {exc.strerror or exc}\n")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _tagged(data: bytes, tag: bytes, continued: bool) -> bytes:
+    """Prefix each line of ``data`` (which ends with a newline) with ``tag``; the first
+    line is a continuation of an over-long line when ``continued``."""
+    if not tag:
+        return data
+    lines = data.split(b"\n")[:-1]
+    first = lines[0] if continued else tag + lines[0]
+    return b"\n".join([first] + [tag + line for line in lines[1:]]) + b"\n"
+
+
+def _relay(fd: int, tag: bytes, console: _Console, logfile: Optional[_LogFile]) -> None:
+    """Copy a child's pipe to the console (whole lines, tagged) and its log (raw bytes)
+    until end of file, or until the console's reader has gone (then close the pipe:
+    the child gets SIGPIPE). Runs in its own thread; closes ``fd`` and the log."""
+    pending, continued = b"", False
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if logfile is not None:
+                logfile.write(chunk)
+            if console.closed:
+                return
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                console.write(_tagged(data[:cut], tag, continued))
+                pending, continued = data[cut:], False
+            else:
+                pending = data
+            if len(pending) >= _CHUNK:  # bound memory: relay an endless line in pieces
+                console.write(pending if continued else tag + pending)
+                pending, continued = b"", True
+        if pending:
+            console.write(_tagged(pending + b"\n", tag, continued))
+    finally:
+        os.close(fd)
+        if logfile is not None:
+            logfile.close()
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    """How one process ended.
+
+    Attributes:
+        index, label: as in its :class:`ProcessSpec`.
+        pid: its process id (also its process group id), None if never started.
+        returncode: Popen style: the exit status, or -N when killed by signal N; None
+            if it never started or did not exit (see ``stuck``).
+        core_dumped: killed by a signal and dumped core.
+        start, end: wall-clock times (seconds since the epoch) of its start and of the
+            moment its exit was seen; ``end`` is None if it did not exit.
+        stuck: still there KILL_TIMEOUT seconds after SIGKILL (D state); not waited for.
+    """
+
+    index: int
+    label: str
+    pid: Optional[int] = None
+    returncode: Optional[int] = None
+    core_dumped: bool = False
+    start: Optional[float] = None
+    end: Optional[float] = None
+    stuck: bool = False
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """Shell style: the exit status, 128+N for signal N, None if it did not end."""
+        return None if self.returncode is None else exit_code_of(self.returncode)
+
+    @property
+    def signal(self) -> Optional[int]:
+        """The signal number that killed it, or None."""
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode != 0
+
+    def describe(self) -> str:
+        """``"exited with code 3"``, ``"killed by SIGKILL"``, ``"did not exit after SIGKILL
+        (pid 12)"`` or ``"was not started"``."""
+        if self.pid is None:
+            return "was not started"
+        if self.returncode is None:
+            return f"did not exit after SIGKILL (pid {self.pid})" if self.stuck else f"still running (pid {self.pid})"
+        if self.signal is not None:
+            return f"killed by {signal_name(self.signal)}" + (" (core dumped)" if self.core_dumped else "")
+        return f"exited with code {self.returncode}"
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index, "label": self.label, "pid": self.pid,
+            "exit_code": self.exit_code,
+            "signal": signal_name(self.signal) if self.signal is not None else None,
+            "core_dumped": self.core_dumped, "stuck": self.stuck,
+            "start": _iso(self.start), "end": _iso(self.end),
+            "seconds": round(self.end - self.start, 6) if self.start is not None and self.end is not None else None,
+            "result": self.describe(),
+        }
+
+
+def _iso(t: Optional[float]) -> Optional[str]:
+    if t is None:
+        return None
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What a supervised run ended with.
 
     Attributes:
-        exit_code: the launcher's exit code (the root cause's, or 0).
-        root_cause: index of the first failed instance, or None.
-        codes: exit code of every instance by index (128+N for signal N).
-        signalled: the signal the launcher received and forwarded, if any.
+        exit_code: the launcher's exit code, shell style: the root cause's exit code; else
+            128+N when the launcher was stopped by signal N; 0 only if every instance
+            exited with code 0. A stopping signal received after a failure keeps the
+            failure's code (the run had failed already; the signal only hurried it).
+        root_cause: index of the first instance that failed before any stopping signal,
+            or None.
+        results: one :class:`InstanceResult` per spec, in the specs' order.
+        signalled: the first stopping signal (SIGINT/TERM/HUP/QUIT) the launcher
+            received and forwarded, or None.
+        forwarded: every signal forwarded, in order (SIGUSR1/2 included).
+        stopped: indices of instances the launcher stopped (SIGTERM) after the root cause.
+        run_dir: ``DIR/<run-id>`` with ``--log-dir``, else None.
     """
 
     exit_code: int
     root_cause: Optional[int]
-    codes: dict
+    results: Tuple[InstanceResult, ...]
     signalled: Optional[int] = None
+    forwarded: Tuple[int, ...] = ()
+    stopped: Tuple[int, ...] = ()
+    run_dir: Optional[Path] = None
+
+    @property
+    def codes(self) -> Dict[int, Optional[int]]:
+        """Exit code (shell style) of every instance by index; None if it did not exit."""
+        return {r.index: r.exit_code for r in self.results}
+
+    def result(self, index: int) -> InstanceResult:
+        return next(r for r in self.results if r.index == index)
 
 
-def _pump(src: IO[bytes], dest: IO[bytes], lock: threading.Lock, tag: bytes, logf: Optional[IO[bytes]]) -> None:
-    """Copy lines from a child's pipe to ``dest`` prefixed with ``tag``, and to its log."""
-    for line in iter(src.readline, b""):
-        if logf is not None:
-            logf.write(line)
-            logf.flush()
-        with lock:
-            dest.write(tag + line if line.endswith(b"\n") else tag + line + b"\n")
-            dest.flush()
-    src.close()
+def describe_failure(outcome: Outcome, specs: Sequence[ProcessSpec] = (), *,
+                     keep_going: Optional[bool] = None) -> str:
+    """One line saying how the run ended, for stderr.
+
+    ``"instance 1 killed by SIGKILL"``, ``"instance 0 exited with code 3; the others
+    were stopped"``, ``"stopped by SIGTERM"``; with ``keep_going`` the other failures are
+    counted (``"; 1 other failed too"``); instances that did not exit after SIGKILL are
+    appended (``"; instance 0 did not exit after SIGKILL (pid 12)"``). A run that
+    succeeded gives ``"every instance exited with code 0"``.
+
+    Args:
+        outcome: what :func:`run_group` returned.
+        specs: the specs run, for their labels (default: the results' own labels).
+        keep_going: the run let the others go on after a failure (count their failures).
+    """
+    labels = {r.index: r.label for r in outcome.results}
+    labels.update({s.index: s.label for s in specs})
+    parts = []
+    if outcome.root_cause is not None:
+        root = outcome.result(outcome.root_cause)
+        parts.append(f"{labels[root.index]} {root.describe()}")
+        if outcome.stopped:
+            parts.append("the others were stopped")
+        others = sum(1 for r in outcome.results if r.index != root.index and r.failed and not r.stuck)
+        if keep_going and others:
+            parts.append(f"{others} other{'s' if others > 1 else ''} failed too")
+        if outcome.signalled is not None:
+            parts.append(f"then stopped by {signal_name(outcome.signalled)}")
+    elif outcome.signalled is not None:
+        parts.append(f"stopped by {signal_name(outcome.signalled)}")
+    elif outcome.exit_code == 0:
+        parts.append("every instance exited with code 0")
+    parts += [f"{labels[r.index]} {r.describe()}" for r in outcome.results if r.stuck]
+    return "; ".join(parts)
 
 
-def log_path(log_dir: Path, run_id: str, inst: RenderedInstance) -> Path:
-    """``<dir>/<run id>_instance<i>_cpus<cpulist>.log``: the run id keeps earlier runs."""
-    return log_dir / f"{run_id}_instance{inst.index}_cpus{cpulist.format(inst.cpus)}.log"
+# --------------------------------------------------------------------------- the group
 
 
-def _new_run_id(log_dir: Path) -> str:
+class _Proc:
+    """A started child: its Popen, pidfd, times and exit status (seen, not yet reaped:
+    an unreaped zombie keeps its pid, so its process group id cannot be reused)."""
+
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen, start: float) -> None:
+        self.spec, self.popen, self.start = spec, popen, start
+        self.pid = popen.pid
+        self.returncode: Optional[int] = None
+        self.core_dumped = False
+        self.end: Optional[float] = None
+        self.stuck = False
+        self.reaped = False
+        try:
+            self.pidfd: Optional[int] = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+    def check(self) -> bool:
+        """True once (and only the first time) its exit is seen; does not reap."""
+        if not self.running:
+            return False
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped by someone else: the status may be lost
+            self.reaped = True
+            self.returncode = self.popen.returncode if self.popen.returncode is not None else 255
+        else:
+            if info is None:
+                return False
+            if info.si_code == os.CLD_EXITED:
+                self.returncode = info.si_status
+            else:
+                self.returncode = -info.si_status
+                self.core_dumped = info.si_code == os.CLD_DUMPED
+        self.end = time.time()
+        return True
+
+    def signal_group(self, sig: int) -> None:
+        if self.reaped:
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except OSError:  # group empty and leader reaped elsewhere
+            pass
+
+    def result(self) -> InstanceResult:
+        return InstanceResult(index=self.spec.index, label=self.spec.label, pid=self.pid,
+                              returncode=self.returncode, core_dumped=self.core_dumped,
+                              start=self.start, end=self.end, stuck=self.stuck)
+
+
+class ProcessGroup:
+    """Several processes started together, each in its own session and process group.
+
+    Args:
+        specs: what to run; indices must be distinct.
+        base_environ: the user's environment; each child gets it plus ``spec.env``.
+        stdin_for: index of the spec that inherits the launcher's stdin; every other one
+            reads /dev/null. None: all read /dev/null.
+        prefix_output: prefix each console line with ``[index] ``.
+        stdout, stderr: binary streams to relay to (default: the launcher's).
+        log_paths: ``{index: (stdout_path, stderr_path)}`` of open-able new files.
+        kill_timeout: seconds to wait for processes to go after SIGKILL.
+
+    The methods run in the thread that created the group (the main thread, for
+    signals); child exits are seen without reaping until :meth:`close`, so a group id
+    stays valid for killpg() as long as the group object lives.
+    """
+
+    def __init__(self, specs: Sequence[ProcessSpec], base_environ: Mapping[str, str], *,
+                 stdin_for: Optional[int] = None, prefix_output: bool = True,
+                 stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[bytes]] = None,
+                 log_paths: Optional[Mapping[int, Tuple[Path, Path]]] = None,
+                 kill_timeout: float = KILL_TIMEOUT) -> None:
+        self.specs = tuple(specs)
+        self.base_environ = base_environ
+        self.stdin_for = stdin_for
+        self.prefix_output = prefix_output
+        self.log_paths = dict(log_paths or {})
+        self.kill_timeout = kill_timeout
+        self.out = _Console(stdout if stdout is not None else sys.stdout.buffer, "stdout")
+        self.err = _Console(stderr if stderr is not None else sys.stderr.buffer, "stderr")
+        self.out.report = self.err.report = self._say
+        self.procs: Dict[int, _Proc] = {}
+        self.paused = False
+        #: monotonic time of the first SIGKILL: waits for processes end kill_timeout after it
+        self.kill_sent_at: Optional[float] = None
+        self._threads: List[threading.Thread] = []
+        self._watchdog: Optional[_Watchdog] = None
+        self._closed = False
+
+    # ----- start
+
+    def start(self) -> None:
+        """Start every spec, then one relay thread per pipe (children are all forked
+        before any thread exists: the child set-up runs between fork and exec).
+
+        Raises:
+            LaunchError: a program cannot be run or a log file cannot be created; the
+                processes already started are killed and reaped first.
+        """
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        signals, prctl, me = _signals_to_reset(), _load_prctl(), os.getpid()
+        pipes: Dict[int, Tuple[int, int]] = {}
+        try:
+            try:
+                self._watchdog = _Watchdog()
+            except OSError as exc:  # fork refused: PR_SET_PDEATHSIG still covers the children
+                log.info("no watchdog for grandchildren: %s", exc.strerror)
+            for spec in self.specs:
+                pipes[spec.index] = self._spawn(spec, _child_setup(signals, spec.affinity, me, prctl))
+            for spec in self.specs:
+                self._start_relays(spec, *pipes.pop(spec.index))
+        except BaseException:
+            for fds in pipes.values():
+                for fd in fds:
+                    os.close(fd)
+            self.close()
+            raise
+
+    def _spawn(self, spec: ProcessSpec, setup: Callable[[], None]) -> Tuple[int, int]:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            popen = subprocess.Popen(
+                list(spec.argv), env=_environ(self.base_environ, spec),
+                stdin=None if spec.index == self.stdin_for else subprocess.DEVNULL,
+                stdout=out_w, stderr=err_w, start_new_session=True, preexec_fn=setup,
+            )
+        except (OSError, ValueError) as exc:
+            os.close(out_r), os.close(err_r)
+            raise _cannot_run(spec, exc) from None
+        except subprocess.SubprocessError:
+            os.close(out_r), os.close(err_r)
+            what = f"binding it to CPUs {cpulist.format(spec.affinity)}" if spec.affinity else "its set-up"
+            raise LaunchError(f"cannot start {spec.label} ({spec.argv[0]!r}): {what} failed "
+                              "between fork and exec") from None
+        finally:
+            os.close(out_w), os.close(err_w)
+        self.procs[spec.index] = _Proc(spec, popen, time.time())
+        if self._watchdog is not None:
+            self._watchdog.register(popen.pid)
+        return out_r, err_r
+
+    def _start_relays(self, spec: ProcessSpec, out_r: int, err_r: int) -> None:
+        tag = f"[{spec.index}] ".encode() if self.prefix_output else b""
+        logs = self._open_logs(spec.index)
+        for fd, console, logfile in ((out_r, self.out, logs[0]), (err_r, self.err, logs[1])):
+            t = threading.Thread(target=_relay, args=(fd, tag, console, logfile),
+                                 name=f"cpulaunch-relay-{spec.index}-{console.name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _open_logs(self, index: int) -> Tuple[Optional[_LogFile], Optional[_LogFile]]:
+        if index not in self.log_paths:
+            return None, None
+        files = []
+        for path in self.log_paths[index]:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+            except OSError as exc:
+                self._say(f"cpulaunch: logging to {path} stopped: {exc.strerror}\n")
+                files.append(None)
+            else:
+                files.append(_LogFile(path, fd, self._say))
+        return files[0], files[1]
+
+    def _say(self, message: str) -> None:
+        """A line of the launcher's own on stderr, whole, between relayed lines."""
+        with self.err.lock:
+            if not self.err.usable:
+                return
+            try:
+                self.err.stream.write(message.encode(errors="surrogateescape"))
+                self.err.stream.flush()
+            except (OSError, ValueError):
+                pass
+
+    # ----- poll / signal / wait
+
+    def running(self) -> List[int]:
+        """Indices of the processes whose exit has not been seen."""
+        return [i for i, p in self.procs.items() if p.running]
+
+    def poll(self) -> List[InstanceResult]:
+        """The processes that exited since the last call (not reaped yet)."""
+        return [p.result() for p in self.procs.values() if p.check()]
+
+    def send(self, sig: int, indices: Optional[Sequence[int]] = None) -> None:
+        """killpg(sig) to the groups of ``indices`` (default: every process still running).
+        A terminating signal is followed by SIGCONT while the groups are paused."""
+        chosen = self.running() if indices is None else indices
+        if sig == signal.SIGKILL and chosen and self.kill_sent_at is None:
+            self.kill_sent_at = time.monotonic()
+        for i in chosen:
+            self.procs[i].signal_group(sig)
+        if self.paused and sig not in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGCONT):
+            for i in chosen:
+                self.procs[i].signal_group(signal.SIGCONT)
+
+    def pause(self) -> None:
+        """Stop every group (SIGSTOP: SIGTSTP is discarded in these orphaned groups)."""
+        self.paused = True
+        for p in self.procs.values():
+            p.signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Continue every group (SIGCONT)."""
+        self.paused = False
+        for p in self.procs.values():
+            p.signal_group(signal.SIGCONT)
+
+    def wait(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds or until some process exits (a signal handler
+        running meanwhile does not end the wait early)."""
+        fds = [p.pidfd for p in self.procs.values() if p.running and p.pidfd is not None]
+        if len(fds) == len(self.running()) and fds:
+            select.select(fds, [], [], max(timeout, 0))
+        else:
+            time.sleep(min(max(timeout, 0), 0.02))
+
+    def stop(self, deadline: float, sig: int = signal.SIGTERM) -> None:
+        """``sig`` to every running group; wait until they exit or the monotonic
+        ``deadline``, then SIGKILL and wait at most ``kill_timeout`` seconds more."""
+        self.send(sig)
+        self._wait_until(deadline)
+        if self.running():
+            self.send(signal.SIGKILL)
+            self._wait_until(time.monotonic() + self.kill_timeout)
+
+    def _wait_until(self, deadline: float) -> None:
+        while self.running():
+            self.poll()
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.running():
+                return
+            self.wait(min(left, 0.1))
+
+    # ----- close
+
+    def close(self) -> None:
+        """Leave nothing behind: SIGKILL every group (grandchildren included), reap every
+        process within ``kill_timeout`` (those left are marked ``stuck``), let the relays
+        drain within RELAY_TIMEOUT, end the watchdog. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for p in self.procs.values():
+            p.signal_group(signal.SIGKILL)
+        if self.paused:
+            self.resume()
+        if self.kill_sent_at is None:
+            self.kill_sent_at = time.monotonic()
+        self._reap(self.kill_sent_at + self.kill_timeout)
+        deadline = time.monotonic() + RELAY_TIMEOUT
+        for t in self._threads:
+            t.join(max(deadline - time.monotonic(), 0))
+            if t.is_alive():
+                log.info("%s still open after its processes ended (a process outside its "
+                         "group holds it); not waiting for it", t.name)
+        if self._watchdog is not None:
+            self._watchdog.close()
+        for p in self.procs.values():
+            if p.pidfd is not None:
+                os.close(p.pidfd)
+                p.pidfd = None
+
+    def _reap(self, deadline: float) -> None:
+        for p in self.procs.values():
+            if p.reaped:
+                continue
+            p.check()
+            try:
+                p.popen.wait(timeout=max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                p.stuck = True
+                log.info("%s (pid %d) did not exit after SIGKILL", p.spec.label, p.pid)
+                continue
+            p.reaped = True
+            if p.returncode is None:
+                p.returncode, p.end = p.popen.returncode, time.time()
+
+    def results(self) -> Tuple[InstanceResult, ...]:
+        """One result per spec, in the specs' order (never started: pid None)."""
+        return tuple(self.procs[s.index].result() if s.index in self.procs
+                     else InstanceResult(index=s.index, label=s.label) for s in self.specs)
+
+
+# --------------------------------------------------------------------------- signals
+
+
+class _Signals:
+    """The launcher's handlers while supervising (main thread only; elsewhere a no-op).
+
+    ``hold()`` blocks the handled signals (they stay pending); ``release()`` unblocks
+    them, so what arrived meanwhile is delivered then; ``restore()`` puts back the
+    previous handlers and mask.
+    """
+
+    def __init__(self, group: ProcessGroup, grace_period: float) -> None:
+        self.group, self.grace_period = group, grace_period
+        self.active = threading.current_thread() is threading.main_thread()
+        self.signalled: Optional[int] = None
+        self.forwarded: List[int] = []
+        self.stop_at: Optional[float] = None  # monotonic time for SIGKILL
+        self._old: Dict[int, object] = {}
+        self._old_mask: Optional[set] = None
+
+    def hold(self) -> None:
+        if not self.active:
+            return
+        self._old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:  # would reap our children
+            self._old[signal.SIGCHLD] = signal.SIG_IGN
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for s in _HANDLED:
+            old = signal.getsignal(s)
+            if s == signal.SIGHUP and old == signal.SIG_IGN:
+                continue  # nohup: stay immune
+            self._old[s] = old
+            signal.signal(s, self._handle)
+
+    def release(self) -> None:
+        if self.active and self._old_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, set(self._old_mask) - set(_HANDLED))
+
+    def restore(self) -> None:
+        if not self.active or self._old_mask is None:
+            return
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+        for s, h in self._old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old_mask)
+        self._old_mask = None
+
+    def _handle(self, signum: int, _frame) -> None:
+        if signum == signal.SIGTSTP:
+            self._suspend()
+        elif signum == signal.SIGCONT:
+            self.group.resume()
+        else:
+            self.forwarded.append(signum)
+            self.group.send(signum)
+            if signum in STOPPING_SIGNALS:
+                if self.signalled is None:
+                    self.signalled = signum
+                if self.stop_at is None:
+                    self.stop_at = time.monotonic() + self.grace_period
+
+    def _suspend(self) -> None:
+        """Ctrl-Z: stop the instances, then the launcher itself (as the shell expects of
+        a job); when continued, continue them."""
+        self.group.pause()
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)  # stops here (unless our group is orphaned)
+        finally:
+            signal.signal(signal.SIGTSTP, self._handle)
+            self.group.resume()
+
+
+# --------------------------------------------------------------------------- run_group
+
+
+def _check_grace_period(grace_period: float) -> float:
+    try:
+        value = float(grace_period)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise LaunchError(f"grace period {grace_period!r} is not a finite number of seconds >= 0; "
+                          "pass e.g. --grace-period 10")
+    return value
+
+
+def _check_specs(specs: Sequence[ProcessSpec], stdin_for: Optional[int]) -> None:
+    indices = [s.index for s in specs]
+    if not specs:
+        raise LaunchError("nothing to run: no process specs")
+    if len(set(indices)) != len(indices):
+        raise LaunchError(f"process indices must be distinct, got {indices}")
+    if any(not s.argv for s in specs):
+        raise LaunchError("a process spec has an empty command")
+    if stdin_for is not None and stdin_for not in indices:
+        raise LaunchError(f"stdin_for={stdin_for} names no process (indices {indices})")
+
+
+def _new_run_dir(log_dir: Path) -> Path:
+    """``DIR/<YYYYmmdd-HHMMSS>``, or ``...-2``, ``-3`` when taken (earlier runs are kept)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_id, n = stamp, 1
-    while any(p.name.startswith(run_id + "_") for p in log_dir.iterdir()):
-        n += 1
-        run_id = f"{stamp}.{n}"
-    return run_id
+    for n in range(1, 10000):
+        run_dir = log_dir / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, "too many runs in the same second", str(log_dir))
 
 
-def supervise(
-    instances: Sequence[RenderedInstance],
-    environ: Mapping[str, str],
+def _prepare_run_dir(log_dir: Path, specs: Sequence[ProcessSpec],
+                     run_info: Optional[str]) -> Tuple[Path, Dict[int, Tuple[Path, Path]]]:
+    """Create ``DIR/<run-id>/<index>/`` for every spec and ``plan.json``.
+
+    Raises:
+        LaunchError: naming the log folder and the cause (a file in the way, read-only,
+            permission denied, name too long, no space left).
+    """
+    log_dir = Path(log_dir)
+    try:
+        if log_dir.exists() and not log_dir.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "it exists and is not a folder", str(log_dir))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = _new_run_dir(log_dir)
+        paths = {}
+        for spec in specs:
+            d = run_dir / str(spec.index)
+            d.mkdir()
+            paths[spec.index] = (d / "stdout.log", d / "stderr.log")
+            for p in paths[spec.index]:
+                os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        if run_info is not None:
+            _write_file(run_dir / "plan.json", run_info)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(log_dir) else ""
+        raise LaunchError(f"cannot use log folder {str(log_dir)!r}{where}: {exc.strerror or exc}; "
+                          "pass a writable folder to --log-dir") from None
+    return run_dir, paths
+
+
+def _write_file(path: Path, text: str) -> None:
+    data = text.encode("utf-8", "surrogateescape")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec]) -> str:
+    by_index = {s.index: s for s in specs}
+    instances = []
+    for r in outcome.results:
+        d = r.to_dict()
+        d["argv"] = list(by_index[r.index].argv)
+        d["cpus"] = cpulist.format(by_index[r.index].cpus) if by_index[r.index].cpus else ""
+        instances.append(d)
+    doc = {
+        "exit_code": outcome.exit_code,
+        "root_cause": outcome.root_cause,
+        "signalled": signal_name(outcome.signalled) if outcome.signalled is not None else None,
+        "forwarded": [signal_name(s) for s in outcome.forwarded],
+        "stopped": list(outcome.stopped),
+        "description": describe_failure(outcome, specs),
+        "instances": instances,
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def run_group(
+    specs: Sequence[ProcessSpec],
+    base_environ: Mapping[str, str],
     *,
     log_dir: Optional[Path] = None,
+    run_info: Optional[str] = None,
     keep_going: bool = False,
     grace_period: float = 10.0,
     prefix_output: bool = True,
+    stdin_for: Optional[int] = None,
     stdout: Optional[IO[bytes]] = None,
     stderr: Optional[IO[bytes]] = None,
+    kill_timeout: float = KILL_TIMEOUT,
 ) -> Outcome:
-    """Start every instance, relay its output with an ``[i]`` prefix, and wait.
+    """Start every spec, relay its output, forward signals, and wait for the end.
 
     Args:
-        instances: rendered instances (argv, env changes, affinity).
-        environ: the base environment (the user's); each child gets it plus its env.
-        log_dir: write each instance's output to its own file there (created if needed).
-        keep_going: on a failure let the others finish instead of stopping them.
-        grace_period: seconds between SIGTERM and SIGKILL when stopping instances.
-        prefix_output: prefix console lines with ``[i] ``.
-        stdout, stderr: binary streams to relay to (default: this process's).
+        specs: what to run (distinct indices).
+        base_environ: the user's environment (``os.environ``); never modified.
+        log_dir: torchrun's layout: ``DIR/<run-id>/<index>/stdout.log`` and
+            ``stderr.log``, ``DIR/<run-id>/plan.json`` (``run_info``, written before
+            anything starts) and ``DIR/<run-id>/result.json`` (written at the end). The
+            run id is a timestamp made unique, so earlier runs are kept. Output still
+            goes to the console too. A write error on a log (disk full) is said once per
+            file on stderr; the run and its exit code are unaffected.
+        run_info: text for ``plan.json`` (the dry-run JSON); None writes no plan.json.
+        keep_going: on a failure let the others run to their end.
+        grace_period: seconds between SIGTERM and SIGKILL when stopping instances
+            (finite, >= 0).
+        prefix_output: prefix console lines with ``[index] ``.
+        stdin_for: index of the spec that reads the launcher's stdin (others: /dev/null).
+        stdout, stderr: binary streams to relay to (default: the launcher's own).
+        kill_timeout: seconds to wait for processes to go after SIGKILL before reporting
+            them stuck (D state).
 
     Returns:
-        :class:`Outcome`. Never raises for a child's failure; raises OSError if a child
-        cannot be started (after stopping those already started).
+        :class:`Outcome` (never raises for a child's failure or a signal). Every group
+        has been SIGKILLed and reaped (or reported stuck), the relays drained, the
+        signal handlers and mask restored.
+
+    Raises:
+        LaunchError: bad ``grace_period``/specs, unusable log folder (before anything
+            starts), or a program that cannot be run (the others are stopped first).
     """
-    out_stream = stdout or sys.stdout.buffer
-    err_stream = stderr or sys.stderr.buffer
-    out_lock, err_lock = threading.Lock(), threading.Lock()
-    logs: dict = {}
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        run_id = _new_run_id(log_dir)
-        for inst in instances:
-            logs[inst.index] = open(log_path(log_dir, run_id, inst), "xb")
+    grace_period = _check_grace_period(grace_period)
+    _check_specs(specs, stdin_for)
+    run_dir, log_paths = (None, {}) if log_dir is None else _prepare_run_dir(log_dir, specs, run_info)
+    for spec in specs:
+        log.info("%s: %s", spec.label, shlex.join(spec.argv))
+        if spec.index in log_paths:
+            log.info("%s: output in %s and %s", spec.label, *log_paths[spec.index])
+    group = ProcessGroup(specs, base_environ, stdin_for=stdin_for, prefix_output=prefix_output,
+                         stdout=stdout, stderr=stderr, log_paths=log_paths, kill_timeout=kill_timeout)
+    outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going)
+    outcome = replace(outcome, run_dir=run_dir)
+    if run_dir is not None:
+        try:
+            _write_file(run_dir / "result.json", _result_json(outcome, specs))
+        except OSError as exc:
+            group._say(f"cpulaunch: cannot write {run_dir / 'result.json'}: {exc.strerror}\n")
+    return outcome
 
-    procs: dict = {}  # index -> Popen
-    received: list = []
-    stop_deadline: list = []  # [monotonic time] once stopping began
 
-    def forward(signum, _frame):
-        received.append(signum)
-        for p in procs.values():
-            if p.returncode is None:
-                _killpg(p.pid, signum)
-        if not stop_deadline:
-            stop_deadline.append(time.monotonic() + grace_period)
-
-    old_handlers = {s: signal.getsignal(s) for s in FORWARDED_SIGNALS}
-    threads = []
+def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool) -> Outcome:
+    """Start ``group`` with signals held, then watch it: the first failure before any
+    stopping signal is the root cause and (unless ``keep_going``) the others get SIGTERM;
+    a stopping signal was forwarded by the handler; SIGKILL when the grace period is
+    over; stop waiting ``kill_timeout`` after SIGKILL."""
+    sig = _Signals(group, grace_period)
+    root: Optional[int] = None
+    stopped: List[int] = []
     try:
-        for s in FORWARDED_SIGNALS:
-            signal.signal(s, forward)
-        # Start every child before any relay thread exists: preexec_fn (affinity) is
-        # only safe while the parent is single-threaded.
-        for inst in instances:
-            cpus = inst.affinity
-            preexec = (lambda cpus=cpus: os.sched_setaffinity(0, cpus)) if cpus is not None else None
-            try:
-                procs[inst.index] = subprocess.Popen(
-                    list(inst.argv),
-                    env=_child_env(environ, inst),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                    preexec_fn=preexec,
-                )
-            except OSError:
-                for p in procs.values():
-                    _killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-                raise
-        for inst in instances:
-            p = procs[inst.index]
-            tag = f"[{inst.index}] ".encode() if prefix_output else b""
-            logf = logs.get(inst.index)
-            for src, dest, lock in ((p.stdout, out_stream, out_lock), (p.stderr, err_stream, err_lock)):
-                t = threading.Thread(target=_pump, args=(src, dest, lock, tag, logf), daemon=True)
-                t.start()
-                threads.append(t)
-
-        codes: dict = {}
-        root: Optional[int] = None
-        killed = False
-        while len(codes) < len(procs):
-            for idx, p in procs.items():
-                if idx in codes or p.poll() is None:
-                    continue
-                codes[idx] = exit_code_of(p.returncode)
-                if codes[idx] != 0 and root is None:
-                    root = idx
-                    log.debug("instance %d failed with exit code %d", idx, codes[idx])
-                    if not keep_going and not stop_deadline:
-                        stop_deadline.append(time.monotonic() + grace_period)
-                        for q in procs.values():
-                            if q.returncode is None:
-                                _killpg(q.pid, signal.SIGTERM)
-            if stop_deadline and not killed and time.monotonic() >= stop_deadline[0]:
-                killed = True
-                for q in procs.values():
-                    if q.returncode is None:
-                        _killpg(q.pid, signal.SIGKILL)
-            time.sleep(0.02)
+        sig.hold()
+        try:
+            group.start()
+        finally:
+            sig.release()  # what arrived while starting is delivered now, to every group
+        kill_at: Optional[float] = None
+        while group.running():
+            for r in group.poll():
+                if r.failed and root is None and sig.signalled is None:
+                    root = r.index
+                    log.info("%s %s", r.label, r.describe())
+                    if not keep_going and group.running():
+                        stopped = group.running()
+                        group.send(signal.SIGTERM, stopped)
+                        sig.stop_at = time.monotonic() + grace_period
+            now = time.monotonic()
+            if kill_at is None and sig.stop_at is not None and now >= sig.stop_at and group.running():
+                group.send(signal.SIGKILL)
+                kill_at = now + group.kill_timeout
+            if kill_at is not None and now >= kill_at:
+                break
+            deadlines = [t for t in (sig.stop_at, kill_at) if t is not None and t > now]
+            group.wait(min([0.1] + [t - now for t in deadlines]))
     finally:
-        for p in procs.values():  # nothing left behind: grandchildren included
-            _killpg(p.pid, signal.SIGKILL)
-            if p.returncode is None:
-                p.wait()
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
-        for t in threads:
-            t.join(timeout=5)
-        for f in logs.values():
-            f.close()
-    exit_code = codes[root] if root is not None else 0
-    return Outcome(exit_code=exit_code, root_cause=root, codes=codes, signalled=received[0] if received else None)
+        try:
+            group.close()
+        finally:
+            sig.restore()
+    results = group.results()
+    if root is not None:
+        code = exit_code_of(next(r for r in results if r.index == root).returncode)
+    elif sig.signalled is not None:
+        code = 128 + sig.signalled
+    else:
+        code = next((r.exit_code for r in results if r.failed and r.exit_code is not None), 0)
+    return Outcome(exit_code=code, root_cause=root, results=results, signalled=sig.signalled,
+                   forwarded=tuple(sig.forwarded), stopped=tuple(stopped))
 
 
-def _killpg(pgid: int, sig: int) -> None:
+# --------------------------------------------------------------------------- compatibility
+
+
+def exec_instance(inst, environ: Mapping[str, str]) -> NoReturn:
+    """Compatibility for the current cli: :func:`exec_spec` of a ``RenderedInstance``;
+    raises OSError (as before) when exec fails."""
     try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        exec_spec(spec_from_instance(inst), environ)
+    except LaunchError as exc:
+        raise OSError(None, str(exc).split(": ", 1)[-1]) from None
+
+
+def supervise(instances, environ: Mapping[str, str], *, log_dir: Optional[Path] = None,
+              keep_going: bool = False, grace_period: float = 10.0, prefix_output: bool = True,
+              stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[bytes]] = None) -> Outcome:
+    """Compatibility for the current cli: :func:`run_group` of ``RenderedInstance``s; a
+    single instance reads the launcher's stdin; LaunchError becomes OSError as before."""
+    specs = [spec_from_instance(i) for i in instances]
+    try:
+        return run_group(specs, environ, log_dir=log_dir, keep_going=keep_going,
+                         grace_period=grace_period, prefix_output=prefix_output,
+                         stdin_for=specs[0].index if len(specs) == 1 else None,
+                         stdout=stdout, stderr=stderr)
+    except LaunchError as exc:
+        raise OSError(None, str(exc)) from None
