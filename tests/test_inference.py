@@ -1,8 +1,14 @@
 """Tests for cpulaunch.inference: real torch runs on small models (a few seconds each,
-except the one inductor test, which compiles and is marked slow)."""
+except the inductor tests, which compile and are marked slow).
+
+What oneDNN does with bf16 depends on the CPU: the bf16 fusion test reads this machine's
+/proc/cpuinfo (:func:`bf16_support`) and asserts what is right for its ISA."""
 
 from __future__ import annotations
 
+import collections
+import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +16,26 @@ from pathlib import Path
 import pytest
 
 from cpulaunch import inference
-from cpulaunch.inference import (CONCRETE_PATHS, INFERENCE_PATH_ENV, PATHS, TOLERANCES,
-                                 optimize, resolve_dtype, resolve_path)
+from cpulaunch.inference import (BF16_NO_FUSION_NOTE, CONCRETE_PATHS, INFERENCE_PATH_ENV, PATHS,
+                                 PROGRESS_PREFIX, TOLERANCES, Bf16Support,
+                                 UnsupportedModelError, bf16_support, optimize, resolve_dtype,
+                                 resolve_path)
 
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import models  # noqa: E402  (examples/models.py)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CPUINFO = Path("/proc/cpuinfo")
+HOST_BF16 = bf16_support(CPUINFO.read_text() if CPUINFO.exists() else None)
+
+
+@pytest.fixture(autouse=True)
+def no_path_env(monkeypatch):
+    """The tests choose the path themselves: an inherited $CPULAUNCH_INFERENCE_PATH would
+    change what optimize() does by default."""
+    monkeypatch.delenv(INFERENCE_PATH_ENV, raising=False)
 
 
 def conv_bn_relu() -> torch.nn.Module:
@@ -170,20 +189,23 @@ def test_onednn_graph_other_batch_size_still_correct():
     assert_close(opt(*other), eager_out(model, other), TOLERANCES["fp32"])
 
 
-@pytest.mark.parametrize("which", ["cnn", "bert"])
-def test_onednn_graph_bf16(which):
+def bf16_model(which):
     if which == "cnn":
-        model, inputs = conv_bn_relu(), cnn_inputs()
-    else:
-        model, make_inputs = models.make_model("bert", "small")
-        inputs = make_inputs(2)
+        return conv_bn_relu(), cnn_inputs()
+    model, make_inputs = models.make_model("bert", "small")
+    return model, make_inputs(2)
+
+
+@pytest.mark.parametrize("which", ["cnn", "bert"])
+def test_onednn_graph_bf16_matches_eager(which):
+    model, inputs = bf16_model(which)
     flags = global_flags()
     opt = optimize(model, inputs, dtype=torch.bfloat16, path="onednn-graph")
     out = opt(*inputs)
     assert out.dtype == torch.bfloat16
     assert opt.report["dtype"] == "bf16"
-    assert opt.report["fusion_groups"] > 0
-    assert "BFloat16" in opt.graph
+    assert opt.report["bf16_support"] == HOST_BF16.value
+    assert "BFloat16" in opt.graph  # the autocast casts are in the traced graph
     tol = opt.report["tolerance"]
     eager_bf16 = eager_out(model, inputs, "bf16")
     ref = eager_out(model, inputs)
@@ -193,6 +215,32 @@ def test_onednn_graph_bf16(which):
     assert opt.report["matches_eager"] == {"onednn-graph": True}
     assert_close(out, ref, tol["tol"])
     assert global_flags() == flags
+
+
+@pytest.mark.parametrize("which", ["cnn", "bert"])
+def test_onednn_graph_bf16_fusion_follows_the_isa(which):
+    """oneDNN has bf16 kernels on x86 with AVX-512 (core) or AVX512_BF16/AMX, and on
+    aarch64 with bf16 (Bf16Support); without them it fuses no bf16 op. Measured with torch
+    2.13 on an AVX2-only AMD EPYC: cnn 0 groups, bert 6 groups, all of them fp32
+    (layer_norm and softmax stay fp32 under autocast), 0 bf16 groups."""
+    if HOST_BF16 is Bf16Support.UNKNOWN:
+        pytest.skip("/proc/cpuinfo does not tell whether oneDNN has bf16 kernels here "
+                    "(x86 with AVX-VNNI but no AVX-512, or not x86/aarch64)")
+    model, inputs = bf16_model(which)
+    report = optimize(model, inputs, dtype="bf16", path="onednn-graph").report
+    head = "bf16 brings no oneDNN fusion on this CPU (no "
+    if HOST_BF16 in (Bf16Support.NATIVE, Bf16Support.EMULATED):
+        assert report["bf16_fusion_groups"] > 0
+        assert report["fusion_groups"] >= report["bf16_fusion_groups"]
+        assert not any(n.startswith(head) for n in report["notes"])
+        emulated = [n for n in report["notes"] if n.startswith("this CPU has no native bf16")]
+        assert len(emulated) == (HOST_BF16 is Bf16Support.EMULATED)
+    else:
+        assert report["bf16_fusion_groups"] == 0
+        if which == "cnn":
+            assert report["fusion_groups"] == 0
+        x86 = platform.machine() in ("x86_64", "AMD64", "i686")
+        assert report["notes"][0].startswith(BF16_NO_FUSION_NOTE if x86 else head)
 
 
 def test_no_deprecation_warning_escapes(recwarn):
@@ -249,11 +297,11 @@ def test_auto_picks_fastest_matching_path():
 def test_auto_skips_paths_that_do_not_match_or_fail(monkeypatch):
     real_eager = inference._BUILDERS["eager"]
 
-    def wrong_but_fast(model, inputs, dtype_name, warmup):
-        out = torch.zeros(inputs[0].shape[0], 4)
-        return (lambda *args: out), model, None, {}
+    def wrong_but_fast(model, args, kwargs, dtype_name, warmup):
+        out = torch.zeros(args[0].shape[0], 4)
+        return (lambda *a, **k: out), model, None, {}
 
-    def broken(model, inputs, dtype_name, warmup):
+    def broken(model, args, kwargs, dtype_name, warmup):
         raise RuntimeError("no compiler\nsecond line")
 
     monkeypatch.setitem(inference._BUILDERS, "onednn-graph", wrong_but_fast)
@@ -275,6 +323,273 @@ def test_path_none_honours_env(monkeypatch, value):
     opt = optimize(conv_bn_relu(), cnn_inputs(), path=None)
     assert opt.path == value
     assert opt.report["requested_path"] == value
+
+
+def test_path_not_given_means_env_else_auto(monkeypatch, capsys):
+    """`cpulaunch --inference-path eager python m.py` with m.py calling optimize(m, x)."""
+    monkeypatch.setenv(INFERENCE_PATH_ENV, "eager")
+    opt = optimize(conv_bn_relu(), cnn_inputs())
+    assert (opt.path, opt.report["requested_path"]) == ("eager", "eager")
+    assert "ms_per_call" not in opt.report  # nothing was timed: auto did not run
+    # an explicit path still wins over the environment
+    assert optimize(conv_bn_relu(), cnn_inputs(), path="onednn-graph").path == "onednn-graph"
+    monkeypatch.delenv(INFERENCE_PATH_ENV)
+    opt = optimize(conv_bn_relu(), cnn_inputs(), candidates=("eager",), trial_seconds=0.05,
+                   progress=False)
+    assert opt.report["requested_path"] == "auto" and "ms_per_call" in opt.report
+    assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------ progress of auto
+
+
+def test_auto_shows_progress_on_stderr(capsys):
+    optimize(conv_bn_relu(), cnn_inputs(), path="auto", candidates=("eager", "onednn-graph"),
+             trial_seconds=0.1)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 3, captured.err
+    assert all(line.startswith(PROGRESS_PREFIX) for line in lines)
+    for line, name in zip(lines, ("eager", "onednn-graph")):
+        assert line.startswith(f"{PROGRESS_PREFIX}trying {name} ... ")
+        seconds = line.removeprefix(f"{PROGRESS_PREFIX}trying {name} ... ")
+        assert seconds.endswith(" s") and float(seconds[:-2]) >= 0
+    assert lines[2].startswith(f"{PROGRESS_PREFIX}timing eager, onednn-graph for 0.2 s ... chose ")
+
+
+def test_auto_progress_can_be_silenced_and_names_failures(capsys, monkeypatch):
+    def broken(model, args, kwargs, dtype_name, warmup):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setitem(inference._BUILDERS, "inductor", broken)
+    optimize(conv_bn_relu(), cnn_inputs(), path="auto", trial_seconds=0.05, progress=False,
+             candidates=("eager", "inductor"))
+    assert capsys.readouterr().err == ""
+    optimize(conv_bn_relu(), cnn_inputs(), path="auto", trial_seconds=0.05,
+             candidates=("eager", "inductor"))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].startswith(f"{PROGRESS_PREFIX}trying inductor ... failed after ")
+    assert lines[1].endswith(" s (RuntimeError)")
+    # a named path is what the caller asked for: no progress
+    optimize(conv_bn_relu(), cnn_inputs(), path="eager")
+    assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------ structured inputs/outputs
+
+Pair = collections.namedtuple("Pair", "logits features")
+
+
+class DictModel(torch.nn.Module):
+    """Keyword input ``mask``; returns a dict holding a tensor, a namedtuple and None."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x, mask=None):
+        y = self.lin(x)
+        if mask is not None:
+            y = y * mask
+        return {"logits": y, "pair": Pair(torch.relu(y), x * 2), "extra": None}
+
+
+class ListModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return [y, (y.sum(1), y.mean())]
+
+
+def structured_inputs():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(2, 8, generator=g), torch.rand(2, 4, generator=g)
+
+
+def assert_same_structure_and_values(out, ref):
+    if isinstance(ref, torch.Tensor):
+        assert isinstance(out, torch.Tensor)
+        assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
+    elif ref is None:
+        assert out is None
+    elif isinstance(ref, dict):
+        assert type(out) is dict and list(out) == list(ref)
+        for k in ref:
+            assert_same_structure_and_values(out[k], ref[k])
+    else:
+        assert type(out) is type(ref) and len(out) == len(ref)
+        for o, r in zip(out, ref):
+            assert_same_structure_and_values(o, r)
+
+
+@pytest.mark.parametrize("path", ["eager", "onednn-graph"])
+def test_dict_namedtuple_output_and_keyword_input(path):
+    model = DictModel().eval()
+    x, mask = structured_inputs()
+    opt = optimize(model, x, example_kwargs={"mask": mask}, path=path)
+    assert opt.report["matches_eager"] == {path: True}
+    x2, mask2 = structured_inputs()[0] + 1, structured_inputs()[1] / 2
+    out = opt(x2, mask=mask2)
+    with torch.no_grad():
+        ref = model(x2, mask=mask2)
+    assert isinstance(out["pair"], Pair)
+    assert_same_structure_and_values(out, ref)
+
+
+@pytest.mark.parametrize("path", ["eager", "onednn-graph"])
+def test_list_and_nested_tuple_output(path):
+    model = ListModel().eval()
+    x, _ = structured_inputs()
+    out = optimize(model, (x,), path=path)(x)
+    with torch.no_grad():
+        assert_same_structure_and_values(out, model(x))
+
+
+def test_keyword_only_inputs():
+    model = DictModel().eval()
+    x, mask = structured_inputs()
+    opt = optimize(model, (), example_kwargs={"x": x, "mask": mask}, path="onednn-graph")
+    with torch.no_grad():
+        assert_same_structure_and_values(opt(x=x, mask=mask), model(x=x, mask=mask))
+
+
+def test_onednn_graph_called_unlike_the_example_is_one_clear_line():
+    x, mask = structured_inputs()
+    opt = optimize(DictModel(), x, example_kwargs={"mask": mask}, path="onednn-graph")
+    with pytest.raises(UnsupportedModelError) as info:
+        opt(x)
+    assert str(info.value) == (
+        "this onednn-graph model was traced with 1 positional input and keywords mask but "
+        "called with 1 positional input and no keywords: call it as the example was given, "
+        "or use path='inductor' or path='eager'")
+
+
+class LabelModel(torch.nn.Module):
+    def forward(self, x):
+        return {"score": x * 2, "label": "cat"}
+
+
+def test_output_tracing_cannot_return_is_one_clear_line_and_auto_moves_on():
+    x, _ = structured_inputs()
+    with pytest.raises(UnsupportedModelError) as info:
+        optimize(LabelModel(), x, path="onednn-graph")
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, ValueError)
+    assert message == ("onednn-graph cannot take this model: its output holds a str, and "
+                       "TorchScript tracing returns only tensors (alone or in tuples, lists, "
+                       "dicts, namedtuples; None allowed); use path='inductor' or path='eager'")
+    opt = optimize(LabelModel(), x, path="auto", candidates=("eager", "onednn-graph"),
+                   trial_seconds=0.05, progress=False)
+    assert opt.path == "eager" and opt(x)["label"] == "cat"
+    assert opt.report["errors"] == {"onednn-graph": f"UnsupportedModelError: {message}"}
+
+
+def test_tracer_failure_is_one_clear_line():
+    class Broken(torch.nn.Module):
+        """Fine in eager, fails inside torch.jit.trace with a two-line error."""
+
+        def forward(self, x):
+            if torch.jit.is_tracing():
+                raise RuntimeError("cannot trace this\nsecond line")
+            return x + 1
+
+    with pytest.raises(UnsupportedModelError) as info:
+        optimize(Broken(), torch.ones(2), path="onednn-graph")
+    assert str(info.value) == ("onednn-graph could not trace this model with torch.jit.trace "
+                               "(RuntimeError: cannot trace this); use path='inductor' or "
+                               "path='eager'")
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_keyword_inputs_must_be_tensors():
+    x, _ = structured_inputs()
+    with pytest.raises(ValueError, match="example_kwargs must map argument names to tensors; "
+                                         "'mask' does not"):
+        optimize(DictModel(), x, example_kwargs={"mask": 0.5}, path="eager")
+
+
+@pytest.mark.slow
+def test_inductor_dict_output_and_keyword_input():
+    model = DictModel().eval()
+    x, mask = structured_inputs()
+    opt = optimize(model, x, example_kwargs={"mask": mask}, path="inductor", warmup=1)
+    assert opt.report["matches_eager"] == {"inductor": True}
+    out = opt(x, mask=mask)
+    with torch.no_grad():
+        ref = model(x, mask=mask)
+    assert isinstance(out["pair"], Pair)
+    assert_same_structure_and_values(out, ref)
+
+
+# ------------------------------------------------------------------ the ISA rule (pure)
+
+
+def fixture_cpuinfo(machine: str) -> str:
+    """/proc/cpuinfo of a fixture machine, read from its tarball with tar(1)."""
+    (tarball,) = (FIXTURES / machine).glob("*.tar.bz2")
+    proc = subprocess.run([shutil.which("tar") or "tar", "-xjOf", str(tarball), "--wildcards",
+                           "*/proc/cpuinfo"], capture_output=True, text=True, check=True)
+    return proc.stdout
+
+
+@pytest.mark.parametrize("machine, expected", [
+    ("hw-32intel64-2p8co2t+8ve", Bf16Support.EMULATED),      # Xeon Silver 4108, Skylake-SP
+    ("hw-memorysidecaches", Bf16Support.EMULATED),           # Xeon Gold 6230, Cascade Lake
+    ("hw-20em64t-hybrid-1p6c2t+2ca4co1t", Bf16Support.UNKNOWN),  # i7-1370P: AVX-VNNI, no AVX-512
+    ("hw-32amd64-4s2n4c-cgroup2", Bf16Support.NONE),         # Opteron 6134
+    ("hw-128arm-2pa2n8cluster4co", Bf16Support.NONE),        # arm64, Features without bf16
+    ("hw-256ppc-8n8s4t", Bf16Support.UNKNOWN),               # POWER7
+])
+def test_bf16_support_of_fixture_machines(machine, expected):
+    assert bf16_support(fixture_cpuinfo(machine)) is expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    # AMD EPYC Zen 3 (this project's AVX2-only machine), abridged
+    ("processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2 bmi2 sha_ni vaes\n", Bf16Support.NONE),
+    # AMD EPYC Zen 4: AVX-512 with avx512_bf16, no AMX
+    ("flags : sse2 avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni avx512_bf16\n",
+     Bf16Support.NATIVE),
+    # Sapphire Rapids: AMX
+    ("flags : sse2 avx512f avx512dq avx512bw avx512vl avx512_bf16 amx_bf16 amx_tile\n",
+     Bf16Support.NATIVE),
+    ("flags : sse2 avx2 amx_bf16\n", Bf16Support.NATIVE),
+    # AVX512F alone is not oneDNN's avx512_core (Knights Landing has F+CD+ER+PF)
+    ("flags : sse2 avx2 avx512f avx512cd avx512er avx512pf\n", Bf16Support.NONE),
+    # Graviton 3 (Neoverse V1) and Graviton 2 (Neoverse N1)
+    ("Features\t: fp asimd evtstrm sha512 sve asimdfhm bf16 i8mm\n", Bf16Support.NATIVE),
+    ("Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics asimdrdm\n", Bf16Support.NONE),
+    # only the first processor counts; nothing readable -> unknown
+    ("flags : sse2 avx2\n\nflags : sse2 avx512_bf16\n", Bf16Support.NONE),
+    ("", Bf16Support.UNKNOWN),
+    (None, Bf16Support.UNKNOWN),
+])
+def test_bf16_support_rule(text, expected):
+    assert bf16_support(text) is expected
+
+
+def test_bf16_notes_wording():
+    (none_note,) = inference.bf16_notes(Bf16Support.NONE)
+    assert none_note.startswith(BF16_NO_FUSION_NOTE + ": ")
+    (arm_note,) = inference.bf16_notes(Bf16Support.NONE, aarch64=True)
+    assert arm_note.startswith("bf16 brings no oneDNN fusion on this CPU (no bf16 in "
+                               "/proc/cpuinfo Features): ")
+    (emulated,) = inference.bf16_notes(Bf16Support.EMULATED)
+    assert emulated.startswith("this CPU has no native bf16 (no AVX512_BF16/AMX)")
+    assert inference.bf16_notes(Bf16Support.NATIVE) == []
+    assert inference.bf16_notes(Bf16Support.UNKNOWN) == []
+
+
+def test_fp32_report_carries_no_bf16_note():
+    report = optimize(conv_bn_relu(), cnn_inputs(), path="eager").report
+    assert report["bf16_support"] == HOST_BF16.value
+    assert not any("bf16" in n for n in report["notes"])
 
 
 def test_path_none_bad_env_is_value_error(monkeypatch):
