@@ -8,6 +8,12 @@ OMP_NUM_THREADS, ``CPULAUNCH_INSTANCE_INDEX``, and which LD_PRELOAD entries are 
 mapped into the process (read from /proc/self/maps: a preload that failed to load is
 silently skipped by ld.so, so being in LD_PRELOAD proves nothing).
 
+Its last line is the throughput in cpulaunch's metric format (what ``cpulaunch tune``
+reads; one ``CPULAUNCH_METRIC name=value`` per line, value a float, higher is better),
+after the JSON line or the text report::
+
+    CPULAUNCH_METRIC samples_per_s=123.45
+
 Path: ``--path`` if given; else, when ``$CPULAUNCH_INFERENCE_PATH`` is set (``cpulaunch
 --inference-path ...`` sets it), ``optimize(path=None)`` reads it; else eager.
 
@@ -61,6 +67,16 @@ def preload_status(ld_preload: str, maps_text: str) -> dict:
         else:
             status[entry] = next((f for f in sorted(files) if os.path.basename(f) == entry), None)
     return status
+
+
+def metric_line(name: str, value: float) -> str:
+    """One metric in cpulaunch's format, newline included: ``CPULAUNCH_METRIC name=value``.
+
+    ``value`` is written as Python's ``repr`` of the float (``float(text)`` reads it back
+    exactly), e.g. ``metric_line("samples_per_s", 12.5)`` ->
+    ``"CPULAUNCH_METRIC samples_per_s=12.5\\n"``.
+    """
+    return f"CPULAUNCH_METRIC {name}={float(value)!r}\n"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -146,6 +162,8 @@ def main(argv=None) -> int:
         "ms_per_iter_median": statistics.median(times) * 1e3,
         "build_s": round(build_s, 3),
         "fusion_groups": opt.report.get("fusion_groups"),
+        "bf16_fusion_groups": opt.report.get("bf16_fusion_groups"),
+        "bf16_support": opt.report["bf16_support"],
         "pid": os.getpid(),
         "affinity": cpulist.format(os.sched_getaffinity(0)),
         "threads": torch.get_num_threads(),
@@ -154,17 +172,27 @@ def main(argv=None) -> int:
         "preloaded": preloads,
         "notes": opt.report["notes"],
     }
+    metric = metric_line("samples_per_s", result["samples_per_s"])
     if args.json:
-        sys.stdout.write(json.dumps(result) + "\n")  # one write: instances share stdout
-        sys.stdout.flush()
-        return 0
+        # one write: instances share stdout, and two writes could interleave with theirs
+        sys.stdout.write(json.dumps(result) + "\n" + metric)
+    else:
+        print_text_report(args, opt, result, preloads, elapsed, build_s, len(times))
+        sys.stdout.write(metric)
+    sys.stdout.flush()
+    return 0
+
+
+def print_text_report(args, opt, result, preloads, elapsed, build_s, calls) -> None:
+    index = result["instance_index"]
     tag = f"[instance {index}] " if index is not None else ""
     print(f"{tag}{args.model} ({args.size}) batch {args.batch_size} {args.dtype} on {opt.path}"
           f" (requested {opt.report['requested_path']}): "
           f"{result['samples_per_s']:.2f} samples/s, median {result['ms_per_iter_median']:.2f} "
-          f"ms per call over {len(times)} calls in {elapsed:.1f} s (build+warm-up {build_s:.1f} s)")
+          f"ms per call over {calls} calls in {elapsed:.1f} s (build+warm-up {build_s:.1f} s)")
     if result["fusion_groups"] is not None:
-        print(f"{tag}oneDNN fusion groups: {result['fusion_groups']}")
+        print(f"{tag}oneDNN fusion groups: {result['fusion_groups']} "
+              f"({result['bf16_fusion_groups']} of them bf16)")
     print(f"{tag}pid {result['pid']}, affinity {result['affinity']}, torch threads "
           f"{result['threads']}, OMP_NUM_THREADS={result['omp_num_threads']}")
     if preloads:
@@ -174,7 +202,6 @@ def main(argv=None) -> int:
         print(f"{tag}LD_PRELOAD: none")
     for note in opt.report["notes"]:
         print(f"{tag}note: {note}")
-    return 0
 
 
 if __name__ == "__main__":
