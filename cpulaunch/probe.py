@@ -6,6 +6,22 @@ read below it. With the default root ``/`` the process's own affinity mask
 Slurm task binding or ``taskset`` hands us; under another root the dump's cgroup cpuset
 stands in for it.
 
+Files are read with plain ``os`` calls, regular files only (``O_NONBLOCK``, then
+``fstat``: a FIFO or device in place of a sysfs file never blocks) and at most
+:data:`MAX_FILE_BYTES` each. What a malformed file leads to (an error naming it, or a
+note) is listed in ``topology``'s module docstring.
+
+Cost (issue 12): a fact shared by several CPUs is read once. The probe walks the online
+CPUs upwards and reads ``thread_siblings_list`` and ``core_id`` only for a CPU that no
+list read so far names (one per core), ``physical_package_id`` and ``package_cpus_list``
+only for a CPU no package list read so far names (one per package), and ``cpu_capacity``
+/ ``cpuinfo_max_freq`` once per core and only when the first core has them. The kernel
+builds these masks symmetrically (x86 ``set_cpu_sibling_map`` and arm64
+``update_siblings_masks`` link both CPUs), so a CPU named in a sibling's list has that
+same list; in a corrupt tree whose lists disagree, the cores are still a partition of the
+online CPUs into whole sibling sets of the lists read. 1,024 CPUs with SMT2 in 8 packages
+take about 530 small reads.
+
 The parsing of what is read is pure (``parse_*`` functions here, :func:`topology.build`).
 """
 
@@ -15,12 +31,24 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
-from pathlib import Path
 from typing import Optional
 
 from cpulaunch import cpulist
-from cpulaunch.topology import RawCpu, RawHost, RawNode, Topology, build
+from cpulaunch.cpulist import CpulistError, excerpt
+from cpulaunch.topology import (
+    RawCpu,
+    RawHost,
+    RawNode,
+    Topology,
+    TopologyError,
+    build,
+    corrupt,
+    cpu_limit,
+    online_from_folders,
+    printable,
+)
 
 __all__ = [
     "probe",
@@ -29,6 +57,9 @@ __all__ = [
     "parse_mounts",
     "parse_cpu_max",
     "cpu_flags",
+    "run_lscpu",
+    "check_numactl",
+    "MAX_FILE_BYTES",
 ]
 
 log = logging.getLogger(__name__)
@@ -36,35 +67,115 @@ log = logging.getLogger(__name__)
 CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
 
+#: Largest file the probe reads (sysfs attributes are at most a page; a cpulist of 8,192
+#: CPUs is under 40 KiB). A bigger file is an error where it matters, else a note.
+MAX_FILE_BYTES = 1 << 20
+#: Of /proc/cpuinfo only the first processor is used: 1,024 CPUs make it 1.5 MB.
+CPUINFO_BYTES = 64 << 10
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a link"}
+
 
 class _Fs:
-    """Reads text below ``root``; absent or unreadable files read as None."""
+    """Reads text below ``root`` with plain ``os`` calls.
+
+    ``read`` returns None for an absent file (ENOENT, ENOTDIR) and for one this user may
+    not read (a note). A file that is present but unusable (not a regular file, over
+    ``cap`` bytes, an I/O error) raises a TopologyError naming it when ``strict``, else
+    reads as None with a note. Bytes that are not UTF-8 become U+FFFD.
+    """
 
     def __init__(self, root: str | os.PathLike = "/"):
-        self.root = Path(root)
+        self.root = os.fspath(root)
+        self.prefix = self.root.rstrip("/")
+        self.notes: list[str] = []
 
-    def path(self, rel: str) -> Path:
-        return self.root / rel.lstrip("/")
+    def path(self, rel: str) -> str:
+        return f"{self.prefix}/{rel.lstrip('/')}"
 
-    def read(self, rel: str) -> Optional[str]:
+    def _bad(self, rel: str, what: str, strict: bool) -> None:
+        if strict:
+            raise corrupt(self.root, "/" + rel.lstrip("/"), what)
+        self.notes.append(f"/{printable(rel.lstrip('/'))}: {what}: ignored")
+
+    def read(self, rel: str, strict: bool = True, cap: int = MAX_FILE_BYTES,
+             truncate: bool = False) -> Optional[str]:
+        """The text of ``root/rel``, or None (see the class). ``truncate``: keep the first
+        ``cap`` bytes of a longer file instead of refusing it."""
         try:
-            return self.path(rel).read_text(errors="replace")
-        except (OSError, ValueError):
+            fd = os.open(self.path(rel), _OPEN_FLAGS)
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None  # ValueError: a NUL byte in a path taken from a dump
+        except PermissionError:
+            self.notes.append(f"/{printable(rel.lstrip('/'))}: permission denied: ignored")
             return None
+        except OSError as exc:
+            self._bad(rel, f"cannot open ({exc.strerror})", strict)
+            return None
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                self._bad(rel, f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'special')})",
+                          strict)
+                return None
+            chunks = []
+            size = 0
+            while True:
+                chunk = os.read(fd, min(65536, cap + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > cap:
+                    if truncate:
+                        break
+                    self._bad(rel, f"larger than {cap} bytes", strict)
+                    return None
+        except OSError as exc:
+            self._bad(rel, f"cannot read ({exc.strerror})", strict)
+            return None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)[:cap]
+        return data.decode("utf-8", "replace")
 
     def listdir(self, rel: str) -> list[str]:
         try:
             return os.listdir(self.path(rel))
-        except OSError:
+        except (OSError, ValueError):
             return []
 
     def isdir(self, rel: str) -> bool:
-        return self.path(rel).is_dir()
+        try:
+            return stat.S_ISDIR(os.stat(self.path(rel)).st_mode)
+        except (OSError, ValueError):
+            return False
+
+
+_NUMBERED: dict[str, re.Pattern] = {}
 
 
 def _numbered(names: list[str], prefix: str) -> list[int]:
-    pat = re.compile(re.escape(prefix) + r"(\d+)$")
-    return sorted(int(m.group(1)) for m in map(pat.match, names) if m)
+    """Ids of entries named PREFIX<N> (N in ASCII digits, no leading zero), ascending:
+    ``["cpu0", "cpu12", "cpufreq", "cpu01"]`` -> ``[0, 12]``."""
+    pat = _NUMBERED.get(prefix)
+    if pat is None:
+        pat = _NUMBERED[prefix] = re.compile(re.escape(prefix) + r"(0|[1-9][0-9]{0,9})")
+    return sorted(int(m.group(1)) for m in map(pat.fullmatch, names) if m)
+
+
+def _clean(text: Optional[str]) -> str:
+    return "" if text is None else text.replace("\x00", "").strip(" \t\n")
+
+
+def _parse(fs: _Fs, text: str, rel: str, limit: int, mask: bool = False) -> frozenset:
+    """``text`` of ``rel`` as a cpulist (or mask) bounded by ``limit``; errors name the file."""
+    try:
+        return (cpulist.parse_mask if mask else cpulist.parse)(text, limit)
+    except CpulistError as exc:
+        raise corrupt(fs.root, "/" + rel, str(exc)) from None
 
 
 # --------------------------------------------------------------------------- cgroups (pure)
@@ -100,24 +211,41 @@ def parse_mounts(text: str) -> list[tuple[str, str, set]]:
     return out
 
 
+def _count(text: str) -> Optional[int]:
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def parse_cpu_max(text: str) -> Optional[float]:
-    """cgroup v2 ``cpu.max`` (``"200000 100000"`` -> 2.0; ``"max 100000"`` -> None)."""
-    f = text.split()
-    if len(f) < 1 or f[0] == "max":
+    """cgroup v2 ``cpu.max`` ``"$MAX $PERIOD"`` in CPUs: ``"200000 100000"`` -> 2.0;
+    ``"max 100000"`` -> None; ``"300000"`` -> 3.0 (period 100000); ``""`` -> None
+    (Documentation/admin-guide/cgroup-v2.rst, "CPU Interface Files").
+
+    Raises:
+        ValueError: anything else (``"abc"``, ``"-1 100000"``, ``"100 0"``, three fields).
+    """
+    f = text.replace("\x00", "").split()
+    if not f:
         return None
-    period = int(f[1]) if len(f) > 1 else 100000
-    return int(f[0]) / period if period > 0 else None
+    period = _count(f[1]) if len(f) > 1 else 100000
+    if len(f) > 2 or not period or (f[0] != "max" and not _count(f[0])):
+        raise ValueError(f"expected '$MAX $PERIOD' (max or a positive number of "
+                         f"microseconds, then a positive period), found {excerpt(text)}")
+    if f[0] == "max":
+        return None
+    return _count(f[0]) / period
 
 
 def _cgroup_dirs(fs: _Fs, controller: str) -> list[str]:
     """Candidate folders (relative to root) of this process's cgroup for ``controller``,
-    deepest first, walking up to the mount point. Tries cgroup v2, then v1."""
-    mounts = parse_mounts(fs.read("proc/self/mounts") or fs.read("proc/mounts") or "")
-    own_text = fs.read("proc/self/cgroup")
+    deepest first, walking up to the mount point. Tries cgroup v2, then v1. A path with
+    a ``..`` component (a corrupt dump) is not followed."""
+    mounts = parse_mounts(fs.read("proc/self/mounts", strict=False, truncate=True)
+                          or fs.read("proc/mounts", strict=False, truncate=True) or "")
+    own_text = fs.read("proc/self/cgroup", strict=False)
     own = parse_proc_cgroup(own_text) if own_text else {}
     if not own:
         # Old dumps keep only /proc/self/cpuset (the cpuset cgroup path).
-        cs = (fs.read("proc/self/cpuset") or "").strip()
+        cs = _clean(fs.read("proc/self/cpuset", strict=False))
         if cs:
             own = {"": cs, "cpuset": cs}
     dirs: list[str] = []
@@ -129,47 +257,101 @@ def _cgroup_dirs(fs: _Fs, controller: str) -> list[str]:
         else:
             continue
         parts = [p for p in rel.split("/") if p]
+        if ".." in parts or "\x00" in rel:
+            continue
         for depth in range(len(parts), -1, -1):
             dirs.append("/".join([point.rstrip("/")] + parts[:depth]))
     return dirs
 
 
-def read_cgroup_cpuset(fs: _Fs) -> tuple[Optional[frozenset], str]:
-    """The cgroup cpuset of the process: ``cpuset.cpus.effective`` (v2) or
-    ``cpuset.effective_cpus`` / ``cpuset.cpus`` (v1) of the deepest cgroup that has one."""
+def _read_cgroup_list(fs: _Fs, names: tuple, limit: int) -> tuple[Optional[frozenset], str]:
+    """The first non-empty file of ``names`` in the deepest cgroup folder that has one."""
     for d in _cgroup_dirs(fs, "cpuset"):
-        for name in ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"):
-            text = fs.read(f"{d}/{name}")
-            if text is not None and text.strip("\x00\n "):
-                return cpulist.parse(text), f"cgroup cpuset {d}/{name}"
+        for name in names:
+            rel = f"{d}/{name}".lstrip("/")
+            text = fs.read(rel)
+            if text is not None and _clean(text):
+                return _parse(fs, text, rel, limit), f"cgroup cpuset /{rel}"
     return None, ""
+
+
+def read_cgroup_cpuset(fs: _Fs, limit: int = cpulist.MAX_IDS) -> tuple[Optional[frozenset], str]:
+    """The cgroup cpuset of the process: ``cpuset.cpus.effective`` (v2) or
+    ``cpuset.effective_cpus`` / ``cpuset.cpus`` (v1) of the deepest cgroup that has one.
+    Returns (logical CPU ids, "cgroup cpuset /PATH") or (None, "").
+
+    Raises:
+        TopologyError: the file is malformed or names a CPU id >= ``limit``.
+    """
+    return _read_cgroup_list(
+        fs, ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"), limit)
+
+
+def read_cgroup_mems(fs: _Fs) -> tuple[Optional[frozenset], str]:
+    """The NUMA nodes the process's cgroup lets it allocate on: ``cpuset.mems.effective``
+    (v2) or ``cpuset.effective_mems`` / ``cpuset.mems`` (v1) of the deepest cgroup that has
+    one (Documentation/admin-guide/cgroup-v2.rst, "Cpuset Interface Files"). Returns
+    (node ids, "cgroup cpuset /PATH") or (None, "").
+
+    Raises:
+        TopologyError: the file is malformed or names a node id >= ``cpulist.MAX_NODE_IDS``.
+    """
+    return _read_cgroup_list(
+        fs, ("cpuset.mems.effective", "cpuset.effective_mems", "cpuset.mems"), cpulist.MAX_NODE_IDS)
 
 
 def read_cpu_quota(fs: _Fs) -> tuple[Optional[float], str]:
     """CPU bandwidth limit in CPUs: the smallest ``cpu.max`` (v2) or
-    ``cpu.cfs_quota_us / cpu.cfs_period_us`` (v1) on the way up from the process's cgroup
-    (Documentation/admin-guide/cgroup-v2.rst, "CPU Interface Files")."""
+    ``cpu.cfs_quota_us / cpu.cfs_period_us`` (v1, quota -1: none) on the way up from the
+    process's cgroup (Documentation/admin-guide/cgroup-v2.rst, "CPU Interface Files").
+
+    Raises:
+        TopologyError: one of those files is malformed (named in the message).
+    """
     best: Optional[float] = None
     where = ""
     for d in _cgroup_dirs(fs, "cpu"):
         q = None
-        text = fs.read(f"{d}/cpu.max")
-        if text:
+        rel = f"{d}/cpu.max".lstrip("/")
+        text = fs.read(rel)
+        if text is not None and _clean(text):
             try:
                 q = parse_cpu_max(text)
-            except ValueError:
-                q = None
+            except ValueError as exc:
+                raise corrupt(fs.root, "/" + rel, str(exc)) from None
         else:
-            quota = fs.read(f"{d}/cpu.cfs_quota_us")
-            period = fs.read(f"{d}/cpu.cfs_period_us")
-            try:
-                if quota and period and int(quota) > 0 and int(period) > 0:
-                    q = int(quota) / int(period)
-            except ValueError:
-                q = None
+            q = _read_cfs_quota(fs, d)
         if q is not None and (best is None or q < best):
             best, where = q, d
     return best, where
+
+
+def _read_cfs_quota(fs: _Fs, d: str) -> Optional[float]:
+    """cgroup v1 ``cpu.cfs_quota_us / cpu.cfs_period_us`` in CPUs; None: no quota."""
+    qrel, prel = f"{d}/cpu.cfs_quota_us".lstrip("/"), f"{d}/cpu.cfs_period_us".lstrip("/")
+    quota, period = _clean(fs.read(qrel)), _clean(fs.read(prel))
+    if not quota or quota == "-1":
+        return None
+    if _count(quota) is None or not _count(quota):
+        raise corrupt(fs.root, "/" + qrel,
+                      f"expected -1 or a positive number of microseconds, found {excerpt(quota)}")
+    if not period:
+        return None
+    if not _count(period):
+        raise corrupt(fs.root, "/" + prel,
+                      f"expected a positive number of microseconds, found {excerpt(period)}")
+    return _count(quota) / _count(period)
+
+
+def _status_list(fs: _Fs, status: Optional[str], key: str, limit: int) -> Optional[frozenset]:
+    """``key`` (e.g. Cpus_allowed_list) of proc/self/status text, parsed; None if absent."""
+    m = re.search(rf"^{key}:[ \t]*([^\n]*)$", status or "", re.M)
+    if m is None:
+        return None
+    try:
+        return cpulist.parse(m.group(1), limit)
+    except CpulistError as exc:
+        raise corrupt(fs.root, "/proc/self/status", f"{key}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- the probe
@@ -180,70 +362,169 @@ def read_raw(root: str | os.PathLike = "/") -> RawHost:
 
     Allowed CPUs: with root ``/``, ``os.sched_getaffinity(0)``; otherwise the dump's cgroup
     cpuset, else ``Cpus_allowed_list`` of ``proc/self/status``, else every online CPU.
-    ``lscpu -p`` is run only when sysfs holds no ``cpuN/topology`` folder.
+    Allowed memory nodes (``RawHost.allowed_mems``), under any root: the cgroup's cpuset
+    mems, else ``Mems_allowed_list`` of ``proc/self/status``, else None (all).
+    ``lscpu -p`` is run only when sysfs holds no ``cpuN/topology`` folder. Every CPU list
+    is bounded by the kernel's limit (``topology.cpu_limit``).
+
+    Raises:
+        TopologyError: a file is malformed, bigger than MAX_FILE_BYTES or not a regular
+            file where one is needed (the message names it), or a cpuN/nodeN folder's id is
+            beyond the limit.
     """
     fs = _Fs(root)
-    live = Path(root).resolve() == Path("/")
-    cpus: dict[int, RawCpu] = {}
-    for n in _numbered(fs.listdir(CPU_DIR), "cpu"):
-        base = f"{CPU_DIR}/cpu{n}"
-        entries = fs.listdir(base)
-        cpus[n] = RawCpu(
-            online=fs.read(f"{base}/online"),
-            has_topology="topology" in entries,
-            package_id=fs.read(f"{base}/topology/physical_package_id"),
-            die_id=fs.read(f"{base}/topology/die_id"),
-            core_id=fs.read(f"{base}/topology/core_id"),
-            thread_siblings_list=fs.read(f"{base}/topology/thread_siblings_list"),
-            thread_siblings=fs.read(f"{base}/topology/thread_siblings"),
-            node_links=tuple(_numbered(entries, "node")),
-            cpu_capacity=fs.read(f"{base}/cpu_capacity"),
-            max_freq_khz=fs.read(f"{base}/cpufreq/cpuinfo_max_freq"),
-        )
-    nodes: dict[int, RawNode] = {}
-    for n in _numbered(fs.listdir(NODE_DIR), "node"):
-        base = f"{NODE_DIR}/node{n}"
-        nodes[n] = RawNode(
-            cpulist=fs.read(f"{base}/cpulist"),
-            cpumap=fs.read(f"{base}/cpumap"),
-            meminfo=fs.read(f"{base}/meminfo"),
-        )
+    live = os.path.realpath(fs.root) == "/"
+    kernel_max = fs.read(f"{CPU_DIR}/kernel_max", strict=False)
+    possible = fs.read(f"{CPU_DIR}/possible", strict=False)
+    limit = cpu_limit(kernel_max, possible)
+    online_text = fs.read(f"{CPU_DIR}/online")
+    folders = _numbered(fs.listdir(CPU_DIR), "cpu")
+    if folders and folders[-1] >= limit:
+        raise corrupt(fs.root, f"/{CPU_DIR}/cpu{folders[-1]}",
+                      f"CPU id beyond the kernel's limit (ids must be below {limit})")
+    nodes = _read_nodes(fs)
+    need_links = any(rn.cpulist is None and rn.cpumap is None for rn in nodes.values())
+    hybrid_core = fs.read("sys/devices/cpu_core/cpus")
+    hybrid_atom = fs.read("sys/devices/cpu_atom/cpus")
 
-    cpuset, cpuset_source = read_cgroup_cpuset(fs)
+    if _clean(online_text):
+        online = _parse(fs, online_text, f"{CPU_DIR}/online", limit)
+        cpus = {n: _NO_CPU for n in folders}
+    else:  # no cpu/online: every folder's online file and topology/ decide
+        cpus = {n: RawCpu(online=fs.read(f"{CPU_DIR}/cpu{n}/online"),
+                          has_topology=fs.isdir(f"{CPU_DIR}/cpu{n}/topology")) for n in folders}
+        online = online_from_folders(RawHost(cpus=cpus, root=fs.root, cpu_kernel_max=kernel_max,
+                                             cpu_possible=possible))
+    _read_cpus(fs, cpus, online, limit, need_links,
+               want_speed=hybrid_atom is None or hybrid_core is None)
+
+    cpuset, cpuset_source = read_cgroup_cpuset(fs, limit)
+    status = fs.read("proc/self/status", strict=False)
     if live:
         allowed: Optional[frozenset] = frozenset(os.sched_getaffinity(0))
         allowed_source = "the affinity mask of this process"
     else:
         allowed, allowed_source = cpuset, cpuset_source
         if allowed is None:
-            status = fs.read("proc/self/status") or ""
-            m = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
-            if m:
-                allowed, allowed_source = cpulist.parse(m.group(1)), "Cpus_allowed_list of proc/self/status"
-            else:
-                allowed_source = "all online CPUs (no cpuset in the dump)"
+            allowed = _status_list(fs, status, "Cpus_allowed_list", limit)
+            allowed_source = ("Cpus_allowed_list of proc/self/status" if allowed is not None
+                              else "all online CPUs (no cpuset in the dump)")
+    mems, mems_source = read_cgroup_mems(fs)
+    if mems is None:
+        mems = _status_list(fs, status, "Mems_allowed_list", cpulist.MAX_NODE_IDS)
+        mems_source = "Mems_allowed_list of proc/self/status" if mems is not None else ""
     quota, quota_where = read_cpu_quota(fs)
 
     lscpu_text = None
     if not any(c.has_topology for c in cpus.values()):
-        lscpu_text = run_lscpu(None if live else str(root))
+        lscpu_text = run_lscpu(None if live else fs.root)
 
     return RawHost(
-        cpu_online=fs.read(f"{CPU_DIR}/online"),
+        cpu_online=online_text,
         cpu_present=fs.read(f"{CPU_DIR}/present"),
         cpus=cpus,
         nodes=nodes,
         node_has_memory=fs.read(f"{NODE_DIR}/has_memory"),
-        hybrid_core_cpus=fs.read("sys/devices/cpu_core/cpus"),
-        hybrid_atom_cpus=fs.read("sys/devices/cpu_atom/cpus"),
-        cpuinfo=fs.read("proc/cpuinfo"),
+        hybrid_core_cpus=hybrid_core,
+        hybrid_atom_cpus=hybrid_atom,
+        cpuinfo=fs.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES, truncate=True),
         allowed=allowed,
         allowed_source=allowed_source,
         cpuset=cpuset,
         quota_cpus=quota,
         quota_source=quota_where,
         lscpu=lscpu_text,
+        cpu_possible=possible,
+        cpu_kernel_max=kernel_max,
+        allowed_mems=mems,
+        allowed_mems_source=mems_source,
+        root=fs.root,
+        notes=tuple(fs.notes),
     )
+
+
+_NO_CPU = RawCpu()
+
+
+def _read_nodes(fs: _Fs) -> dict[int, RawNode]:
+    """Each ``nodeN`` folder's cpulist (else cpumap) and meminfo."""
+    nodes: dict[int, RawNode] = {}
+    ids = _numbered(fs.listdir(NODE_DIR), "node")
+    if ids and ids[-1] >= cpulist.MAX_NODE_IDS:
+        raise corrupt(fs.root, f"/{NODE_DIR}/node{ids[-1]}",
+                      f"node id beyond {cpulist.MAX_NODE_IDS - 1}")
+    for n in ids:
+        base = f"{NODE_DIR}/node{n}"
+        text = fs.read(f"{base}/cpulist")
+        nodes[n] = RawNode(
+            cpulist=text,
+            cpumap=fs.read(f"{base}/cpumap") if text is None else None,
+            meminfo=fs.read(f"{base}/meminfo", strict=False),
+        )
+    return nodes
+
+
+def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: bool,
+               want_speed: bool) -> None:
+    """Fill ``cpus`` (id -> RawCpu) for the online CPUs that have a folder, reading each
+    shared fact once (see the module docstring)."""
+    core_done: set[int] = set()  # named by a sibling list read so far
+    pkg_done: set[int] = set()  # named by a package_cpus_list read so far
+    speed = ["cpu_capacity", "cpufreq/cpuinfo_max_freq"] if want_speed else []
+    first_core = True
+    for cpu in sorted(online):
+        if cpu not in cpus:
+            continue  # online but no cpuN folder: nothing to read
+        base = f"{CPU_DIR}/cpu{cpu}"
+        topo = f"{base}/topology"
+        fields: dict = {}
+        if cpu in core_done:
+            fields["has_topology"] = True
+        else:
+            sibs = None
+            tsl = fs.read(f"{topo}/thread_siblings_list")
+            if _clean(tsl):
+                sibs = _parse(fs, tsl, f"{topo}/thread_siblings_list", limit)
+                fields["thread_siblings_list"] = tsl
+            else:
+                ts = fs.read(f"{topo}/thread_siblings")
+                if _clean(ts):
+                    sibs = _parse(fs, ts, f"{topo}/thread_siblings", limit, mask=True)
+                fields["thread_siblings_list"], fields["thread_siblings"] = tsl, ts
+            fields["core_id"] = fs.read(f"{topo}/core_id")
+            if sibs is None:  # grouped by (package, die, core_id): needs all three
+                fields["die_id"] = fs.read(f"{topo}/die_id")
+                fields["package_id"] = fs.read(f"{topo}/physical_package_id")
+            else:
+                core_done.update(sibs)
+            # One value per core: SMT siblings share capacity and frequency. Read only
+            # when the first core has it (build needs every core's value or none).
+            for attr in list(speed):
+                text = fs.read(f"{base}/{attr}", strict=False)
+                if text is None and first_core:
+                    speed.remove(attr)
+                elif text is not None:
+                    fields["cpu_capacity" if attr == "cpu_capacity" else "max_freq_khz"] = text
+                    if first_core and attr == "cpu_capacity":
+                        speed = [attr]  # capacity wins; the frequency is not needed
+                        break
+            first_core = False
+            fields["has_topology"] = any(fields.get(k) is not None for k in (
+                "thread_siblings_list", "thread_siblings", "core_id", "package_id")) \
+                or fs.isdir(topo)
+        if cpu not in pkg_done and "package_id" not in fields:
+            fields["package_id"] = fs.read(f"{topo}/physical_package_id")
+        if cpu not in pkg_done and fields.get("package_id") is not None:
+            pcl = fs.read(f"{topo}/package_cpus_list")
+            if _clean(pcl):
+                pkg_done.update(_parse(fs, pcl, f"{topo}/package_cpus_list", limit))
+                fields["package_cpus_list"] = pcl
+            fields["has_topology"] = True
+        if need_links:
+            fields["node_links"] = tuple(_numbered(fs.listdir(base), "node"))
+        old = cpus[cpu]
+        has_topology = fields.pop("has_topology", False) or old.has_topology
+        cpus[cpu] = RawCpu(online=old.online, has_topology=has_topology, **fields)
 
 
 def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
@@ -254,7 +535,8 @@ def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
     argv = [exe, "-p=CPU,CORE,SOCKET,NODE"] + (["--sysroot", sysroot] if sysroot else [])
     try:
         res = subprocess.run(
-            argv, capture_output=True, text=True, timeout=10, env={**os.environ, "LC_ALL": "C"}
+            argv, capture_output=True, text=True, errors="replace", timeout=5,
+            env={**os.environ, "LC_ALL": "C"}, stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -274,7 +556,8 @@ def cpu_flags(root: str | os.PathLike = "/") -> frozenset:
     """CPU feature flags from ``proc/cpuinfo`` under ``root`` (fast: no py-cpuinfo)."""
     from cpulaunch.topology import parse_cpuinfo
 
-    return parse_cpuinfo(_Fs(root).read("proc/cpuinfo"))[0]
+    return parse_cpuinfo(_Fs(root).read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES,
+                                        truncate=True))[0]
 
 
 def check_numactl(numactl: str, prefixes: list, timeout: float = 10.0) -> Optional[str]:
@@ -292,7 +575,7 @@ def check_numactl(numactl: str, prefixes: list, timeout: float = 10.0) -> Option
         seen.add(key)
         try:
             res = subprocess.run(
-                list(prefix) + ["true"], capture_output=True, text=True, timeout=timeout
+                list(prefix) + ["true"], capture_output=True, text=True, errors="replace", timeout=timeout
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{' '.join(prefix)} could not run ({exc})"

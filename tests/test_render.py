@@ -26,10 +26,13 @@ PY = "/py"
 
 
 def two_instances(policy=MemPolicy.BIND, reserved=((), ())):
+    """Two instances; ``reserved``: each one's oneCCL worker CPUs."""
     return Plan(
         instances=(
-            Instance(0, (0, 1), (0, 1), (0,), (0,), policy, 2, reserved[0], 0),
-            Instance(1, (8, 9), (8, 9), (1,), (1,), policy, 2, reserved[1], 1),
+            Instance(index=0, cpus=(0, 1), cores=(0, 1), nodes=(0,), mem_nodes=(0,), mem_policy=policy,
+                     threads=2, ccl_cpus=reserved[0], socket=0),
+            Instance(index=1, cpus=(8, 9), cores=(8, 9), nodes=(1,), mem_nodes=(1,), mem_policy=policy,
+                     threads=2, ccl_cpus=reserved[1], socket=1),
         ),
         num_instances=2,
         notes=("plan note",),
@@ -80,7 +83,7 @@ def test_env_per_instance_gnu_tcmalloc():
 
 
 def test_env_intel_openmp_and_jemalloc():
-    s = Settings(omp_runtime="intel", iomp5=Path("/p/lib/libiomp5.so"), allocator="jemalloc",
+    s = Settings(omp_runtime="intel", openmp_path=Path("/p/lib/libiomp5.so"), allocator="jemalloc",
                  allocator_path=Path("/l/libjemalloc.so.2"))
     env = render(two_instances(), ("true",), s).instances[0].env
     assert env["LD_PRELOAD"] == "/p/lib/libiomp5.so /l/libjemalloc.so.2"
@@ -91,7 +94,7 @@ def test_env_intel_openmp_and_jemalloc():
 
 
 def test_kmp_affinity_only_when_bound():
-    s = Settings(omp_runtime="intel", iomp5=Path("/p/libiomp5.so"), bind="none")
+    s = Settings(omp_runtime="intel", openmp_path=Path("/p/libiomp5.so"), bind="none")
     inst = render(two_instances(), ("true",), s).instances[0]
     assert "KMP_AFFINITY" not in inst.env and inst.env["KMP_BLOCKTIME"] == "1"
     assert inst.prefix == () and inst.affinity is None
@@ -107,14 +110,14 @@ def test_affinity_binding_has_no_prefix_but_cpus():
 
 def test_user_value_wins_with_note_unless_override():
     environ = {"OMP_NUM_THREADS": "7", "KMP_BLOCKTIME": "1"}
-    s = Settings(omp_runtime="intel", iomp5=Path("/i.so"), environ=environ)
+    s = Settings(omp_runtime="intel", openmp_path=Path("/i.so"), environ=environ)
     r = render(two_instances(), ("true",), s)
     assert "OMP_NUM_THREADS" not in r.instances[0].env
     assert r.instances[0].env["KMP_BLOCKTIME"] == "1"  # same value: no conflict
     assert r.notes[-1] == ("OMP_NUM_THREADS=7 from your environment kept (cpulaunch planned 2); "
                            "pass --override-env to use cpulaunch's value")
     assert sum("OMP_NUM_THREADS=7" in n for n in r.notes) == 1  # once, not per instance
-    s2 = Settings(omp_runtime="intel", iomp5=Path("/i.so"), environ=environ, override_env=True)
+    s2 = Settings(omp_runtime="intel", openmp_path=Path("/i.so"), environ=environ, override_env=True)
     assert render(two_instances(), ("true",), s2).instances[0].env["OMP_NUM_THREADS"] == "2"
 
 
@@ -122,7 +125,7 @@ def test_ld_preload_keeps_user_entries_and_never_two_allocators():
     s = Settings(allocator="tcmalloc", allocator_path=Path("/t/libtcmalloc.so.4"),
                  environ={"LD_PRELOAD": "libfoo.so:/x/libbar.so"})
     assert render(two_instances(), ("true",), s).instances[0].env["LD_PRELOAD"] == \
-        "/t/libtcmalloc.so.4 libfoo.so /x/libbar.so"
+        "/t/libtcmalloc.so.4 libfoo.so:/x/libbar.so"  # the user's value kept byte for byte
     s = Settings(allocator="tcmalloc", allocator_path=Path("/t/libtcmalloc.so.4"),
                  environ={"LD_PRELOAD": "libjemalloc.so.2"})
     r = render(two_instances(), ("true",), s)
@@ -136,7 +139,7 @@ def test_reserved_cpus_bound_but_not_used_by_openmp():
     assert gnu.argv[:3] == ("numactl", "-C", "0-2")
     assert gnu.env["OMP_NUM_THREADS"] == "2"
     assert gnu.env["OMP_PLACES"] == "{0},{1}" and gnu.env["OMP_PROC_BIND"] == "close"
-    intel = render(p, ("true",), Settings(omp_runtime="intel", iomp5=Path("/i.so"))).instances[1]
+    intel = render(p, ("true",), Settings(omp_runtime="intel", openmp_path=Path("/i.so"))).instances[1]
     assert intel.env["KMP_AFFINITY"] == "granularity=fine,proclist=[8,9],explicit"
 
 
@@ -162,10 +165,16 @@ def test_shell_exports_eval_safely_whatever_the_values():
     assert out == "numactl -C 0-1 -m 0"
 
 
-def test_dotenv_lines_escape():
-    s = Settings(extra_env={"CPULAUNCH_INFERENCE_PATH": 'x"y$z'})
+@pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
+def test_dotenv_lines_read_back_exactly_by_posix_set_a_dot(tmp_path):
+    """The documented target of --format dotenv: POSIX `set -a; . FILE`."""
+    s = Settings(extra_env={"CPULAUNCH_INFERENCE_PATH": NASTY})
     inst = render(two_instances(), ("true",), s).instances[0]
-    assert 'CPULAUNCH_INFERENCE_PATH="x\\"y\\$z"\n' in dotenv_lines(inst)
+    f = tmp_path / "env"
+    f.write_text(dotenv_lines(inst))
+    out = subprocess.run(["sh", "-c", 'set -a; . "$1"; set +a; printf %s "$CPULAUNCH_INFERENCE_PATH"', "sh", str(f)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == NASTY
 
 
 def test_plan_json_schema():
@@ -187,6 +196,8 @@ def test_parse_ldconfig_and_preload_helpers():
             "\tlibjemalloc.so.2 (libc6) => /usr/lib/i386-linux-gnu/libjemalloc.so.2\n")
     assert parse_ldconfig(text) == {"libjemalloc.so.2": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}
     assert preload_entries(" a.so:b.so  c.so ") == ["a.so", "b.so", "c.so"]
+    # glibc splits on spaces and colons only: a tab or newline stays inside the entry
+    assert preload_entries("/x/a\tb.so:/y/c\nd.so") == ["/x/a\tb.so", "/y/c\nd.so"]
     assert identify("/x/libtcmalloc_minimal.so.4") == "tcmalloc"
     assert identify("libiomp5.so") == "iomp5" and identify("libfoo.so") is None
 
