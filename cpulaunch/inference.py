@@ -189,8 +189,8 @@ def bf16_notes(support: Bf16Support, aarch64: bool = False) -> List[str]:
         head = (BF16_NO_FUSION_NOTE if not aarch64 else
                 "bf16 brings no oneDNN fusion on this CPU (no bf16 in /proc/cpuinfo Features)")
         return [f"{head}: oneDNN has no bf16 kernels here, so bf16 ops run unfused on "
-                f"slower kernels (a small BERT-like model ran 11x slower in bf16 than in fp32 "
-                f"on an AVX2-only AMD EPYC); compare with dtype='fp32'"]
+                f"slower kernels (on an AVX2-only AMD EPYC, bf16 eager took 1.1-20x the time "
+                f"of fp32 on cpulaunch's example models); compare with dtype='fp32'"]
     if support is Bf16Support.EMULATED:
         return ["this CPU has no native bf16 (no AVX512_BF16/AMX): oneDNN runs bf16 by "
                 "converting to fp32 on AVX-512, so bf16 may be no faster than fp32; compare "
