@@ -1,0 +1,67 @@
+"""``cpulaunch doctor``, ``cpulaunch verify PID...`` and ``cpulaunch tune``: parse, call, print.
+
+Each subcommand's work lives in its own module (:mod:`cpulaunch.doctor`,
+:mod:`cpulaunch.verify`, :mod:`cpulaunch.tune`); none is imported on the launch path.
+Errors propagate to :func:`cpulaunch.cli.main`, the one place that maps them to exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from cpulaunch.errors import CpulaunchError
+
+__all__ = ["main"]
+
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.command("doctor", context_settings=_CONTEXT)
+@click.option("--sysroot", type=click.Path(file_okay=False), default="/", show_default=True,
+              help="Examine a dump of another machine (numactl is then not run).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def doctor_command(sysroot, fmt):
+    """What to know before trusting a pinned run on this machine, each finding with its fix."""
+    from pathlib import Path
+
+    from cpulaunch import core, doctor
+
+    if not os.path.isdir(sysroot):
+        raise CpulaunchError(f"--sysroot {sysroot}: no such folder")
+    report = doctor.diagnose(sysroot, os.environ, live=Path(sysroot).resolve() == Path("/"))
+    text = json.dumps(doctor.to_json(report), indent=2) + "\n" if fmt == "json" else doctor.render_text(report)
+    core.write_text(text)
+    return 0
+
+
+@click.command("verify", context_settings=_CONTEXT)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.argument("pids", nargs=-1, type=int, required=True)
+def verify_command(fmt, pids):
+    """What running processes really got: every thread's CPUs, thread count, allocator and
+    OpenMP runtimes mapped, memory per NUMA node; compared with the CPULAUNCH_* variables
+    cpulaunch gave them. Exit code 1 when a process differs from its plan."""
+    from cpulaunch import core, verify
+
+    report = verify.verify([(pid, None) for pid in pids])
+    doc = verify.report_json(report)
+    core.write_text(json.dumps(doc, indent=2) + "\n" if fmt == "json" else verify.render_text(report))
+    return 0 if report.ok else 1
+
+
+def main(name: str, args: list) -> int:
+    """Run subcommand ``name`` with ``args``; returns its exit code (raises CpulaunchError
+    and click usage errors for the CLI to map)."""
+    import logging
+    import sys
+
+    logging.basicConfig(level=logging.WARNING, format="cpulaunch: %(message)s", stream=sys.stderr)
+    if name == "tune":
+        from cpulaunch import tune
+
+        return tune.main(args)
+    command = {"doctor": doctor_command, "verify": verify_command}[name]
+    return command.main(args=args, prog_name=f"cpulaunch {name}", standalone_mode=False)
