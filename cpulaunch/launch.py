@@ -44,6 +44,7 @@ import math
 import os
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -705,7 +706,7 @@ class ProcessGroup:
         self.paused = False
         #: monotonic time of the first SIGKILL: waits for processes end kill_timeout after it
         self.kill_sent_at: Optional[float] = None
-        self._threads: List[threading.Thread] = []
+        self._threads: List[Tuple[int, threading.Thread]] = []
         self._watchdog: Optional[_Watchdog] = None
         self._closed = False
 
@@ -773,7 +774,7 @@ class ProcessGroup:
             t = threading.Thread(target=_relay, args=(fd, tag, console, logfile),
                                  name=f"cpulaunch-relay-{spec.index}-{console.name}", daemon=True)
             t.start()
-            self._threads.append(t)
+            self._threads.append((spec.index, t))
 
     def _open_logs(self, index: int) -> Tuple[Optional[_LogFile], Optional[_LogFile]]:
         if index not in self.log_paths:
@@ -877,7 +878,9 @@ class ProcessGroup:
             self.kill_sent_at = time.monotonic()
         self._reap(self.kill_sent_at + self.kill_timeout)
         deadline = time.monotonic() + RELAY_TIMEOUT
-        for t in self._threads:
+        for index, t in self._threads:
+            if self.procs[index].stuck:  # it still holds its pipes
+                continue
             t.join(max(deadline - time.monotonic(), 0))
             if t.is_alive():
                 log.info("%s still open after its processes ended (a process outside its "
@@ -1030,7 +1033,7 @@ def _prepare_run_dir(log_dir: Path, specs: Sequence[ProcessSpec],
         LaunchError: naming the log folder and the cause (a file in the way, read-only,
             permission denied, name too long, no space left).
     """
-    log_dir = Path(log_dir)
+    log_dir, run_dir = Path(log_dir), None
     try:
         if log_dir.exists() and not log_dir.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "it exists and is not a folder", str(log_dir))
@@ -1046,6 +1049,8 @@ def _prepare_run_dir(log_dir: Path, specs: Sequence[ProcessSpec],
         if run_info is not None:
             _write_file(run_dir / "plan.json", run_info)
     except OSError as exc:
+        if run_dir is not None:  # leave no half-made run folder (disk full)
+            shutil.rmtree(run_dir, ignore_errors=True)
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(log_dir) else ""
         raise LaunchError(f"cannot use log folder {str(log_dir)!r}{where}: {exc.strerror or exc}; "
                           "pass a writable folder to --log-dir") from None

@@ -6,6 +6,7 @@ with small Python children. Two instances need two physical cores: the machine h
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -127,7 +128,7 @@ def test_first_failure_stops_others_and_sets_exit_code(tmp_path):
     proc = run(cpulaunch("--ninstances", "2", child, str(tmp_path)))
     assert proc.returncode == 3
     assert time.monotonic() - t0 < 30  # instance 0 was stopped, not waited for
-    assert "instance 1 failed first (exit code 3)" in proc.stderr
+    assert "instance 1 exited with code 3" in proc.stderr
     assert not alive(int((tmp_path / "pid0").read_text()))
 
 
@@ -177,59 +178,104 @@ def test_sigterm_then_sigkill_after_grace_period(tmp_path):
     assert not alive(int((tmp_path / "pid0").read_text()))
 
 
+STOPPING = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
+
+
 @need2
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", STOPPING + [signal.SIGUSR1, signal.SIGUSR2], ids=lambda s: s.name)
 def test_signals_forwarded_and_no_orphans(tmp_path, sig):
-    """The launcher forwards SIGINT/SIGTERM/SIGHUP to every instance; each instance's own
-    child (a grandchild of the launcher) is gone once the launcher has exited."""
+    """The launcher forwards SIGINT/TERM/HUP/QUIT/USR1/USR2 to every instance. A stopping
+    signal ends the run with 128+N ("stopped by SIG..."), even though the instances
+    caught it and exited on their own; SIGUSR1/2 are only passed on (here the instances
+    exit 0 after catching it, so the run succeeds). Each instance's own child (a
+    grandchild of the launcher) is gone once the launcher has exited."""
     child = script(tmp_path, """
         import os, signal, subprocess, sys, time
         idx = os.environ["CPULAUNCH_INSTANCE_INDEX"]
         grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        got = []
         def handler(signum, frame):
             open(sys.argv[1] + f"/got{idx}", "w").write(str(signum))
-            sys.exit(10 + int(idx))
-        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            sys.exit(0 if signum in (signal.SIGUSR1, signal.SIGUSR2) else 10 + int(idx))
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(s, handler)
         open(sys.argv[1] + f"/pids{idx}", "w").write(f"{os.getpid()} {grandchild.pid}")
         time.sleep(300)
     """)
-    proc = subprocess.Popen(cpulaunch("--ninstances", "2", child, str(tmp_path)),
+    proc = subprocess.Popen(cpulaunch("--ninstances", "2", "--bind", "none", child, str(tmp_path)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
     pids = [wait_for(tmp_path / f"pids{i}").split() for i in (0, 1)]
     proc.send_signal(sig)
-    proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     for i in (0, 1):
         assert (tmp_path / f"got{i}").read_text() == str(int(sig))
-    assert proc.returncode in (10, 11)  # the first instance to exit is the root cause
+    if sig in STOPPING:
+        assert proc.returncode == 128 + sig
+        assert f"stopped by {sig.name}" in err.decode()
+    else:
+        assert proc.returncode == 0, err
     for child_pid, grandchild_pid in pids:
         assert not alive(int(child_pid))
         assert not alive(int(grandchild_pid))
 
 
 @need2
-def test_log_dir_one_file_per_instance_and_runs_kept(tmp_path):
+def test_log_dir_layout_and_runs_kept(tmp_path):
+    """torchrun's layout: DIR/<run-id>/<index>/stdout.log and stderr.log, plan.json
+    (written before the start) and result.json; a second run gets its own run id."""
     child = script(tmp_path, """
-        import os
-        print("hello from", os.environ["CPULAUNCH_INSTANCE_INDEX"])
+        import os, sys
+        idx = os.environ["CPULAUNCH_INSTANCE_INDEX"]
+        print("hello from", idx)
+        print("err from", idx, file=sys.stderr)
     """)
     logs = tmp_path / "logs"
     for _ in range(2):
-        proc = run(cpulaunch("--ninstances", "2", "--log-dir", str(logs), child))
+        proc = run(cpulaunch("--ninstances", "2", "--bind", "none", "--log-dir", str(logs), child))
         assert proc.returncode == 0, proc.stderr
-    files = sorted(p.name for p in logs.iterdir())
-    assert len(files) == 4  # the second run did not overwrite the first
-    for i, cpu in ((0, 0), (1, 1)):
-        mine = [f for f in files if f"_instance{i}_cpus{cpu}.log" in f]
-        assert len(mine) == 2
-        for f in mine:
-            assert (logs / f).read_text() == f"hello from {i}\n"
+        assert sorted(proc.stdout.splitlines()) == ["[0] hello from 0", "[1] hello from 1"]
+    runs = sorted(logs.iterdir())
+    assert len(runs) == 2  # the second run did not overwrite the first
+    for run_dir in runs:
+        assert sorted(p.name for p in run_dir.iterdir()) == ["0", "1", "plan.json", "result.json"]
+        json.loads((run_dir / "plan.json").read_text())
+        result = json.loads((run_dir / "result.json").read_text())
+        assert result["exit_code"] == 0 and result["root_cause"] is None
+        assert [r["exit_code"] for r in result["instances"]] == [0, 0]
+        for i in (0, 1):
+            assert (run_dir / str(i) / "stdout.log").read_text() == f"hello from {i}\n"
+            assert (run_dir / str(i) / "stderr.log").read_text() == f"err from {i}\n"
+
+
+@need2
+def test_log_dir_result_json_names_root_cause_and_signal(tmp_path):
+    child = script(tmp_path, """
+        import os, signal, sys, time
+        if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGABRT)
+        time.sleep(60)
+    """)
+    logs = tmp_path / "logs"
+    proc = run(cpulaunch("--ninstances", "2", "--bind", "none", "--log-dir", str(logs), child))
+    assert proc.returncode == 128 + signal.SIGABRT
+    (run_dir,) = logs.iterdir()
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["exit_code"] == 134
+    assert result["root_cause"] == 1
+    assert result["description"].startswith("instance 1 killed by SIGABRT")
+    one = result["instances"][1]
+    assert (one["exit_code"], one["signal"]) == (134, "SIGABRT")
+    zero = result["instances"][0]
+    assert (zero["exit_code"], zero["signal"]) == (143, "SIGTERM")  # stopped by us
+    for r in result["instances"]:
+        assert r["start"] <= r["end"]
 
 
 def test_single_instance_with_log_dir_keeps_exit_code(tmp_path):
     child = script(tmp_path, "import sys; print('x'); sys.exit(6)\n")
-    proc = run(cpulaunch("--log-dir", str(tmp_path / "l"), child))
+    proc = run(cpulaunch("--bind", "none", "--log-dir", str(tmp_path / "l"), child))
     assert proc.returncode == 6
-    (log,) = (tmp_path / "l").iterdir()
-    assert log.read_text() == "x\n"
+    assert proc.stdout == "x\n"  # one instance: no prefix
+    (run_dir,) = (tmp_path / "l").iterdir()
+    assert (run_dir / "0" / "stdout.log").read_text() == "x\n"
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 6

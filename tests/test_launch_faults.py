@@ -1,0 +1,544 @@
+"""Faults around launching, with real processes, signals, pipes and file systems (issue 8).
+
+Where the CLI exposes a behaviour (``yes | head -1``, stdin, a full disk under --log-dir,
+kill -9 of the launcher, Ctrl-Z) the real ``python -m cpulaunch`` runs; the rest calls
+``launch.run_group`` in this process or in a small driver script (``DRIVER``), so these
+tests do not depend on the command line's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from cpulaunch import launch
+
+PY = sys.executable
+NCPUS = len(os.sched_getaffinity(0))
+need2 = pytest.mark.skipif(NCPUS < 2, reason="needs 2 allowed CPUs for 2 instances")
+
+
+def cpulaunch(*args) -> list:
+    return [PY, "-m", "cpulaunch", *args]
+
+
+def write(tmp_path: Path, name: str, body: str) -> str:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return str(p)
+
+
+def state(pid: int):
+    """The process's state letter (R, S, T, Z, D...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in (None, "Z")
+
+
+def wait_until(pred, timeout=5.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+def with_marker(marker: str) -> list:
+    """Pids of live processes whose environment holds CPULAUNCH_TEST_MARKER=marker."""
+    needle = f"CPULAUNCH_TEST_MARKER={marker}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and alive(int(d.name)):
+            found.append(int(d.name))
+    return found
+
+
+def children_of_me() -> set:
+    kids = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            kids.update(int(x) for x in (task / "children").read_text().split())
+        except OSError:
+            pass
+    return {k for k in kids if alive(k)}
+
+
+DRIVER = r'''
+import json, os, signal, sys
+from pathlib import Path
+from cpulaunch import launch
+
+cfg = json.loads(sys.argv[1])
+for name in cfg.get("ignore", []):
+    signal.signal(getattr(signal, name), signal.SIG_IGN)
+if cfg.get("block"):
+    signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, n) for n in cfg["block"]])
+if cfg.get("signal_after_spawn"):  # a signal that arrives while instances are being started
+    spawn, sig = launch.ProcessGroup._spawn, getattr(signal, cfg["signal_after_spawn"])
+    def spawn_then_signal(self, spec, setup):
+        fds = spawn(self, spec, setup)
+        if spec.index == 0:
+            os.kill(os.getpid(), sig)
+        return fds
+    launch.ProcessGroup._spawn = spawn_then_signal
+specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=tuple(a), env=cfg.get("env", {}))
+         for i, a in enumerate(cfg["argv"])]
+kw = cfg.get("kw", {})
+try:
+    out = launch.run_group(specs, os.environ, **kw)
+except launch.LaunchError as exc:
+    print(f"LaunchError: {exc}", file=sys.stderr)
+    sys.exit(2)
+Path(cfg["result"]).write_text(json.dumps({
+    "exit_code": out.exit_code, "root_cause": out.root_cause, "signalled": out.signalled,
+    "describe": launch.describe_failure(out, specs), "results": [r.to_dict() for r in out.results]}))
+sys.exit(out.exit_code)
+'''
+
+
+def drive(tmp_path: Path, argv: list, timeout=20, **cfg):
+    """Run DRIVER (launch.run_group in a fresh Python) with these instances; returns
+    (CompletedProcess, the outcome as a dict)."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    result = tmp_path / "result.json"
+    cfg.update(argv=argv, result=str(result))
+    proc = subprocess.run([PY, str(driver), json.dumps(cfg)], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, **cfg.pop("popen", {}))
+    return proc, (json.loads(result.read_text()) if result.exists() else None)
+
+
+# --------------------------------------------------------------------------- child set-up
+
+
+SIG_LINES = ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]
+CLEAN = ["SigBlk:\t0000000000000000", "SigIgn:\t0000000000000000"]
+
+
+def sig_lines(text: str, prefix: str = "") -> list:
+    return sorted(line[len(prefix):] for line in text.splitlines() if line.startswith(prefix))
+
+
+@need2
+def test_children_start_with_default_dispositions_and_empty_mask(tmp_path):
+    """The launcher ignores SIGPIPE/SIGXFSZ (Python), SIGINT and SIGQUIT (as a background
+    job in a script would) and blocks SIGUSR1/SIGTERM; every instance starts clean."""
+    proc, out = drive(tmp_path, [SIG_LINES, SIG_LINES], ignore=["SIGINT", "SIGQUIT"],
+                      block=["SIGUSR1", "SIGTERM"])
+    assert proc.returncode == 0, proc.stderr
+    for i in (0, 1):
+        assert sig_lines(proc.stdout, f"[{i}] ") == CLEAN
+
+
+def test_nohup_keeps_sighup_ignored(tmp_path):
+    """Under nohup (SIGHUP ignored on entry) the children keep ignoring SIGHUP, as
+    ``nohup PROGRAM`` would, and nothing else."""
+    proc, out = drive(tmp_path, [SIG_LINES], ignore=["SIGHUP"], kw={"prefix_output": False})
+    assert proc.returncode == 0, proc.stderr
+    hup = 1 << (signal.SIGHUP - 1)
+    assert sig_lines(proc.stdout) == ["SigBlk:\t0000000000000000", f"SigIgn:\t{hup:016x}"]
+
+
+def test_exec_single_instance_starts_clean(tmp_path):
+    """The single-instance exec path through the real CLI."""
+    def messy():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2, signal.SIGCHLD])
+
+    proc = subprocess.run(cpulaunch("--bind", "none", *SIG_LINES), capture_output=True, text=True,
+                          timeout=30, cwd=REPO, preexec_fn=messy)
+    assert proc.returncode == 0, proc.stderr
+    assert sig_lines(proc.stdout) == CLEAN
+
+
+def test_exec_spec_failure_is_launch_error_and_restores_launcher(tmp_path):
+    not_exec = tmp_path / "data.txt"
+    not_exec.write_text("x")
+    before = {s: signal.getsignal(s) for s in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM)}
+    for argv, cause in ((["no-such-program-xyz"], "No such file or directory"),
+                        ([str(not_exec)], "Permission denied")):
+        spec = launch.ProcessSpec(index=0, label="instance 0", argv=tuple(argv))
+        with pytest.raises(launch.LaunchError) as exc:
+            launch.exec_spec(spec, os.environ)
+        assert str(exc.value) == f"cannot run {argv[0]!r}: {cause}"
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
+
+
+def test_non_utf8_env_value_reaches_child_byte_for_byte(tmp_path):
+    value = os.fsdecode(b"/x/\xff\xfe.so")  # surrogate escapes, as os.environ holds them
+    spec = launch.ProcessSpec(index=0, label="instance 0", env={"CPULAUNCH_T": value},
+                              argv=(PY, "-c", "import os, sys; sys.stdout.buffer.write(os.environb[b'CPULAUNCH_T'])"))
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        outcome = launch.run_group([spec], os.environ, stdout=f, prefix_output=False)
+    assert outcome.exit_code == 0
+    assert out.read_bytes() == b"/x/\xff\xfe.so\n"
+
+
+# --------------------------------------------------------------------------- signals
+
+
+@need2
+def test_sigterm_during_start_up_reaches_every_instance(tmp_path):
+    """SIGTERM arrives right after instance 0 is spawned, before instance 1 exists: it is
+    held, then delivered to both; each dies of SIGTERM (143), not SIGKILL after the grace
+    period (30 s here)."""
+    t0 = time.monotonic()
+    proc, out = drive(tmp_path, [["sleep", "30"], ["sleep", "30"]], signal_after_spawn="SIGTERM",
+                      kw={"grace_period": 30})
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode == 143, proc.stderr
+    assert out["signalled"] == signal.SIGTERM and out["root_cause"] is None
+    assert [(r["exit_code"], r["signal"]) for r in out["results"]] == [(143, "SIGTERM")] * 2
+    assert out["describe"] == "stopped by SIGTERM"
+
+
+@need2
+def test_sigterm_ignored_by_instance_then_sigkill_exit_code_is_143(tmp_path):
+    stubborn = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open(__import__('sys').argv[1], 'w').close(); time.sleep(60)"]
+    ready = [tmp_path / "r0", tmp_path / "r1"]
+    driver = subprocess.Popen([PY, "-c", DRIVER, json.dumps({
+        "argv": [stubborn + [str(ready[0])], stubborn + [str(ready[1])]],
+        "kw": {"grace_period": 0.5}, "result": str(tmp_path / "res.json")})],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: all(p.exists() for p in ready), what="instances ready")
+    driver.send_signal(signal.SIGTERM)
+    driver.communicate(timeout=15)
+    assert driver.returncode == 143
+    out = json.loads((tmp_path / "res.json").read_text())
+    assert [r["signal"] for r in out["results"]] == ["SIGKILL", "SIGKILL"]
+    assert out["describe"] == "stopped by SIGTERM"
+
+
+@need2
+def test_ctrl_z_stops_instances_and_launcher_sigcont_continues(tmp_path):
+    """SIGTSTP to the launcher: both instances are stopped (state T), then the launcher;
+    SIGCONT continues them all; the run then ends normally on SIGINT (130)."""
+    child = write(tmp_path, "child.py", """
+        import os, sys, time
+        open(sys.argv[1] + "/pid" + os.environ["CPULAUNCH_INSTANCE_INDEX"], "w").write(str(os.getpid()))
+        time.sleep(60)
+    """)
+    # A process group of its own whose parent is in the same session: not orphaned, so
+    # the kernel lets SIGTSTP stop it (as under an interactive shell).
+    proc = subprocess.Popen(cpulaunch("--ninstances", "2", "--bind", "none", child, str(tmp_path)),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
+    wait_until(lambda: all((tmp_path / f"pid{i}").exists() and (tmp_path / f"pid{i}").read_text() for i in (0, 1)),
+               timeout=20, what="instances started")
+    pids = [int((tmp_path / f"pid{i}").read_text()) for i in (0, 1)]
+    proc.send_signal(signal.SIGTSTP)
+    wait_until(lambda: [state(p) for p in pids + [proc.pid]] == ["T", "T", "T"], what="all stopped")
+    proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: all(state(p) == "S" for p in pids + [proc.pid]), what="all continued")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert not any(alive(p) for p in pids)
+
+
+@need2
+def test_launcher_sigkill_leaves_nothing_behind(tmp_path):
+    """kill -9 of the launcher: its instances (PR_SET_PDEATHSIG) and their children in
+    their process groups (the watchdog) go too."""
+    marker = uuid.uuid4().hex
+    child = write(tmp_path, "forker.py", """
+        import os, subprocess, sys, time
+        subprocess.Popen(["sleep", "61"])  # a grandchild in the instance's group
+        open(sys.argv[1] + "/ready" + os.environ["CPULAUNCH_INSTANCE_INDEX"], "w").close()
+        time.sleep(61)
+    """)
+    env = dict(os.environ, CPULAUNCH_TEST_MARKER=marker)
+    proc = subprocess.Popen(cpulaunch("--ninstances", "2", "--bind", "none", child, str(tmp_path)),
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: all((tmp_path / f"ready{i}").exists() for i in (0, 1)), timeout=20, what="ready")
+    wait_until(lambda: len(with_marker(marker)) >= 6, what="launcher, watchdog, 2 instances, 2 sleeps")
+    proc.kill()
+    proc.wait(timeout=10)
+    wait_until(lambda: with_marker(marker) == [], timeout=5, what="every marked process gone")
+
+
+def test_run_group_restores_handlers_and_mask_and_reaps_watchdog():
+    handled = launch.FORWARDED_SIGNALS + (signal.SIGTSTP, signal.SIGCONT)
+    before = {s: signal.getsignal(s) for s in handled}
+    kids = children_of_me()
+    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("true",))
+    with open(os.devnull, "wb") as null:
+        outcome = launch.run_group([spec], os.environ, stdout=null, stderr=null)
+    assert outcome.exit_code == 0
+    assert {s: signal.getsignal(s) for s in handled} == before
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
+    assert children_of_me() == kids  # instance and watchdog reaped
+
+
+@need2
+def test_grandchildren_killed_at_end_of_normal_run(tmp_path):
+    pidfile = tmp_path / "gc"
+    spec = launch.ProcessSpec(index=0, label="instance 0", argv=(
+        "sh", "-c", f"sleep 61 & echo $! > {pidfile}; exit 0"))
+    with open(os.devnull, "wb") as null:
+        outcome = launch.run_group([spec, launch.ProcessSpec(index=1, label="instance 1", argv=("true",))],
+                                   os.environ, stdout=null, stderr=null)
+    assert outcome.exit_code == 0
+    wait_until(lambda: not alive(int(pidfile.read_text())), timeout=2, what="grandchild gone")
+
+
+# --------------------------------------------------------------------------- failures, waits
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, "abc"])
+def test_grace_period_must_be_finite_and_not_negative(value):
+    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("true",))
+    with pytest.raises(launch.LaunchError, match="grace period"):
+        launch.run_group([spec], os.environ, grace_period=value)
+
+
+def test_program_not_found_stops_those_already_started(tmp_path):
+    marker = uuid.uuid4().hex
+    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sleep", "30"),
+                                env={"CPULAUNCH_TEST_MARKER": marker}),
+             launch.ProcessSpec(index=1, label="instance 1", argv=("no-such-program-xyz",))]
+    with pytest.raises(launch.LaunchError) as exc:
+        launch.run_group(specs, os.environ)
+    assert str(exc.value) == "cannot run 'no-such-program-xyz': No such file or directory"
+    assert with_marker(marker) == []
+
+
+@need2
+def test_describe_failure_names_signal_and_stopped_others(tmp_path):
+    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sleep", "30")),
+             launch.ProcessSpec(index=1, label="rank 1", argv=(PY, "-c", "import os; os.kill(os.getpid(), 9)"))]
+    with open(os.devnull, "wb") as null:
+        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null)
+    assert outcome.exit_code == 137 and outcome.root_cause == 1
+    assert launch.describe_failure(outcome, specs) == "rank 1 killed by SIGKILL; the others were stopped"
+    assert outcome.result(0).describe() == "killed by SIGTERM"
+    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 3"))]
+    with open(os.devnull, "wb") as null:
+        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null)
+    assert (outcome.exit_code, launch.describe_failure(outcome, specs)) == (3, "instance 0 exited with code 3")
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@need2
+@pytest.mark.skipif(not (FREEZER / "tasks").exists(), reason="needs the cgroup v1 freezer (a process SIGKILL cannot end)")
+def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
+    """A frozen process (as in D state) outlives SIGKILL: the run still ends, within the
+    grace period plus kill_timeout, and says which instance did not exit."""
+    cg = FREEZER / f"cpulaunch-test-{uuid.uuid4().hex[:8]}"
+    cg.mkdir()
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    specs = [
+        launch.ProcessSpec(index=0, label="instance 0", argv=(
+            "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; exit 3")),
+        launch.ProcessSpec(index=1, label="instance 1", argv=("sh", "-c", f"echo $$ > {ready}; exec sleep 60")),
+    ]
+    frozen = []
+
+    def freeze():
+        wait_until(lambda: ready.exists() and ready.read_text().strip(), what="instance 1 ready")
+        frozen.append(int(ready.read_text()))
+        (cg / "tasks").write_text(str(frozen[0]))
+        (cg / "freezer.state").write_text("FROZEN")
+        wait_until(lambda: (cg / "freezer.state").read_text().strip() == "FROZEN", what="frozen")
+        go.touch()
+
+    helper = threading.Thread(target=freeze)
+    helper.start()
+    t0 = time.monotonic()
+    try:
+        with open(os.devnull, "wb") as null:
+            outcome = launch.run_group(specs, os.environ, grace_period=0.2, kill_timeout=0.5,
+                                       stdout=null, stderr=null)
+        took = time.monotonic() - t0
+    finally:
+        helper.join()
+        (cg / "freezer.state").write_text("THAWED")
+        if frozen:
+            wait_until(lambda: not alive(frozen[0]), what="thawed process gone")
+        wait_until(lambda: not (cg / "tasks").read_text().strip(), what="cgroup empty")
+        cg.rmdir()
+    assert outcome.exit_code == 3 and outcome.root_cause == 0
+    stuck = outcome.result(1)
+    assert stuck.stuck and stuck.returncode is None and stuck.pid == frozen[0]
+    assert took < 4
+    assert launch.describe_failure(outcome, specs) == (
+        f"instance 0 exited with code 3; the others were stopped; "
+        f"instance 1 did not exit after SIGKILL (pid {frozen[0]})")
+
+
+# --------------------------------------------------------------------------- output relay
+
+
+@need2
+def test_relay_lines_never_interleave(tmp_path):
+    body = "import sys\nc = sys.argv[1] * 3000\nfor _ in range(300): sys.stdout.write(c + '\\n')\nsys.stdout.write('tail')"
+    specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=(PY, "-c", body, ch))
+             for i, ch in ((0, "a"), (1, "b"))]
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        assert launch.run_group(specs, os.environ, stdout=f).exit_code == 0
+    lines = out.read_bytes().split(b"\n")
+    assert lines[-1] == b""  # the unterminated last line got its newline
+    counts = {b"[0] " + b"a" * 3000: 0, b"[1] " + b"b" * 3000: 0, b"[0] tail": 0, b"[1] tail": 0}
+    for line in lines[:-1]:
+        counts[line] += 1  # KeyError on any mixed line
+    assert counts == {b"[0] " + b"a" * 3000: 300, b"[1] " + b"b" * 3000: 300, b"[0] tail": 1, b"[1] tail": 1}
+
+
+def test_relay_endless_line_is_bounded_and_whole(tmp_path):
+    body = "import sys; sys.stdout.write('x' * 1000000 + '\\nend\\n')"
+    spec = launch.ProcessSpec(index=3, label="instance 3", argv=(PY, "-c", body))
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        assert launch.run_group([spec], os.environ, stdout=f).exit_code == 0
+    assert out.read_bytes() == b"[3] " + b"x" * 1000000 + b"\n[3] end\n"
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_yes_into_head_through_cli(n):
+    """``cpulaunch yes | head -1``: no traceback, no "Broken pipe", no hang; the exit
+    status is SIGPIPE's (141), as pipefail reports a shell pipeline's."""
+    if n > NCPUS:
+        pytest.skip("needs 2 allowed CPUs")
+    cmd = " ".join(cpulaunch("--ninstances", str(n), "--bind", "none", "yes"))
+    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd} | head -1"], capture_output=True,
+                          text=True, timeout=20, cwd=REPO)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stdout in (("y\n",) if n == 1 else ("[0] y\n", "[1] y\n"))
+    assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr
+    assert "BrokenPipeError" not in proc.stderr and "Exception ignored" not in proc.stderr
+    if n == 1:
+        assert proc.stderr == ""
+
+
+def test_stdin_goes_to_single_instance_through_cli(tmp_path):
+    logs = tmp_path / "logs"
+    for extra in ([], ["--log-dir", str(logs)]):
+        proc = subprocess.run(cpulaunch("--bind", "none", *extra, "cat"), input="hi\n", capture_output=True,
+                              text=True, timeout=20, cwd=REPO)
+        assert (proc.returncode, proc.stdout) == (0, "hi\n"), proc.stderr
+    (run_dir,) = logs.iterdir()
+    assert (run_dir / "0" / "stdout.log").read_text() == "hi\n"
+
+
+@need2
+def test_several_instances_read_dev_null_unless_told(tmp_path):
+    cat = ["sh", "-c", "cat; echo end"]
+    proc, out = drive(tmp_path, [cat, cat], popen={"input": "hi\n"})
+    assert proc.returncode == 0 and sorted(proc.stdout.splitlines()) == ["[0] end", "[1] end"]
+    proc, out = drive(tmp_path, [cat, cat], kw={"stdin_for": 1}, popen={"input": "hi\n"})
+    assert proc.returncode == 0 and sorted(proc.stdout.splitlines()) == ["[0] end", "[1] end", "[1] hi"]
+
+
+# --------------------------------------------------------------------------- disks
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 64 KiB tmpfs (skipped when mounting is not permitted), unmounted afterwards."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_under_log_dir_keeps_exit_code_and_says_so_once(tiny_tmpfs, tmp_path):
+    child = write(tmp_path, "loud.py", """
+        import sys
+        for i in range(20000):
+            print(f"line {i:05d} " + "z" * 40)
+        sys.exit(7)
+    """)
+    t0 = time.monotonic()
+    proc = subprocess.run(cpulaunch("--bind", "none", "--log-dir", str(tiny_tmpfs / "logs"), child),
+                          capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode == 7
+    assert len(proc.stdout.splitlines()) == 20000  # the console kept everything
+    (run_dir,) = (tiny_tmpfs / "logs").iterdir()
+    said = [line for line in proc.stderr.splitlines() if "logging to" in line]
+    assert said == [f"cpulaunch: logging to {run_dir}/0/stdout.log stopped: No space left on device"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_full_disk_on_console_stdout_keeps_exit_code(tiny_tmpfs, tmp_path):
+    """stdout redirected to a file on a full disk: said once, logs and exit code kept."""
+    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=(
+        PY, "-c", "import sys\nfor i in range(5000): print('w' * 60)\nsys.exit(5)"))]
+    err = tmp_path / "err"
+    with open(tiny_tmpfs / "out", "wb") as out, open(err, "wb") as errf:
+        outcome = launch.run_group(specs, os.environ, stdout=out, stderr=errf, log_dir=tmp_path / "logs")
+    assert outcome.exit_code == 5
+    assert err.read_text() == "cpulaunch: relaying output to stdout stopped: No space left on device\n"
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert len((run_dir / "0" / "stdout.log").read_text().splitlines()) == 5000
+
+
+def log_dir_error(log_dir, tmp_path) -> str:
+    touched = tmp_path / "touched"
+    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("touch", str(touched)))
+    with pytest.raises(launch.LaunchError) as exc:
+        launch.run_group([spec], os.environ, log_dir=log_dir, run_info="{}")
+    assert not touched.exists()  # nothing started
+    return str(exc.value)
+
+
+def test_log_folder_errors_name_the_folder_and_cause(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert log_dir_error(a_file, tmp_path) == (
+        f"cannot use log folder {str(a_file)!r}: it exists and is not a folder; pass a writable folder to --log-dir")
+    assert log_dir_error(a_file / "sub", tmp_path) == (
+        f"cannot use log folder {str(a_file / 'sub')!r}: Not a directory; pass a writable folder to --log-dir")
+    long = tmp_path / ("x" * 300)
+    assert log_dir_error(long, tmp_path) == (
+        f"cannot use log folder {str(long)!r}: File name too long; pass a writable folder to --log-dir")
+
+
+def test_log_folder_read_only_or_full(tiny_tmpfs, tmp_path):
+    with open(tiny_tmpfs / "filler", "wb", buffering=0) as f:
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                f.write(b"\0" * 4096)
+    msg = log_dir_error(tiny_tmpfs / "logs", tmp_path)
+    assert msg.startswith(f"cannot use log folder {str(tiny_tmpfs / 'logs')!r}")
+    assert msg.endswith(": No space left on device; pass a writable folder to --log-dir")
+    assert sorted(p.name for p in tiny_tmpfs.iterdir()) == ["filler", "logs"]
+    assert list((tiny_tmpfs / "logs").iterdir()) == []  # the half-made run folder was removed
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
+    assert log_dir_error(tiny_tmpfs / "other", tmp_path) == (
+        f"cannot use log folder {str(tiny_tmpfs / 'other')!r}: Read-only file system; "
+        "pass a writable folder to --log-dir")
