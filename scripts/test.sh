@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux)
+DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux python3-venv)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for p in "${DEBS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -18,6 +18,12 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 
 PY=${PYTHON:-python3}
+# A Python whose packages the OS manages (PEP 668: stock Debian 12, Ubuntu 24.04) refuses
+# pip; use a virtual environment in .venv there (created once, reused).
+if [ -z "${PYTHON:-}" ] && "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) and sys.prefix == sys.base_prefix else 1)'; then
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  PY=.venv/bin/python
+fi
 # torch==2.13.0 is pinned in the [torch] extra: an unpinned torch would pull CUDA wheels.
-"$PY" -m pip install -q --disable-pip-version-check -e '.[torch,test]' intel-openmp
+"$PY" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune]' intel-openmp
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"
