@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +95,8 @@ def numactl_check_argv(numactl: str, topo: Topology, policy: MemPolicy) -> list:
 
 def free_port(host: str = "127.0.0.1") -> Optional[int]:
     """A TCP port free on ``host`` right now (bind to port 0), or None."""
+    import socket  # only --ddp needs it: kept off the launch path
+
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
