@@ -383,3 +383,34 @@ def test_elastic_rendezvous_two_nodes_on_one_host(cpulaunch_ddp):
                 PY, DDP]
 
     two_machines_on_this_host(argv)
+
+
+# ------------------------------------------------- engines without --ddp (issue 11)
+
+def test_srun_cpulaunch_without_ddp_runs_one_distinct_instance_per_task(slurm):
+    """`srun -n 2 cpulaunch --ninstances 2 probe_rank.py`: each task runs the instance of
+    its local task id, inside what Slurm gave it (task/affinity binds each task to a core,
+    so each task's instance is exactly that core)."""
+    allowed = srun_baseline(slurm)
+    proc = slurm.srun(["-n", "2", *launcher(), "--ninstances", "2", "--allocator", "default",
+                       PY, PROBE], timeout=60, cwd=REPO)
+    assert proc.returncode == 0, show(proc, slurm)
+    tasks = by_key(records(proc.stdout, "probe_rank"), lambda r: int(r["env"]["SLURM_PROCID"]))
+    assert sorted(tasks) == [0, 1], show(proc)
+    assert_disjoint_inside({r: t["affinity"] for r, t in tasks.items()}, allowed)
+    assert tasks[0]["affinity"] == allowed[0] and tasks[1]["affinity"] == allowed[1]
+
+
+def test_mpirun_cpulaunch_without_ddp_runs_one_distinct_instance_per_rank(mpich):
+    """Under mpirun (no binding by Hydra here) each rank plans the machine and runs the
+    instance of its local rank: the two instances are disjoint and cover the planned CPUs."""
+    plan = json.loads(subprocess.run([*launcher(), "--dry-run", "--format", "json", "--ninstances", "2",
+                                      "--allocator", "default", "true"], capture_output=True, text=True,
+                                     cwd=REPO, timeout=60, check=True).stdout)
+    proc = mpich.run(2, [*launcher(), "--ninstances", "2", "--allocator", "default", PY, PROBE],
+                     timeout=60, cwd=REPO)
+    assert proc.returncode == 0, show(proc)
+    ranks = by_key(records(proc.stdout, "probe_rank"), lambda r: int(r["env"]["PMI_RANK"]))
+    assert sorted(ranks) == [0, 1], show(proc)
+    for rank, rec in ranks.items():
+        assert rec["affinity"] == plan["instances"][rank]["bound_cpus"], show(proc)
