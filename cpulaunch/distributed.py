@@ -51,6 +51,7 @@ __all__ = [
     "RANK_SPECS_ENV",
     "STATUS_DIR_ENV",
     "USER_OMP_ENV",
+    "wrap_ddp",
 ]
 
 #: Set by cpulaunch for the torchrun it starts (elastic rendezvous only): every local
@@ -624,3 +625,11 @@ def _ccl_for(ctx: RankContext, inst, all_helpers, notes: list) -> dict:
     notes.append("CCL_WORKER_AFFINITY=auto: the engine bound each rank, so this rank "
                  "cannot know its neighbours' worker cores")
     return env
+
+
+def wrap_ddp(model, **kwargs):
+    """DistributedDataParallel with the optimizations users read about, one call away:
+    see :func:`cpulaunch.ddp_wrap.wrap_ddp` (imports torch when called; docs/training.md)."""
+    from cpulaunch.ddp_wrap import wrap_ddp as _wrap
+
+    return _wrap(model, **kwargs)
