@@ -8,116 +8,192 @@ The "list format" is the kernel's (Documentation/admin-guide/cgroup-v1/cpusets.r
 
 The "mask format" is what ``/sys/devices/system/node/nodeN/cpumap`` holds: comma-separated
 32-bit hex words, most significant first (``"00000000,0000000f"`` -> ``{0, 1, 2, 3}``).
+
+Both parsers are strict (only ASCII digits / hex digits, no signs, no blanks inside an
+item, no empty items) and bounded: every id must be below ``limit`` (exclusive, like
+``range``'s stop and the kernel's ``nr_cpu_ids``), and a too-large id is refused before
+any set is allocated, so ``"0-4294967295"`` costs nothing. :data:`MAX_IDS` (CPU ids) and
+:data:`MAX_NODE_IDS` (NUMA node ids) are the generous defaults callers bound user input by
+when they know no tighter limit (``topology.Topology.id_limit`` is the probed machine's).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 from cpulaunch.errors import CpulaunchError
 
-__all__ = ["parse", "format", "parse_mask", "CpulistError"]
+__all__ = ["parse", "format", "parse_mask", "CpulistError", "MAX_IDS", "MAX_NODE_IDS"]
+
+#: Default bound (exclusive) on logical CPU ids: 65,536. Linux's largest NR_CPUS is 8,192
+#: (x86 CONFIG_MAXSMP, powerpc); this leaves room for any kernel while keeping a bogus
+#: ``0-4294967295`` from allocating 4 billion ints.
+MAX_IDS = 1 << 16
+
+#: Default bound (exclusive) on NUMA node ids: 4,096. Linux's largest MAX_NUMNODES is
+#: 1 << 10 (x86/arm64 NODES_SHIFT <= 10); node ids are sparse (POWER9 GPUs: 250-255).
+MAX_NODE_IDS = 1 << 12
+
+#: One item: ``N``, ``N-M`` or ``N-M:used/group`` (lib/bitmap.c ``bitmap_parse_region``:
+#: a stride only follows a range). ASCII digits only: ``int()`` would also take "+1",
+#: " 1", "1_0" and non-ASCII digits such as "١".
+_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+)/([0-9]+))?)?")
+_PLAIN = re.compile(r"[0-9]{1,19}(?:,[0-9]{1,19})*")
+_HEX_WORD = re.compile(r"[0-9a-fA-F]{1,8}")
+#: Longer numbers than this are refused before int() (Python caps int() at 4,300 digits).
+_MAX_DIGITS = 19
 
 
 class CpulistError(CpulaunchError, ValueError):
-    """Text that is neither a valid cpulist nor a valid cpumask."""
+    """Text that is neither a valid cpulist nor a valid cpumask (or names an id at or
+    above the limit). The message quotes (an excerpt of) the text and says what is wrong,
+    on one line."""
+
+
+def excerpt(text: str, width: int = 60) -> str:
+    """``repr`` of ``text``, cut to about ``width`` characters (``'0,1,2,...' (5000 chars)``):
+    a message must stay one short line whatever a file holds."""
+    if len(text) <= width:
+        return repr(text)
+    return f"{text[:width]!r}... ({len(text)} chars)"
 
 
 def _clean(text: str) -> str:
     # sysfs files end in "\n" and, on some arm64 kernels, a NUL byte as well.
-    return text.replace("\x00", "").strip()
+    return text.replace("\x00", "").strip(" \t\n")
 
 
-def parse(text: str) -> frozenset[int]:
-    """Parse kernel list format into a set of non-negative ids.
+def _number(digits: str, text: str, limit: int) -> int:
+    """``digits`` (ASCII, already matched) as an int below ``limit``, else CpulistError."""
+    if len(digits) > _MAX_DIGITS and len(digits.lstrip("0")) > _MAX_DIGITS:
+        raise CpulistError(f"id {excerpt(digits, 24)} in cpulist {excerpt(text)} is too large "
+                           f"(ids must be below {limit})")
+    value = int(digits)
+    if value >= limit:
+        raise CpulistError(f"id {value} in cpulist {excerpt(text)} is too large "
+                           f"(ids must be below {limit})")
+    return value
+
+
+def _small(digits: str) -> int:
+    """A stride count; anything longer than 19 digits is as good as 10**19."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= _MAX_DIGITS else 10**_MAX_DIGITS
+
+
+def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
+    """Parse kernel list format into a set of non-negative ids, each below ``limit``.
 
     Examples: ``"0-2,4"`` -> ``{0, 1, 2, 4}``; ``""`` -> ``set()``; ``"0-7:2/4"`` ->
     ``{0, 1, 4, 5}`` (in each group of 4 starting at 0, use the first 2);
-    ``"3\\n\\x00"`` -> ``{3}`` (trailing newline and NUL bytes are ignored).
+    ``"3\\n\\x00"`` -> ``{3}`` (NUL bytes anywhere, and blanks/newlines around the text,
+    are ignored); ``" 0-1 , 3 "`` -> ``{0, 1, 3}`` (blanks around items are allowed).
+    Refused: ``"1,,2"`` (empty item), ``"+1"``, ``"0- 1"`` (blank inside an item),
+    ``"١"`` (non-ASCII digit), ``"3-1"`` (reversed), ``"5:1/2"`` (stride without range),
+    ``"0-4294967295"`` with the default limit.
 
     Args:
         text: the list, e.g. the contents of ``/sys/devices/system/cpu/online``.
+        limit: exclusive bound on ids (default :data:`MAX_IDS`; use :data:`MAX_NODE_IDS`
+            for node ids, or the machine's ``kernel_max + 1``). Checked per item before
+            the item's ids are generated.
 
     Returns:
         frozenset of ids (logical CPU ids or NUMA node ids, whichever the text names).
 
     Raises:
-        CpulistError: on anything else (negative ids, reversed ranges, junk).
+        CpulistError: on anything else (negative ids, reversed ranges, junk, ids >= limit).
     """
     body = _clean(text)
     if not body:
         return frozenset()
+    if _PLAIN.fullmatch(body):  # "5", "0,512": most sibling lists, parsed in one go
+        ids = [int(x) for x in body.split(",")]
+        top = max(ids)
+        if top >= limit:
+            raise CpulistError(f"id {top} in cpulist {excerpt(text)} is too large "
+                               f"(ids must be below {limit})")
+        return frozenset(ids)
     out: set[int] = set()
-    for part in body.split(","):
-        part = part.strip()
-        if not part:
-            raise CpulistError(f"empty item in cpulist {text!r}")
-        try:
-            stride_used, stride_group = None, None
-            if ":" in part:
-                part, stride = part.split(":", 1)
-                used, group = stride.split("/", 1)
-                stride_used, stride_group = int(used), int(group)
-                if stride_used <= 0 or stride_group <= 0:
-                    raise ValueError
-            if "-" in part:
-                lo_s, hi_s = part.split("-", 1)
-                lo, hi = int(lo_s), int(hi_s)
-            else:
-                lo = hi = int(part)
-        except ValueError:
+    for raw_item in body.split(","):
+        item = raw_item.strip(" \t")
+        m = _ITEM.fullmatch(item)
+        if m is None:
             raise CpulistError(
-                f"bad item {part!r} in cpulist {text!r}: expected N, N-M or N-M:used/group"
-            ) from None
-        if lo < 0 or hi < lo:
-            raise CpulistError(f"bad range {part!r} in cpulist {text!r}")
-        if stride_group is None:
+                f"bad item {excerpt(item, 24)} in cpulist {excerpt(text)}: expected N, N-M or "
+                f"N-M:used/group in ASCII digits"
+            )
+        lo_s, hi_s, used_s, group_s = m.groups()
+        lo = _number(lo_s, text, limit)
+        hi = lo if hi_s is None else _number(hi_s, text, limit)
+        if hi < lo:
+            raise CpulistError(f"reversed range {item!r} in cpulist {excerpt(text)}")
+        if used_s is None:
+            out.update(range(lo, hi + 1))
+            continue
+        used, group = _small(used_s), _small(group_s)
+        if used <= 0 or group <= 0:
+            raise CpulistError(
+                f"bad stride {item!r} in cpulist {excerpt(text)}: used and group must be >= 1"
+            )
+        if used >= group:
             out.update(range(lo, hi + 1))
         else:
-            out.update(i for i in range(lo, hi + 1) if (i - lo) % stride_group < stride_used)
+            for start in range(lo, hi + 1, group):
+                out.update(range(start, min(start + used, hi + 1)))
     return frozenset(out)
 
 
 def format(ids: Iterable[int]) -> str:  # noqa: A001 - mirrors the kernel's name for it
     """Format ids as kernel list format, ranges merged: ``{0, 1, 2, 4}`` -> ``"0-2,4"``.
 
-    ``parse(format(s)) == s`` for every set of non-negative ints; the empty set gives ``""``.
+    ``parse(format(s)) == s`` for every set of non-negative ints below :data:`MAX_IDS`;
+    the empty set gives ``""``.
     """
     ordered = sorted(set(ids))
     parts: list[str] = []
     i = 0
-    while i < len(ordered):
+    n = len(ordered)
+    while i < n:
         j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+        while j + 1 < n and ordered[j + 1] == ordered[j] + 1:
             j += 1
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ",".join(parts)
 
 
-def parse_mask(text: str) -> frozenset[int]:
+def parse_mask(text: str, limit: int = MAX_IDS) -> frozenset[int]:
     """Parse a sysfs hex cpumask (``"ff,00000001"`` -> ``{0, 32..39}``).
 
-    Words are 32-bit, comma separated, most significant first, as in
-    ``/sys/devices/system/node/nodeN/cpumap`` and ``topology/thread_siblings``.
+    Words are 32-bit (1 to 8 hex digits), comma separated, most significant first, as in
+    ``/sys/devices/system/node/nodeN/cpumap`` and ``topology/thread_siblings``. Leading
+    all-zero words beyond ``limit`` are fine (the kernel prints ``nr_cpu_ids`` bits); a set
+    bit at or above ``limit`` is refused. Work is linear in the text's length.
 
     Raises:
-        CpulistError: if a word is not hexadecimal.
+        CpulistError: if a word is not 1-8 hex digits, or a bit at or above ``limit`` is set.
     """
     body = _clean(text)
     if not body:
         return frozenset()
-    value = 0
-    for word in body.split(","):
-        try:
-            value = (value << 32) | int(word, 16)
-        except ValueError:
-            raise CpulistError(f"bad cpumask {text!r}: {word!r} is not hexadecimal") from None
-    out = set()
-    bit = 0
-    while value:
-        if value & 1:
-            out.add(bit)
-        value >>= 1
-        bit += 1
+    words = body.split(",")
+    out: list[int] = []
+    for i, word in enumerate(reversed(words)):  # least significant word first
+        if _HEX_WORD.fullmatch(word) is None:
+            raise CpulistError(
+                f"bad cpumask {excerpt(text)}: {excerpt(word, 24)} is not a 32-bit hex word"
+            )
+        value = int(word, 16)
+        if not value:
+            continue
+        base = 32 * i
+        bits = bin(value)[:1:-1]  # least significant bit first
+        top = base + len(bits) - 1
+        if top >= limit:
+            raise CpulistError(
+                f"bad cpumask {excerpt(text)}: bit {top} is set (ids must be below {limit})"
+            )
+        out.extend(base + k for k, b in enumerate(bits) if b == "1")
     return frozenset(out)

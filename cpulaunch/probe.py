@@ -33,6 +33,7 @@ import re
 import shutil
 import stat
 import subprocess
+from dataclasses import replace
 from typing import Optional
 
 from cpulaunch import cpulist
@@ -73,6 +74,7 @@ MAX_FILE_BYTES = 1 << 20
 #: Of /proc/cpuinfo only the first processor is used: 1,024 CPUs make it 1.5 MB.
 CPUINFO_BYTES = 64 << 10
 
+_FIRST_READ = 65536
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a link"}
@@ -93,52 +95,57 @@ class _Fs:
         self.notes: list[str] = []
 
     def path(self, rel: str) -> str:
-        return f"{self.prefix}/{rel.lstrip('/')}"
+        """``rel`` (relative, no leading slash) below the root."""
+        return self.prefix + "/" + rel
 
     def _bad(self, rel: str, what: str, strict: bool) -> None:
         if strict:
-            raise corrupt(self.root, "/" + rel.lstrip("/"), what)
-        self.notes.append(f"/{printable(rel.lstrip('/'))}: {what}: ignored")
+            raise corrupt(self.root, "/" + rel, what)
+        self.notes.append(f"/{printable(rel)}: {what}: ignored")
 
     def read(self, rel: str, strict: bool = True, cap: int = MAX_FILE_BYTES,
              truncate: bool = False) -> Optional[str]:
         """The text of ``root/rel``, or None (see the class). ``truncate``: keep the first
         ``cap`` bytes of a longer file instead of refusing it."""
         try:
-            fd = os.open(self.path(rel), _OPEN_FLAGS)
+            fd = os.open(self.prefix + "/" + rel, _OPEN_FLAGS)
         except (FileNotFoundError, NotADirectoryError, ValueError):
             return None  # ValueError: a NUL byte in a path taken from a dump
         except PermissionError:
-            self.notes.append(f"/{printable(rel.lstrip('/'))}: permission denied: ignored")
+            self.notes.append(f"/{printable(rel)}: permission denied: ignored")
             return None
         except OSError as exc:
             self._bad(rel, f"cannot open ({exc.strerror})", strict)
             return None
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                self._bad(rel, f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'special')})",
-                          strict)
+            st = os.fstat(fd)
+            if st.st_mode & 0o170000 != stat.S_IFREG:
+                kind = _KINDS.get(stat.S_IFMT(st.st_mode), "special")
+                self._bad(rel, f"not a regular file ({kind})", strict)
                 return None
-            chunks = []
-            size = 0
-            while True:
-                chunk = os.read(fd, min(65536, cap + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > cap:
-                    if truncate:
+            data = os.read(fd, _FIRST_READ if cap >= _FIRST_READ else cap + 1)
+            # A file on disk is whole when its size is read; sysfs (4096) and procfs (0)
+            # sizes say nothing, so read on to the end there.
+            if data and len(data) != st.st_size:
+                chunks = [data]
+                size = len(data)
+                while size <= cap:
+                    chunk = os.read(fd, min(_FIRST_READ, cap + 1 - size))
+                    if not chunk:
                         break
+                    chunks.append(chunk)
+                    size += len(chunk)
+                data = b"".join(chunks)
+            if len(data) > cap:
+                if not truncate:
                     self._bad(rel, f"larger than {cap} bytes", strict)
                     return None
+                data = data[:cap]
         except OSError as exc:
             self._bad(rel, f"cannot read ({exc.strerror})", strict)
             return None
         finally:
             os.close(fd)
-        data = b"".join(chunks)[:cap]
         return data.decode("utf-8", "replace")
 
     def listdir(self, rel: str) -> list[str]:
@@ -444,6 +451,7 @@ def read_raw(root: str | os.PathLike = "/") -> RawHost:
 
 
 _NO_CPU = RawCpu()
+_COVERED = RawCpu(has_topology=True)  # a CPU whose facts other CPUs' lists gave
 
 
 def _read_nodes(fs: _Fs) -> dict[int, RawNode]:
@@ -473,58 +481,66 @@ def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: b
     speed = ["cpu_capacity", "cpufreq/cpuinfo_max_freq"] if want_speed else []
     first_core = True
     for cpu in sorted(online):
-        if cpu not in cpus:
+        old = cpus.get(cpu)
+        if old is None:
             continue  # online but no cpuN folder: nothing to read
+        if cpu in core_done and cpu in pkg_done and not need_links:
+            cpus[cpu] = _COVERED if old is _NO_CPU else replace(old, has_topology=True)
+            continue
         base = f"{CPU_DIR}/cpu{cpu}"
-        topo = f"{base}/topology"
+        topo = base + "/topology"
         fields: dict = {}
-        if cpu in core_done:
-            fields["has_topology"] = True
-        else:
-            sibs = None
-            tsl = fs.read(f"{topo}/thread_siblings_list")
-            if _clean(tsl):
-                sibs = _parse(fs, tsl, f"{topo}/thread_siblings_list", limit)
-                fields["thread_siblings_list"] = tsl
-            else:
-                ts = fs.read(f"{topo}/thread_siblings")
-                if _clean(ts):
-                    sibs = _parse(fs, ts, f"{topo}/thread_siblings", limit, mask=True)
-                fields["thread_siblings_list"], fields["thread_siblings"] = tsl, ts
-            fields["core_id"] = fs.read(f"{topo}/core_id")
-            if sibs is None:  # grouped by (package, die, core_id): needs all three
-                fields["die_id"] = fs.read(f"{topo}/die_id")
-                fields["package_id"] = fs.read(f"{topo}/physical_package_id")
-            else:
-                core_done.update(sibs)
-            # One value per core: SMT siblings share capacity and frequency. Read only
-            # when the first core has it (build needs every core's value or none).
-            for attr in list(speed):
+        if cpu not in core_done:
+            fields = _read_core(fs, topo, limit, core_done)
+            for attr in list(speed):  # one value per core: SMT siblings share it
                 text = fs.read(f"{base}/{attr}", strict=False)
                 if text is None and first_core:
-                    speed.remove(attr)
+                    speed.remove(attr)  # build needs every core's value or none
                 elif text is not None:
                     fields["cpu_capacity" if attr == "cpu_capacity" else "max_freq_khz"] = text
                     if first_core and attr == "cpu_capacity":
                         speed = [attr]  # capacity wins; the frequency is not needed
                         break
             first_core = False
-            fields["has_topology"] = any(fields.get(k) is not None for k in (
-                "thread_siblings_list", "thread_siblings", "core_id", "package_id")) \
-                or fs.isdir(topo)
-        if cpu not in pkg_done and "package_id" not in fields:
-            fields["package_id"] = fs.read(f"{topo}/physical_package_id")
-        if cpu not in pkg_done and fields.get("package_id") is not None:
-            pcl = fs.read(f"{topo}/package_cpus_list")
-            if _clean(pcl):
-                pkg_done.update(_parse(fs, pcl, f"{topo}/package_cpus_list", limit))
-                fields["package_cpus_list"] = pcl
-            fields["has_topology"] = True
+        if cpu not in pkg_done:
+            if "package_id" not in fields:
+                fields["package_id"] = fs.read(topo + "/physical_package_id")
+            if fields["package_id"] is not None:
+                pcl = fs.read(topo + "/package_cpus_list")
+                if _clean(pcl):
+                    pkg_done.update(_parse(fs, pcl, topo + "/package_cpus_list", limit))
+                    fields["package_cpus_list"] = pcl
         if need_links:
             fields["node_links"] = tuple(_numbered(fs.listdir(base), "node"))
-        old = cpus[cpu]
-        has_topology = fields.pop("has_topology", False) or old.has_topology
+        has_topology = old.has_topology or cpu in core_done or any(
+            fields.get(k) is not None for k in (
+                "thread_siblings_list", "thread_siblings", "core_id", "package_id"))
+        if not has_topology:
+            has_topology = fs.isdir(topo)
         cpus[cpu] = RawCpu(online=old.online, has_topology=has_topology, **fields)
+
+
+def _read_core(fs: _Fs, topo: str, limit: int, core_done: set) -> dict:
+    """RawCpu fields of the first CPU of a core: its sibling list (added to ``core_done``)
+    and core_id; without a list, also die_id and physical_package_id (the fallback key)."""
+    fields: dict = {}
+    sibs = None
+    tsl = fs.read(topo + "/thread_siblings_list")
+    if _clean(tsl):
+        sibs = _parse(fs, tsl, topo + "/thread_siblings_list", limit)
+        fields["thread_siblings_list"] = tsl
+    else:
+        ts = fs.read(topo + "/thread_siblings")
+        if _clean(ts):
+            sibs = _parse(fs, ts, topo + "/thread_siblings", limit, mask=True)
+        fields["thread_siblings_list"], fields["thread_siblings"] = tsl, ts
+    fields["core_id"] = fs.read(topo + "/core_id")
+    if sibs is None:  # grouped by (package, die, core_id): needs all three
+        fields["die_id"] = fs.read(topo + "/die_id")
+        fields["package_id"] = fs.read(topo + "/physical_package_id")
+    else:
+        core_done.update(sibs)
+    return fields
 
 
 def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
