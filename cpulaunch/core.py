@@ -334,14 +334,42 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
     stdin_for = lopts.stdin_instance
     if stdin_for is None and len(specs) == 1:
         stdin_for = specs[0].index
+    after = (lopts.verify_after, lambda pids: _verify(p, pids)) if lopts.verify_after is not None else None
     outcome = launch.run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
-        stdin_for=stdin_for,
+        stdin_for=stdin_for, after=after,
     )
     if outcome.exit_code != 0 or outcome.signalled:
         log.warning("%s", launch.describe_failure(outcome, specs, keep_going=lopts.keep_going))
     return outcome.exit_code
+
+
+def _verify(p: Prepared, pids: Mapping[int, int]) -> None:
+    """``--verify``: what each running instance really got (its threads' CPUs, libraries,
+    memory), compared with the plan; printed once and kept as verify.json in the run's log
+    folder (the newest run folder under --log-dir)."""
+    from pathlib import Path
+
+    from cpulaunch import verify
+
+    by_index = {i.index: i for i in p.rendered.instances}
+    targets = [(pid, verify.Expected.from_rendered(by_index[idx], allocator=p.settings.allocator,
+                                                  omp_runtime=p.settings.omp_runtime))
+               for idx, pid in sorted(pids.items()) if idx in by_index]
+    report = verify.verify(targets)
+    sys.stderr.write(verify.render_text(report))
+    for w in report.warnings:
+        log.warning("verify: %s", w)
+    log_dir = p.opts.launch.log_dir
+    if log_dir is not None:
+        runs = sorted((d for d in Path(log_dir).iterdir() if (d / "plan.json").exists()),
+                      key=lambda d: d.stat().st_mtime)
+        if runs:
+            try:
+                (runs[-1] / "verify.json").write_text(json.dumps(verify.report_json(report), indent=2))
+            except OSError as exc:
+                log.warning("cannot write verify.json: %s", exc.strerror or exc)
 
 
 def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:

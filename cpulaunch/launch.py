@@ -353,10 +353,10 @@ class _Console:
     whole lines under a lock, so lines of different instances never interleave.
 
     EPIPE (the reader went away, ``| head -1``) marks it ``closed``: relays then close
-    their pipes so children get SIGPIPE as in a shell pipeline, and the stream's file
-    descriptor is pointed at /dev/null so nothing (Python's exit flush included) fails
-    again. Any other error (EIO, ENOSPC) marks it ``failed``: said once on stderr,
-    relays keep draining children's pipes (and writing logs) without it.
+    their pipes so children get SIGPIPE as in a shell pipeline. Any other error (EIO,
+    ENOSPC) marks it ``failed``: said once on stderr, relays keep draining children's
+    pipes (and writing logs) without it. Either way the stream's file descriptor is
+    then pointed at /dev/null, so nothing (Python's flush at exit included) fails again.
     """
 
     def __init__(self, stream: IO[bytes], name: str) -> None:
@@ -385,6 +385,7 @@ class _Console:
             except (OSError, ValueError) as exc:
                 self.failed = True
                 cause = getattr(exc, "strerror", None) or str(exc)
+                _point_at_devnull(self.stream)  # what stays buffered must not fail again at exit
         self.report(f"cpulaunch: relaying output to {self.name} stopped: {cause}\n")
 
 
@@ -1101,6 +1102,7 @@ def run_group(
     stdout: Optional[IO[bytes]] = None,
     stderr: Optional[IO[bytes]] = None,
     kill_timeout: float = KILL_TIMEOUT,
+    after: Optional[Tuple[float, Callable[[Dict[int, int]], None]]] = None,
 ) -> Outcome:
     """Start every spec, relay its output, forward signals, and wait for the end.
 
@@ -1128,6 +1130,9 @@ def run_group(
         has been SIGKILLed and reaped (or reported stuck), the relays drained, the
         signal handlers and mask restored.
 
+    ``after=(seconds, fn)``: once, ``seconds`` after start while instances still run,
+    ``fn({index: pid})`` is called (``--verify``); its exceptions are logged, never fatal.
+
     Raises:
         LaunchError: bad ``grace_period``/specs, unusable log folder (before anything
             starts), or a program that cannot be run (the others are stopped first).
@@ -1141,7 +1146,7 @@ def run_group(
             log.info("%s: output in %s and %s", spec.label, *log_paths[spec.index])
     group = ProcessGroup(specs, base_environ, stdin_for=stdin_for, prefix_output=prefix_output,
                          stdout=stdout, stderr=stderr, log_paths=log_paths, kill_timeout=kill_timeout)
-    outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going)
+    outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going, after=after)
     outcome = replace(outcome, run_dir=run_dir)
     if run_dir is not None:
         try:
@@ -1151,7 +1156,7 @@ def run_group(
     return outcome
 
 
-def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool) -> Outcome:
+def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, after=None) -> Outcome:
     """Start ``group`` with signals held, then watch it: the first failure before any
     stopping signal is the root cause and (unless ``keep_going``) the others get SIGTERM;
     a stopping signal was forwarded by the handler; SIGKILL when the grace period is
@@ -1166,7 +1171,15 @@ def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool) ->
         finally:
             sig.release()  # what arrived while starting is delivered now, to every group
         kill_at: Optional[float] = None
+        after_at = time.monotonic() + after[0] if after else None
         while group.running():
+            if after_at is not None and time.monotonic() >= after_at and sig.stop_at is None:
+                after_at = None
+                pids = {i: p.pid for i, p in group.procs.items() if p.pid is not None and not p.reaped}
+                try:
+                    after[1](pids)
+                except Exception as exc:  # noqa: BLE001 - a check must never break the run
+                    log.warning("after-start check failed: %s", exc)
             for r in group.poll():
                 if r.failed and root is None and sig.signalled is None:
                     root = r.index
@@ -1181,7 +1194,7 @@ def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool) ->
                 kill_at = now + group.kill_timeout
             if kill_at is not None and now >= kill_at:
                 break
-            deadlines = [t for t in (sig.stop_at, kill_at) if t is not None and t > now]
+            deadlines = [t for t in (sig.stop_at, kill_at, after_at) if t is not None and t > now]
             group.wait(min([0.1] + [t - now for t in deadlines]))
     finally:
         try:

@@ -281,3 +281,17 @@ def test_log_dir_layout_after_a_failing_instance(tmp_path):
     assert "instance 1" in proc.stderr and "3" in proc.stderr
     text = json.dumps(result)
     assert '"exit_code": 3' in text
+
+
+@need2
+def test_verify_during_a_run_names_the_instance_that_widened_its_affinity(tmp_path):
+    code = ("import os,time; i=int(os.environ['CPULAUNCH_INSTANCE_INDEX']); "
+            "(os.sched_setaffinity(0, {0, 1}) if i == 1 else None); time.sleep(2.5)")
+    logs = tmp_path / "logs"
+    proc = run_cli("--verify", "--verify-after", "1", "--ninstances", "2", "--allocator", "default",
+                   "--log-dir", str(logs), PY, "-c", code, timeout=60)
+    warnings = [l for l in proc.stderr.splitlines() if l.startswith("cpulaunch: verify: ")]
+    assert len(warnings) == 1 and "instance 1" in warnings[0] and "0-1" in warnings[0], proc.stderr
+    (run,) = list(logs.iterdir())
+    doc = json.loads((run / "verify.json").read_text())
+    assert "instance 1" in json.dumps(doc) and "0-1" in json.dumps(doc)
