@@ -949,8 +949,9 @@ def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]]
     try:
         topo_pair = _topology(rootp, findings)
     except CpulaunchError as exc:  # e.g. TopologyError: no CPU under root
-        findings.append(Finding("topology", "error", f"no usable CPU topology under {root}: {exc}",
-                                fix="point --sysroot at a folder holding sys/devices/system/cpu"))
+        findings.append(Finding("topology", "error", f"cannot read the machine under {root}: {exc}",
+                                fix="point --sysroot at the root of a Linux machine or dump (holding "
+                                    "sys/devices/system/cpu), or repair the file named"))
         topo_pair = None
     except Exception as exc:  # noqa: BLE001 - never a traceback
         findings.append(_failed("topology", exc))
