@@ -14,23 +14,34 @@ Data: every rank generates the *global* batch of each step from a generator seed
 (--seed, step number), then keeps its own shard. So the same command gives the same global
 batches for any world size, and a single-process run is comparable with a DDP run.
 
-The loop follows PyTorch's advice for DDP on CPU:
+The loop follows PyTorch's advice for DDP on CPU; the model is wrapped by
+``cpulaunch.ddp_wrap.wrap_ddp`` (docs/training.md says where each option comes from and what
+it does on CPU with gloo):
 
-- ``gradient_as_bucket_view=True``: gradients are views into DDP's all-reduce buckets (no
-  copy between them, less memory);
-- ``static_graph=True`` when valid: every step uses the same parameters in the same order,
-  which holds for both models, *but* only without gradient accumulation: DDP's static-graph
-  mode with ``no_sync()`` hits ``expect_autograd_hooks_ INTERNAL ASSERT FAILED`` in torch
-  2.13 (pytorch/pytorch#143580; the fix under review, #187732, notes that once past the
-  assert it also silently stopped all-reducing). So ``--accum-steps K > 1`` turns it off;
+- ``gradient_as_bucket_view=True`` (``--no-bucket-view`` turns it off): gradients are views
+  into DDP's all-reduce buckets (no copy between them, less memory);
+- ``static_graph=True`` when valid (``--static-graph`` / ``--no-static-graph`` force it): every
+  step uses the same parameters in the same order, which holds for both models, *but* only
+  without gradient accumulation: DDP's static-graph mode with ``no_sync()`` hits
+  ``expect_autograd_hooks_ INTERNAL ASSERT FAILED`` in torch 2.13 (pytorch/pytorch#143580;
+  the fix under review, #187732, notes that once past the assert it also silently stopped
+  all-reducing). So ``--accum-steps K > 1`` turns it off, and refuses ``--static-graph``;
 - ``no_sync()`` on the first K-1 micro-batches of an accumulated step, so gradients are
   all-reduced once per optimizer step;
+- ``--comm-hook`` fp16 / bf16 / powersgd / powersgd+fp16 / post-local-sgd: torch's DDP
+  communication hooks (``--powersgd-rank``, ``--start-powersgd-iter``; ``--local-sgd-period``,
+  ``--local-sgd-warmup``, ``--local-group-size``); post-local SGD averages the parameters
+  after ``optimizer.step()`` every ``--local-sgd-period`` steps;
 - ``optimizer.zero_grad(set_to_none=True)``;
-- optional bf16 autocast (``--bf16``) around the forward pass and the loss.
+- optional bf16 autocast (``--bf16``: ``torch.autocast("cpu", dtype=torch.bfloat16)``) around
+  the forward pass and the loss. No GradScaler: bfloat16 has float32's exponent range, so
+  gradients do not underflow the way float16's do (loss scaling exists for float16).
 
 Output: rank 0 prints the loss every ``--log-every`` steps; every rank prints a summary line
 with its samples/s (local samples, data generation excluded), or with ``--json`` one JSON
-line per rank on stdout (progress then goes to stderr).
+line per rank on stdout (progress then goes to stderr). At the end rank 0 prints one line
+``CPULAUNCH_METRIC samples_per_s=<float>`` on stdout: the job's samples per second (global
+batch x timed steps / the slowest rank's compute seconds; for one process, its own).
 
 BatchNorm (``--model cnn``): under DDP each rank's BatchNorm normalises over its local shard
 only, so a 2-rank cnn run is *not* numerically the same as a single process on the global
@@ -60,6 +71,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/models.py
 from models import MODEL_NAMES, SIZES, make_model  # noqa: E402
 
+# cpulaunch from this checkout when it is not installed (an installed one comes first).
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from cpulaunch.ddp_wrap import COMM_HOOKS, DDPOptionError, resolve_options  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -87,8 +102,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--freeze-bn", action="store_true",
                    help="BatchNorm in eval mode (running statistics, not updated): makes the "
                         "cnn per-sample, so DDP and single-process runs are comparable")
-    p.add_argument("--no-static-graph", action="store_true",
-                   help="do not pass static_graph=True to DDP")
+    p.add_argument("--static-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="DDP static_graph (default: on unless --accum-steps > 1, where it "
+                        "cannot be used with no_sync(), pytorch#143580)")
+    p.add_argument("--bucket-view", action=argparse.BooleanOptionalAction, default=True,
+                   help="DDP gradient_as_bucket_view (default on)")
+    p.add_argument("--comm-hook", choices=list(COMM_HOOKS), default="none",
+                   help="DDP communication hook (cpulaunch.ddp_wrap; default none: DDP's own "
+                        "all-reduce)")
+    p.add_argument("--powersgd-rank", type=int, default=None,
+                   help="PowerSGD matrix_approximation_rank (default 1)")
+    p.add_argument("--start-powersgd-iter", type=int, default=None,
+                   help="PowerSGD start_powerSGD_iter: plain all-reduce steps first (default "
+                        "1000, at least 2)")
+    p.add_argument("--local-sgd-period", type=int, default=None,
+                   help="post-local SGD: average parameters every N steps (default 4)")
+    p.add_argument("--local-sgd-warmup", type=int, default=None,
+                   help="post-local SGD: global all-reduce steps before local SGD (default 1000)")
+    p.add_argument("--local-group-size", type=int, default=None,
+                   help="post-local SGD: ranks per gradient all-reduce group after the "
+                        "warm-up (default 1: none)")
     p.add_argument("--log-every", type=int, default=None,
                    help="rank 0 prints the loss every N steps (default: about 10 lines)")
     p.add_argument("--json", action="store_true",
@@ -107,6 +140,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--steps {args.steps}")
     if args.log_every is None:
         args.log_every = max(1, args.steps // 10)
+    if args.static_graph and args.accum_steps > 1:
+        p.error("--static-graph cannot be combined with --accum-steps > 1: DDP's static graph "
+                "breaks under no_sync() in torch 2.13 (pytorch#143580); drop --static-graph")
+    try:
+        args.ddp_options = resolve_options(
+            args.comm_hook, static_graph=args.static_graph,
+            gradient_as_bucket_view=args.bucket_view, powersgd_rank=args.powersgd_rank,
+            start_powersgd_iter=args.start_powersgd_iter,
+            local_sgd_period=args.local_sgd_period, warmup_steps=args.local_sgd_warmup,
+            local_group_size=args.local_group_size)
+    except DDPOptionError as exc:
+        msg = str(exc)
+        for name, flag in (("powersgd_rank", "--powersgd-rank"),
+                           ("start_powersgd_iter", "--start-powersgd-iter"),
+                           ("local_sgd_period", "--local-sgd-period"),
+                           ("warmup_steps", "--local-sgd-warmup"),
+                           ("local_group_size", "--local-group-size"),
+                           ("comm_hook", "--comm-hook")):
+            msg = msg.replace(name, flag)
+        p.error(msg)
     return args
 
 
@@ -158,6 +211,17 @@ def mean_over_ranks(local_loss: torch.Tensor, world_size: int) -> torch.Tensor:
         dist.all_reduce(loss)
         loss /= world_size
     return loss
+
+
+def job_throughput(samples: int, compute_s: float, world_size: int) -> float:
+    """Samples per second of the whole job: ``samples`` (global batch x timed steps) over
+    the slowest rank's compute seconds (an all-reduce MAX, so every rank must call it);
+    NaN when nothing was timed."""
+    slowest = torch.tensor([compute_s], dtype=torch.float64)
+    if world_size > 1:
+        import torch.distributed as dist
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return samples / slowest.item() if slowest.item() > 0 else float("nan")
 
 
 def param_checksum(model: nn.Module) -> tuple[str, float]:
@@ -213,14 +277,23 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 m.eval()
 
-    static_graph = world_size > 1 and args.accum_steps == 1 and not args.no_static_graph
+    static_graph = (world_size > 1 and args.accum_steps == 1
+                    and args.static_graph is not False)
+    opts = args.ddp_options
     if world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        ddp = DDP(model, gradient_as_bucket_view=True, static_graph=static_graph)
+        from cpulaunch.ddp_wrap import wrap_ddp
+        ddp = wrap_ddp(model, static_graph=static_graph,
+                       gradient_as_bucket_view=opts.gradient_as_bucket_view,
+                       comm_hook=opts.comm_hook, powersgd_rank=opts.powersgd_rank,
+                       start_powersgd_iter=opts.start_powersgd_iter,
+                       local_sgd_period=opts.local_sgd_period, warmup_steps=opts.warmup_steps,
+                       local_group_size=opts.local_group_size)
         train_model: nn.Module = ddp
     else:
         ddp = None
         train_model = model
+        if opts.comm_hook != "none":
+            say(f"--comm-hook {opts.comm_hook} ignored: world size 1, nothing to communicate")
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()  # reduction="mean" over the rows it is given
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.bf16 else nullcontext())
@@ -230,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             f"parameters, global batch {args.global_batch_size} = {world_size} rank(s) x "
             f"{args.accum_steps} micro-batch(es) x {local_micro}, threads "
             f"{torch.get_num_threads()}, backend {backend or 'none (single process)'}, "
-            f"static_graph {static_graph}, bf16 {args.bf16}")
+            f"static_graph {static_graph}, bucket view {opts.gradient_as_bucket_view}, "
+            f"comm hook {opts.comm_hook}, bf16 {args.bf16}")
 
     global_loss = torch.zeros(())
     compute_s = 0.0  # time in forward/backward/all-reduce/optimizer, data generation excluded
@@ -259,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                 loss.backward()
             step_loss += loss.detach().float()
         optimizer.step()
+        if ddp is not None:
+            ddp.after_step()  # post-local SGD's model averaging; before zero_grad (needs grads)
         optimizer.zero_grad(set_to_none=True)
         if step >= args.warmup_steps:
             compute_s += time.perf_counter() - t0
@@ -272,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     samples_per_s = local_samples / compute_s if compute_s > 0 else float("nan")
     global_samples_per_s = (timed * args.global_batch_size / compute_s
                             if compute_s > 0 else float("nan"))
+    job_samples_per_s = job_throughput(timed * args.global_batch_size, compute_s, world_size)
+    comm_bytes = [ddp.comm_bytes(step) for step in range(args.steps)] if ddp is not None else []
     checksum, param_sum = param_checksum(model)
 
     if args.save_params:
@@ -288,8 +366,18 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": sorted(os.sched_getaffinity(0)),  # logical CPU ids this rank may run on
         "bf16": args.bf16, "freeze_bn": args.freeze_bn, "backend": backend,
         "static_graph": static_graph,
+        "bucket_view": opts.gradient_as_bucket_view if ddp is not None else None,
+        "comm_hook": opts.comm_hook if ddp is not None else None,
+        "powersgd_rank": opts.powersgd_rank, "start_powersgd_iter": opts.start_powersgd_iter,
+        "local_sgd_period": opts.local_sgd_period, "local_sgd_warmup": opts.warmup_steps,
+        "local_group_size": opts.local_group_size,
+        # Bytes this rank handed to all-reduce, mean over all steps and in the last step
+        # (analytic, cpulaunch.ddp_wrap.gradient_payload_bytes); null for one process.
+        "comm_bytes_per_step": sum(comm_bytes) / len(comm_bytes) if comm_bytes else None,
+        "comm_bytes_last_step": comm_bytes[-1] if comm_bytes else None,
         "samples_per_s": samples_per_s,  # this rank's samples / its compute seconds
         "global_samples_per_s": global_samples_per_s,  # global batch / this rank's seconds
+        "job_samples_per_s": job_samples_per_s,  # global batch / the slowest rank's seconds
         "loss": global_loss.item(), "local_loss": step_loss.item(),
         "param_sha256": checksum, "param_sum": param_sum,
     }
@@ -300,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{samples_per_s:.2f} samples/s on this rank ({global_samples_per_s:.2f} global), "
             f"{timed} timed step(s); final loss {global_loss.item():.6f} (global mean), "
             f"param sum {param_sum:.6f}")
+
+    if rank == 0:
+        # One write, one line: ranks share stdout.
+        sys.stdout.write(f"CPULAUNCH_METRIC samples_per_s={job_samples_per_s}\n")
+        sys.stdout.flush()
 
     if world_size > 1:
         torch.distributed.destroy_process_group()

@@ -255,3 +255,43 @@ def test_shards_cover_the_global_batch():
     rows = [train_ddp.shard(t, m, 2, r, 3).tolist() for m in range(2) for r in range(3)]
     assert sum(rows, []) == list(range(12))
     assert all(len(r) == 2 for r in rows)
+
+
+def test_comm_hook_run_reports_hook_bytes_and_one_metric_line():
+    """--comm-hook powersgd on 2 ranks: ranks stay identical, the JSON names the options and
+    the bytes (full fp32 gradients in the 2 warm-up steps, compressed after), and rank 0
+    alone prints the job's samples/s as one CPULAUNCH_METRIC line."""
+    cmd = [*TORCHRUN_2, sys.executable, str(SCRIPT), *BERT_ARGS, "--steps", "4",
+           "--comm-hook", "powersgd", "--start-powersgd-iter", "2", "--no-bucket-view",
+           "--json"]
+    proc = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    summaries = sorted(_json_lines(proc.stdout), key=lambda s: s["rank"])
+    metrics = [line for line in proc.stdout.splitlines() if "CPULAUNCH_METRIC" in line]
+    assert len(metrics) == 1 and metrics[0].startswith("CPULAUNCH_METRIC samples_per_s=")
+    assert float(metrics[0].split("=", 1)[1]) == summaries[0]["job_samples_per_s"]
+    # The job figure is the slowest rank's: no higher than either rank's own global figure.
+    assert summaries[0]["job_samples_per_s"] <= min(s["global_samples_per_s"] for s in summaries)
+    nparams = sum(p.numel() for p in initial_state("bert").values())
+    for s in summaries:
+        assert (s["comm_hook"], s["bucket_view"], s["static_graph"]) == ("powersgd", False, True)
+        assert (s["powersgd_rank"], s["start_powersgd_iter"]) == (1, 2)
+        assert 0 < s["comm_bytes_last_step"] < nparams * 4
+        assert s["comm_bytes_per_step"] == (2 * nparams * 4 + 2 * s["comm_bytes_last_step"]) / 4
+    assert summaries[0]["param_sha256"] == summaries[1]["param_sha256"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--static-graph", "--accum-steps", "2"],
+     "--static-graph cannot be combined with --accum-steps > 1"),
+    (["--comm-hook", "fp16", "--local-sgd-period", "3"],
+     "--local-sgd-period=3 applies only to --comm-hook 'post-local-sgd', not 'fp16'"),
+    (["--comm-hook", "powersgd", "--start-powersgd-iter", "1"],
+     "--start-powersgd-iter=1: PowerSGD needs at least 2 plain all-reduce steps first"),
+])
+def test_option_errors_exit_2(args, message):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=rank_env(),
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 2
+    assert message in proc.stderr
