@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -27,6 +28,8 @@ from hypothesis import strategies as st
 
 from conftest import MACHINES, plan_json, run_cli
 from cpulaunch import cpulist, probe
+from cpulaunch import plan as plan_module
+from cpulaunch.errors import InternalError
 from cpulaunch.plan import LATENCY_CORES, MemPolicy, PlanError, Request, plan, validate
 from cpulaunch.topology import RawCpu, RawHost, RawNode, Topology, build
 
@@ -462,6 +465,190 @@ def test_lists_and_index_selection(topos):
     assert lists(p) == [("4-7", "0"), ("8-11", "1")]
 
 
+def synthetic(sockets: int, nodes_per_socket: int, cores_per_node: int, smt: int = 1, **raw) -> Topology:
+    """A machine as sysfs would describe it (built by topology.build): sockets x nodes x
+    cores, node ids 0.., SMT siblings numbered as on Intel (core k: CPUs k, k + cores,
+    ...); ``raw``: more RawHost fields (allowed, quota_cpus, allowed_mems, ...)."""
+    total = sockets * nodes_per_socket * cores_per_node
+    cpus, nodes = {}, {}
+    for k in range(total):
+        node = k // cores_per_node
+        sib = [k + t * total for t in range(smt)]
+        for c in sib:
+            cpus[c] = RawCpu(has_topology=True, package_id=str(node // nodes_per_socket),
+                             core_id=str(k % cores_per_node), thread_siblings_list=cpulist.format(sib))
+        nodes.setdefault(node, []).extend(sib)
+    return build(RawHost(
+        cpu_online=cpulist.format(cpus),
+        cpus=cpus,
+        nodes={n: RawNode(cpulist=cpulist.format(v)) for n, v in nodes.items()},
+        node_has_memory=cpulist.format(nodes),
+        allowed_source="test",
+        **raw,
+    ))
+
+
+def test_ninstances_uses_every_core_on_the_issue_machines():
+    """Issue 8: --ninstances 3 left 13 cores idle on a 2 x 28-core Xeon and 1 on a 2 x 4-core
+    box; now every core is used and only the instance that must spans the two nodes."""
+    xeon = synthetic(2, 1, 28, smt=2)
+    p = plan(xeon, Request(ninstances=3))
+    assert lists(p) == [("0-18", "0"), ("19-37", "0-1"), ("38-55", "1")]
+    assert [i.threads for i in p.instances] == [19, 19, 18]
+    assert [i.socket for i in p.instances] == [0, None, 1]
+    assert p.notes == (
+        "instance 1 spans NUMA nodes: balanced instances cannot all fit inside nodes here, "
+        "and spanning beats leaving cores idle (memory policy over the nodes of their CPUs)",
+    )
+    p = plan(xeon, Request(ninstances=3, use_logical_cores=True))
+    assert lists(p) == [("0-18,56-74", "0"), ("19-37,75-93", "0-1"), ("38-55,94-111", "1")]
+    box = synthetic(2, 1, 4)
+    assert lists(plan(box, Request(ninstances=3))) == [("0-2", "0"), ("3-5", "0-1"), ("6-7", "1")]
+    # sizes that fill the nodes exactly never span: 3+3+2 | 3+3+2 on two 8-core nodes
+    assert lists(plan(synthetic(2, 1, 8), Request(ninstances=6))) == [
+        ("0-2", "0"), ("3-5", "0"), ("6-7", "0"), ("8-10", "1"), ("11-13", "1"), ("14-15", "1")
+    ]
+
+
+def test_ninstances_spans_inside_a_socket_before_across():
+    """Fewest instances spanning sockets first, then nodes. 2 sockets x 2 nodes x 3 cores,
+    4 instances of 3: each node one instance; 5 instances (3,3,2,2,2): the spanning one
+    stays inside a socket (nodes 2-3, never 1-2)."""
+    topo = synthetic(2, 2, 3)
+    assert lists(plan(topo, Request(ninstances=4))) == [("0-2", "0"), ("3-5", "1"), ("6-8", "2"), ("9-11", "3")]
+    p = plan(topo, Request(ninstances=5))
+    assert lists(p) == [("0-2", "0"), ("3-5", "1"), ("6-7", "2"), ("8-9", "2-3"), ("10-11", "3")]
+    assert [i.socket for i in p.instances] == [0, 0, 1, 1, 1]
+    # 2 x 2 nodes of 4, sizes 3,3,3,3,2,2: 3+3+2 per socket; two instances must span
+    # nodes, none spans sockets (3,3,3,3,2,2 in that order would span sockets once)
+    p = plan(synthetic(2, 2, 4), Request(ninstances=6))
+    assert lists(p) == [("0-2", "0"), ("3-5", "0-1"), ("6-7", "1"), ("8-10", "2"), ("11-13", "2-3"), ("14-15", "3")]
+    assert [i.socket for i in p.instances] == [0, 0, 0, 1, 1, 1]
+
+
+def test_fixed_sizes_still_leave_cores_idle():
+    """Latency mode and --ncores-per-instance: the user fixed the size, so idle cores
+    (with a note) rather than spanning."""
+    box = synthetic(2, 1, 6)
+    p = plan(box, Request(latency_mode=True))
+    assert lists(p) == [("0-3", "0"), ("6-9", "1")]
+    assert p.notes == ("4 usable core(s) left idle (CPUs 4-5,10-11)",)
+    p = plan(box, Request(ncores_per_instance=5))
+    assert lists(p) == [("0-4", "0"), ("6-10", "1")]
+    assert p.notes == ("2 usable core(s) left idle (CPUs 5,11)",)
+
+
+def test_quota_is_split_evenly_over_instances():
+    """Issue 8: a 4-CPU quota over a 16-CPU and an 8-CPU instance gave 2 + 1 threads."""
+    topo = replace(synthetic(2, 1, 8, smt=2), quota_cpus=4.0)
+    p = plan(topo, Request(instances_per_socket=1, use_logical_cores=True,
+                           core_list=frozenset([*range(0, 12), *range(16, 28)])))
+    assert [len(i.cpus) for i in p.instances] == [16, 8]
+    assert [i.threads for i in p.instances] == [2, 2]
+    assert p.notes == ("a CPU quota of 4 CPUs applies (cgroup cpu.max): OpenMP threads lowered to fit it",)
+    # never fewer than 1, never more than the instance's CPUs; no note when nothing is lowered
+    p = plan(replace(topo, quota_cpus=1.5), Request(ninstances=3))
+    assert [i.threads for i in p.instances] == [1, 1, 1]
+    p = plan(replace(topo, quota_cpus=7.9), Request(ninstances=2, core_list=frozenset({0, 1, 2, 8, 9, 10})))
+    assert [(len(i.cpus), i.threads) for i in p.instances] == [(3, 3), (3, 3)]
+    assert p.notes == ()
+    p = plan(replace(topo, quota_cpus=7.9), Request(ninstances=2))
+    assert [i.threads for i in p.instances] == [3, 3]
+
+
+def test_core_list_smt_siblings_are_named(topos):
+    """Issue 9: --core-list 0-3,16-19 on the Xeon (16-19 are siblings of 0-3) plans 0-3
+    and says why 16-19 are left out."""
+    req = Request(core_list=frozenset([0, 1, 2, 3, 16, 17, 18, 19]))
+    p = plan(topos[XEON], req)
+    assert lists(p) == [("0-3", "0")]
+    assert p.notes == (
+        "--core-list: CPUs 16-19 are SMT siblings of cores already used and were left out "
+        "(one OpenMP thread per physical core); pass --use-logical-cores to use them",
+    )
+    p = plan(topos[XEON], replace(req, use_logical_cores=True))
+    assert lists(p) == [("0-3,16-19", "0")] and p.notes == ()
+    # a sibling alone (its core's first CPU not listed) is that core's CPU: no note
+    p = plan(topos[XEON], Request(core_list=frozenset([0, 1, 18, 19])))
+    assert lists(p) == [("0-1,18-19", "0")] and p.notes == ()
+
+
+def test_memory_nodes_the_cgroup_allows(topos):
+    """Memory goes to the instance's nodes that the cgroup's cpuset.mems allows; none of
+    them allowed: no binding (MemPolicy NONE) and a note."""
+    topo = replace(topos[XEON], allowed_mems=frozenset({1}), allowed_mems_source="test mems")
+    p = plan(topo, Request(instances_per_socket=1))
+    assert [(i.mem_policy, i.mem_nodes) for i in p.instances] == [(MemPolicy.NONE, ()), (MemPolicy.BIND, (1,))]
+    assert p.notes == (
+        "instance 0: memory may only be placed on NUMA nodes 1 (from test mems), none of them its "
+        "own (0); memory is not bound (kernel default placement)",
+    )
+    p = plan(topo, Request(mem_policy=MemPolicy.INTERLEAVE))
+    assert [(i.mem_policy, i.mem_nodes) for i in p.instances] == [(MemPolicy.INTERLEAVE, (1,))]
+    assert p.notes == ("instance 0: memory limited to NUMA nodes 1 of its 0-1: test mems does not allow the others",)
+    p = plan(topo, Request(instances_per_socket=1, mem_policy=MemPolicy.LOCAL))
+    assert [(i.mem_policy, i.mem_nodes) for i in p.instances] == [(MemPolicy.LOCAL, ())] * 2
+    assert p.notes == ()
+    # the fixture dumps' own cpuset.mems: POWER9 allows node 0 only (not the GPU nodes)
+    assert topos[POWER9].allowed_mems == frozenset({0})
+    assert lists(plan(topos[POWER9], Request())) == [("0,4,8,12", "0")]
+
+
+def test_validate_failures_are_ours(topos):
+    """A plan that breaks an invariant is a bug of ours: InternalError, not PlanError."""
+    good = plan(topos[XEON], Request(instances_per_socket=1))
+    a, b = good.instances
+    bad_plans = {
+        "CPU 7 in": replace(good, instances=(a, replace(b, cpus=(7, *b.cpus)))),
+        "core of CPU 16 split": replace(good, instances=(replace(a, ccl_cpus=(16,)), b)),
+        "memory node 5": replace(good, instances=(replace(a, mem_nodes=(5,)), b)),
+        "has no compute CPU": replace(good, instances=(replace(a, cpus=()), b)),
+        "threads": replace(good, instances=(replace(a, threads=9), b)),
+        "not allowed": replace(good, instances=(a, replace(b, reserved_cpus=(200,)))),
+    }
+    for message, bad in bad_plans.items():
+        with pytest.raises(InternalError) as info:
+            validate(bad, topos[XEON])
+        assert str(info.value).startswith("internal: ") and message in str(info.value)
+        assert not isinstance(info.value, PlanError)
+    with pytest.raises(InternalError, match="memory node 1 of instance 1 not allowed"):
+        validate(good, replace(topos[XEON], allowed_mems=frozenset({0})))
+
+
+def test_greedy_fallback_uses_every_core(topos, monkeypatch):
+    """Beyond _EXACT_STATES the order comes from the linear greedy: still every core,
+    balanced runs, and never more spanning instances than node boundaries."""
+    monkeypatch.setattr(plan_module, "_EXACT_STATES", 0)
+    for machine, topo in topos.items():
+        cores = selected_cores(topo, Request())
+        for n in range(1, min(len(cores), 13) + 1):
+            p = plan(topo, Request(ninstances=n))
+            groups = [sorted(i.cores) for i in p.instances]
+            sizes = [len(g) for g in groups]
+            assert sum(sizes) == len(cores) and max(sizes) - min(sizes) <= 1, (machine, n)
+            ordered = ordered_cores(topo, cores)
+            pos = 0
+            for g in groups:
+                assert g == sorted(c.id for c in ordered[pos : pos + len(g)])
+                pos += len(g)
+            spanning = sum(len(i.nodes) > 1 for i in p.instances)
+            assert spanning <= len({(c.socket, c.node) for c in cores}) - 1
+    # the issue's machines get the same plans from both
+    assert lists(plan(synthetic(2, 1, 28), Request(ninstances=3))) == [("0-18", "0"), ("19-37", "0-1"), ("38-55", "1")]
+    assert lists(plan(synthetic(2, 2, 3), Request(ninstances=5)))[3] == ("8-9", "2-3")
+
+
+def test_many_instances_plan_fast():
+    """A 4096-core machine cut into 2730 instances (far past the exact search) plans in
+    well under a second: the greedy is linear."""
+    topo = synthetic(4, 4, 256)
+    start = time.monotonic()
+    p = plan(topo, Request(ninstances=2730))
+    assert time.monotonic() - start < 5
+    assert sum(len(i.cpus) for i in p.instances) == 4096
+    assert {len(i.cpus) for i in p.instances} == {1, 2}
+
+
 # --------------------------------------------------------------------------- the real command
 
 
@@ -677,7 +864,8 @@ def machines(draw) -> Topology:
     raw_nodes.update({nid: RawNode(cpulist="\n") for nid in memory_only})
     has_memory = draw(st.sets(st.sampled_from(node_ids)))
     allowed = draw(st.one_of(st.none(), st.frozensets(st.sampled_from(sorted(cpus)), min_size=1)))
-    quota = draw(st.one_of(st.none(), st.floats(0.5, 40)))
+    quota = draw(st.one_of(st.none(), st.floats(0.5, 6), st.floats(0.5, 40)))  # small ones bite
+    mems = draw(st.one_of(st.none(), st.frozensets(st.sampled_from(node_ids))))  # cpuset.mems
     return build(RawHost(
         cpu_online=cpulist.format(cpus),
         cpus=raw_cpus,
@@ -686,6 +874,7 @@ def machines(draw) -> Topology:
         allowed=allowed,
         allowed_source="test",
         quota_cpus=quota,
+        allowed_mems=mems,
     ))
 
 
