@@ -268,7 +268,7 @@ def instance_choices(topo) -> list:
             p = plan(topo, req)
         except PlanError:
             continue
-        sig = tuple((inst.cpus, inst.threads) for inst in p.instances)
+        sig = frozenset((inst.cpus, inst.threads) for inst in p.instances)  # instance order aside
         if sig in seen:
             continue
         seen.add(sig)
@@ -677,6 +677,22 @@ def append_record(path: Path, record: Mapping) -> None:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def _drop_partial_line(path: Path) -> bool:
+    """Cut a last line without its newline (a write cut short) off ``path``, so the next
+    record starts on a line of its own. Returns True when something was cut."""
+    try:
+        with open(path, "rb+") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return False
+            f.truncate(data.rfind(b"\n") + 1)
+            return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise TuneError(f"cannot repair {path}: {exc.strerror or exc}") from None
 
 
 def _slot_records(records: Iterable[Mapping]) -> dict:
@@ -1176,7 +1192,9 @@ class Tuner:
         else:
             meta_path.write_text(json.dumps({**mine, "cpulaunch": __version__,
                                              "started": _now_iso()}, indent=2) + "\n")
+        cut = _drop_partial_line(self.trials)
         self.records, skipped = read_records(self.trials)
+        skipped += cut
         if skipped:
             self.notes.append(f"{skipped} unreadable line(s) of {self.trials} skipped (an interrupted write)")
         known = {config_key(c) for c in grid_configs(self.space)}
@@ -1288,7 +1306,7 @@ class Tuner:
     def _run(self) -> int:
         used = _cost(self.records, ["warmup", "grid", "coarse", "fine"])
         deadline = self.clock() + self.s.budget_s - used
-        if used:
+        if self.records:
             self.notes.append(f"resumed: {len(self.records)} recorded trial(s) ({format_duration(used)} of the "
                               "budget) reused")
         warm = [r for r in self.records if r.get("stage") == "warmup" and r["status"] == "ok"]

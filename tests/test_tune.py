@@ -1,0 +1,650 @@
+"""cpulaunch tune: the pure parts (space, budget, planner, metrics, noise rule, resume) on
+fixture machines and synthetic records, then real runs: best.toml through cpulaunch's own
+--config, a trial's timeout, one end-to-end tune of a tiny program, and Ctrl-C + resume.
+
+Whole file: about 30 s on a busy 2-CPU machine (the real tunes run ~20 trials of a
+program that works for 30 ms).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from cpulaunch import probe, tune
+from cpulaunch.tune import (
+    Outcome,
+    RunResult,
+    Settings,
+    Space,
+    Stage,
+    TuneError,
+    Tuner,
+    combine_metric,
+    compare,
+    config_flags,
+    config_key,
+    config_toml,
+    parse_metrics,
+    summarize,
+)
+
+from conftest import REPO, run_cli
+
+AMD = "hw-32amd64-4s2n4c-cgroup2"  # 4 sockets, cgroup allows CPUs 0-5 (nodes 0: 0-3, 1: 4-5)
+ARM = "hw-128arm-2pa2n8cluster4co"  # 2 packages x 2 nodes x 32 cores, no SMT
+XEON = "hw-32intel64-2p8co2t+8ve"  # 2 sockets x 8 cores x 2 threads
+SNC = "hw-memorysidecaches"  # 2 sockets, SNC2: 4 nodes, SMT2
+ALL_LIBS = {"tcmalloc", "jemalloc", "iomp5"}
+TUNE = [sys.executable, "-m", "cpulaunch.tune"]
+
+
+@pytest.fixture(scope="module")
+def topos(sysroots) -> dict:
+    return {m: probe.probe(str(sysroots[m])) for m in (AMD, ARM, XEON, SNC)}
+
+
+# --------------------------------------------------------------------------- budget, axes
+
+
+@pytest.mark.parametrize("text,seconds", [("10m", 600.0), ("90s", 90.0), ("1h", 3600.0), ("1h30m", 5400.0),
+                                          ("1.5h", 5400.0), ("2m30s", 150.0), (" 45S ", 45.0), (".5m", 30.0)])
+def test_parse_duration(text, seconds):
+    assert tune.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["10", "", "10x", "m", "0s", "10m-", "1h 2", "-5m"])
+def test_parse_duration_refuses(text):
+    with pytest.raises(TuneError, match="--budget"):
+        tune.parse_duration(text)
+
+
+def test_parse_axes():
+    assert tune.parse_axes(None) == tune.AXES
+    assert tune.parse_axes("all") == tune.AXES
+    assert tune.parse_axes("omp_runtime, allocator") == ("allocator", "omp-runtime")
+    with pytest.raises(TuneError, match="unknown axis threads; choose from instances, allocator"):
+        tune.parse_axes("allocator,threads")
+
+
+# --------------------------------------------------------------------------- the space
+
+
+def test_instance_choices_cgroup_machine(topos):
+    # 6 usable cores (CPUs 0-5 allowed by the cgroup): node 0 holds 0-3, node 1 holds 4-5.
+    got = [(c.label, c.flags, c.cpulists) for c in tune.instance_choices(topos[AMD])]
+    assert got == [
+        ("1", ("--ninstances", "1"), ("0-5",)),
+        ("per-node", ("--instances-per-node", "1"), ("0-3", "4-5")),
+        ("2", ("--ninstances", "2"), ("0-2", "3-5")),
+        ("4", ("--ninstances", "4"), ("0-1", "2-3", "4", "5")),
+        ("latency", ("--latency-mode",), ("0-3",)),
+    ]
+
+
+def test_instance_choices_dedupe_by_plan(topos):
+    # Kunpeng: 2 sockets of 2 nodes; --ninstances 2 = per socket and 4 = per node (dropped).
+    got = [(c.label, len(c.cpulists)) for c in tune.instance_choices(topos[ARM])]
+    assert got == [("1", 1), ("per-socket", 2), ("per-node", 4), ("8", 8), ("16", 16), ("32", 32),
+                   ("64", 64), ("128", 128)]
+    arm = {c.label: c for c in tune.instance_choices(topos[ARM])}
+    assert arm["per-socket"].cpulists == ("0-63", "64-127")
+    # SNC2 Xeon: 4 instances give the same 4 CPU sets as one per node, in another order.
+    snc = [c.label for c in tune.instance_choices(topos[SNC])]
+    assert snc == ["1", "per-socket", "per-node", "8", "16", "32", "latency"]
+
+
+def test_space_on_smt_machine(topos):
+    space = tune.build_space(topos[XEON], tune.AXES, ALL_LIBS)
+    assert space.axes == tune.AXES
+    assert space.values["instances"] == ("1", "per-socket", "4", "8", "16")
+    assert space.values["allocator"] == ("tcmalloc", "default", "jemalloc")
+    assert space.values["omp-runtime"] == ("gnu", "intel")
+    assert space.values["kmp-blocktime"] == (1, 0, 5, 200)
+    assert space.values["omp-places"] == (False, True)
+    assert space.values["smt"] == (False, True)
+    assert space.default == {"instances": "1", "allocator": "tcmalloc", "omp-runtime": "gnu",
+                             "omp-places": False, "smt": False}
+    grid = tune.grid_configs(space)
+    # runtimes: gnu x places off/on + intel x 4 block times = 6 per (instances, allocator, smt)
+    assert len(grid) == 5 * 3 * 6 * 2
+    assert len({config_key(c) for c in grid}) == len(grid)
+    assert grid[0] == space.default
+    assert all(("kmp-blocktime" in c) == (c["omp-runtime"] == "intel") for c in grid)
+    assert all(("omp-places" in c) == (c["omp-runtime"] == "gnu") for c in grid)
+
+
+def test_space_drops_what_this_machine_lacks(topos):
+    space = tune.build_space(topos[AMD], tune.AXES, {"jemalloc"})
+    assert space.axes == ("instances", "allocator", "omp-places")
+    assert space.values["allocator"] == ("default", "jemalloc")  # no tcmalloc: cpulaunch's default is malloc
+    assert space.notes == (
+        "axis omp-runtime dropped: libiomp5 not found here (pip install intel-openmp)",
+        "axis kmp-blocktime dropped: it applies to Intel OpenMP, and libiomp5 is not found here "
+        "(pip install intel-openmp)",
+        "axis smt dropped: this machine has no SMT siblings among its usable CPUs",
+    )
+    with pytest.raises(TuneError, match="nothing to compare: axis smt dropped"):
+        tune.build_space(topos[AMD], ("smt",), ALL_LIBS)
+
+
+def test_kmp_blocktime_alone_fixes_intel(topos):
+    space = tune.build_space(topos[AMD], ("kmp-blocktime", "omp-places"), ALL_LIBS)
+    assert space.axes == ("kmp-blocktime",)
+    assert space.fixed == {"omp-runtime": "intel"}
+    assert [config_key(c) for c in tune.grid_configs(space)] == [
+        "omp-runtime=intel,kmp-blocktime=1", "omp-runtime=intel,kmp-blocktime=0",
+        "omp-runtime=intel,kmp-blocktime=5", "omp-runtime=intel,kmp-blocktime=200"]
+
+
+def test_flags_and_toml(topos):
+    space = tune.build_space(topos[XEON], tune.AXES, ALL_LIBS)
+    c = {"instances": "per-socket", "allocator": "jemalloc", "omp-runtime": "gnu", "omp-places": True, "smt": True}
+    assert config_key(c) == "instances=per-socket,allocator=jemalloc,omp-runtime=gnu,omp-places=on,smt=on"
+    assert config_flags(space, c) == ["--instances-per-socket", "1", "--allocator", "jemalloc", "--omp-runtime",
+                                      "gnu", "--omp-places", "--use-logical-cores"]
+    assert config_toml(space, c) == {"instances-per-socket": 1, "allocator": "jemalloc", "omp-runtime": "gnu",
+                                     "omp-places": True, "use-logical-cores": True}
+    d = {"instances": "4", "allocator": "default", "omp-runtime": "intel", "kmp-blocktime": 0, "smt": False}
+    assert config_flags(space, d) == ["--ninstances", "4", "--allocator", "default", "--omp-runtime", "intel",
+                                      "--kmp-blocktime", "0"]
+    assert config_toml(space, d) == {"ninstances": 4, "allocator": "default", "omp-runtime": "intel",
+                                     "kmp-blocktime": 0, "use-logical-cores": False}
+    assert config_toml(space, {"instances": "4", "smt": False}) == {"ninstances": 4, "use-logical-cores": False}
+
+
+# --------------------------------------------------------------------------- the planner
+
+SMALL = Space(axes=("allocator", "omp-places"),
+              values={"allocator": ("tcmalloc", "default", "jemalloc"), "omp-places": (False, True)},
+              default={"allocator": "tcmalloc", "omp-places": False})
+K_DEF = "allocator=tcmalloc,omp-places=off"
+K_MALLOC = "allocator=default,omp-places=off"
+K_JE = "allocator=jemalloc,omp-places=off"
+K_ON = "allocator=tcmalloc,omp-places=on"
+K_JE_ON = "allocator=jemalloc,omp-places=on"
+
+
+def test_coarse_one_axis_at_a_time_breadth_first():
+    assert [config_key(c) for c in tune.coarse_configs(SMALL)] == [K_DEF, K_MALLOC, K_ON, K_JE]
+
+
+def _rec(key, stage, rnd, value, cost=1.0, status="ok", busy=False, attempt=1):
+    config = dict(p.split("=") for p in key.split(","))
+    config = {k: (v == "on" if v in ("on", "off") else v) for k, v in config.items()}
+    return {"key": key, "config": config, "stage": stage, "round": rnd, "attempt": attempt, "status": status,
+            "value": value if status == "ok" else None, "cost_s": cost, "wall_s": cost, "busy": busy,
+            "metric": "m", "error": None if status == "ok" else "exit code 1"}
+
+
+COARSE_VALUES = {K_DEF: [100, 102, 104], K_MALLOC: [90, 91, 92], K_JE: [99, 101, 103], K_ON: [110, 111, 112]}
+
+
+def _coarse_records(cost=0.5):
+    recs = [_rec(K_DEF, "warmup", 0, 95, cost=1.0)]
+    for r in range(3):
+        recs += [_rec(k, "coarse", r + 1, v[r], cost=cost) for k, v in COARSE_VALUES.items()]
+    return recs
+
+
+def test_fine_configs_keep_only_undecided_values():
+    scores = tune.score(_coarse_records())
+    combined, new = tune.fine_configs(SMALL, scores, lower_is_better=False)
+    # allocator: jemalloc (101) is within tcmalloc's noise (102, spread 4), malloc (91) is not;
+    # omp-places: on (111) beats off (102) by more than both spreads: decided.
+    assert combined == {"allocator": "tcmalloc", "omp-places": True}
+    assert [config_key(c) for c in new] == [K_JE_ON]
+    # Lower is better flips every ranking: malloc wins the allocator axis, places off wins.
+    combined, new = tune.fine_configs(SMALL, scores, lower_is_better=True)
+    assert combined == {"allocator": "default", "omp-places": False}
+    assert new == []
+
+
+def test_next_stage_grid_when_it_fits():
+    recs = [_rec(K_DEF, "warmup", 0, 95, cost=1.0)]
+    stage = tune.next_stage(SMALL, recs, budget_s=100, rounds=3, lower_is_better=False)
+    assert stage.name == "grid"
+    assert len(stage.configs) == 6 and set(stage.rounds.values()) == {(1, 2, 3)}
+
+
+def test_next_stage_adaptive_cut_and_too_small():
+    recs = [_rec(K_DEF, "warmup", 0, 95, cost=1.0)]
+    # 6 x 3 x 1 s x 1.15 = 20.7 s > 10 - 1 left: adaptive; 9 // 3.45 = 2 configurations fit.
+    stage = tune.next_stage(SMALL, recs, budget_s=10, rounds=3, lower_is_better=False)
+    assert stage.name == "coarse"
+    assert [config_key(c) for c in stage.configs] == [K_DEF, K_MALLOC]
+    assert "coarse stage cut to 2 of 4 configurations by the budget" in stage.notes[1]
+    with pytest.raises(TuneError, match=r"cannot fit 2 configurations x 3 trials .* --budget 1m or more"):
+        tune.next_stage(SMALL, recs, budget_s=5, rounds=3, lower_is_better=False)
+
+
+def test_next_stage_fine_after_coarse():
+    recs = _coarse_records(cost=0.5)
+    # left for coarse: 18 - 1 = 17 s: grid (20.7) no, 17 // 3.45 = 4 configurations: all of coarse.
+    fine = tune.next_stage(SMALL, recs, budget_s=18, rounds=3, lower_is_better=False)
+    assert fine.name == "fine"
+    # refs (coarse winner, the default) measured again in rounds 4-6, next to the new one.
+    assert [config_key(c) for c in fine.configs] == [K_ON, K_DEF, K_JE_ON]
+    assert fine.rounds == {K_ON: (4, 5, 6), K_DEF: (4, 5, 6), K_JE_ON: (1, 2, 3)}
+    order = fine.order(seed=0)
+    assert order == fine.order(seed=0)
+    for j in range(3):  # stage round j runs each configuration once
+        assert sorted(config_key(c) for c, _ in order[3 * j:3 * j + 3]) == sorted([K_ON, K_DEF, K_JE_ON])
+    # once the fine slots are recorded, the search is over
+    done = recs + [_rec(config_key(c), "fine", r, 100) for c, r in order]
+    assert tune.next_stage(SMALL, done, budget_s=18, rounds=3, lower_is_better=False) is None
+    # a budget that leaves no room for a new configuration next to the two references: no fine stage
+    assert tune.next_stage(SMALL, _coarse_records(cost=1.0), budget_s=18, rounds=3, lower_is_better=False) is None
+
+
+def test_failed_configuration_dropped_after_two_failures():
+    recs = [_rec(K_DEF, "warmup", 0, 95, cost=1.0)]
+    for r in (1, 2, 3):
+        recs += [_rec(K_DEF, "grid", r, 100), _rec(K_ON, "grid", r, 110)]
+    recs += [_rec(K_JE, "grid", 1, None, status="failed"), _rec(K_JE, "grid", 2, None, status="timeout")]
+    stage = Stage("grid", (SMALL.default, {"allocator": "tcmalloc", "omp-places": True},
+                           {"allocator": "jemalloc", "omp-places": False}),
+                  {K_DEF: (1, 2, 3), K_ON: (1, 2, 3), K_JE: (1, 2, 3)})
+    assert tune._stage_done(stage, tune._slot_records(recs), tune._dropped(recs))
+    scores = tune.score(recs)
+    assert scores[K_JE].n == 0 and scores[K_JE].failed == 2
+    assert scores[K_ON].median == 110
+
+
+# --------------------------------------------------------------------------- metrics and noise
+
+
+def test_parse_metrics_prefixes_and_instances():
+    text = "\n".join([
+        "[0] warming up",
+        "[0] CPULAUNCH_METRIC samples_per_s=10.5",
+        "[1] CPULAUNCH_METRIC samples_per_s=11.5 latency_ms=3",
+        "CPULAUNCH_METRIC samples_per_s=99",  # unprefixed: one instance's line
+        "[1] CPULAUNCH_METRIC samples_per_s=12.0",  # a later figure replaces the earlier
+        "  CPULAUNCH_METRIC   depth=2  ",
+        "[0] the CPULAUNCH_METRIC x=1 in a sentence is not a metric line",
+        "[2] CPULAUNCH_METRIC samples_per_s=nan",
+        "CPULAUNCH_METRICS a=1",
+    ])
+    got = parse_metrics(text)
+    assert set(got) == {0, 1, 2, None}
+    assert got[0] == {"samples_per_s": 10.5}
+    assert got[1] == {"samples_per_s": 12.0, "latency_ms": 3.0}
+    assert got[None] == {"samples_per_s": 99.0, "depth": 2.0}
+    assert math.isnan(got[2]["samples_per_s"])
+
+
+def test_combine_metric_sums_throughput_and_averages_latency():
+    per = {0: {"s": 10.0, "ms": 4.0}, 1: {"s": 12.0, "ms": 6.0}}
+    assert combine_metric(per, "s", 2, lower_is_better=False) == (22.0, [10.0, 12.0], None)
+    assert combine_metric(per, "ms", 2, lower_is_better=True) == (5.0, [4.0, 6.0], None)
+    assert combine_metric({None: {"s": 7.0}}, "s", 1, False) == (7.0, [7.0], None)
+    assert combine_metric({0: {"s": 7.0}}, "s", 3, False) == (
+        None, [], "instance 1,2 printed no 'CPULAUNCH_METRIC s=...' line")
+    assert combine_metric({}, "s", 1, False)[2] == "the program printed no 'CPULAUNCH_METRIC s=...' line"
+    assert combine_metric({None: {"s": float("nan")}}, "s", 1, False)[2] == \
+        "'CPULAUNCH_METRIC s=...' is not a finite number"
+
+
+def test_better_only_beyond_the_spread():
+    a, b = summarize([100, 104, 108]), summarize([90, 94, 95])
+    assert (a.median, a.spread, b.median, b.spread) == (104, 8, 94, 5)
+    assert compare(a, b, lower_is_better=False) == "better"  # 10 > max(8, 5)
+    assert compare(b, a, lower_is_better=False) == "worse"
+    assert compare(a, b, lower_is_better=True) == "worse"
+    c = summarize([92, 100, 103])  # median 100, spread 11 > 104 - 100
+    assert compare(a, c, lower_is_better=False) == "within noise"
+    assert compare(a, summarize([90, 90, 90]), False) == "better"  # 14 > 8
+    assert compare(a, summarize([96, 96, 96]), False) == "within noise"  # 8 is not more than 8
+    assert compare(a, summarize([50]), False) == "too few trials"
+
+
+def test_decide_keeps_the_default_within_noise():
+    recs = [_rec(K_DEF, "grid", r + 1, v) for r, v in enumerate([100, 104, 108])]
+    recs += [_rec(K_JE, "grid", r + 1, v) for r, v in enumerate([101, 106, 109])]
+    out = tune.decide(SMALL, recs, 3, lower_is_better=False)
+    assert [k for k, _, _ in out.rows] == [K_JE, K_DEF]
+    assert out.recommended == K_DEF
+    assert out.verdict.startswith(f"the best median ({K_JE}, 1.02x) is within noise")
+    recs += [_rec(K_ON, "grid", r + 1, v) for r, v in enumerate([120, 121, 125])]
+    out = tune.decide(SMALL, recs, 3, lower_is_better=False)
+    assert out.recommended == K_ON
+    assert out.verdict == f"better than cpulaunch's default ({K_DEF}) beyond the measured spread: 1.16x"
+
+
+# --------------------------------------------------------------------------- the tuner with fakes
+
+
+class FakeMeter:
+    """Foreign load: the values given for the successive pre-trial samples, then 0."""
+
+    name = "fake"
+
+    def __init__(self, before=()):
+        self.before = list(before)
+
+    def sample(self, seconds):
+        return tune.LoadReading(self.before.pop(0) if self.before else 0.0)
+
+    def window(self):
+        return lambda: tune.LoadReading(0.0)
+
+
+class FakeRunner:
+    """A program whose metric is given per allocator (+ the call number / 1000)."""
+
+    VALUES = {"tcmalloc": 10.0, "default": 8.0, "jemalloc": 9.0}
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, argv, timeout):
+        alloc = argv[argv.index("--allocator") + 1]
+        self.calls.append(alloc)
+        value = self.VALUES[alloc] + len(self.calls) / 1000
+        return RunResult("ok", 0, 0.01, f"hello\nCPULAUNCH_METRIC ops={value}\n", "")
+
+
+ALLOC = Space(axes=("allocator",), values={"allocator": ("tcmalloc", "default", "jemalloc")},
+              default={"allocator": "tcmalloc"})
+
+
+def _tuner(out, runner, meter=None, **kw):
+    kw.setdefault("load_sample", 0.0)
+    settings = Settings(program=("prog",), out=out, budget_s=60, axes=("allocator",), **kw)
+    return Tuner(settings, ALLOC, runner=runner, meter=meter or FakeMeter(), progress=False)
+
+
+def _slots(path):
+    return [(r["stage"], r["key"], r["round"], r["attempt"]) for r in tune.read_records(path)[0]]
+
+
+def test_resume_runs_exactly_the_missing_trials(tmp_path):
+    full = tmp_path / "full"
+    assert _tuner(full, FakeRunner()).run() == 0
+    order = _slots(full / "trials.jsonl")
+    assert len(order) == 1 + 3 * 3 and order[0] == ("warmup", "allocator=tcmalloc", 0, 1)
+    # cut the file after 4 trials, with half a line from an interrupted write
+    part = tmp_path / "part"
+    part.mkdir()
+    lines = (full / "trials.jsonl").read_text().splitlines(keepends=True)
+    (part / "trials.jsonl").write_text("".join(lines[:4]) + lines[4][:40])
+    (part / "tune.json").write_text((full / "tune.json").read_text())
+    runner = FakeRunner()
+    tuner = _tuner(part, runner)
+    assert tuner.run() == 0
+    assert _slots(part / "trials.jsonl") == order  # the same trials, in the same order
+    assert len(runner.calls) == 6  # only the missing ones ran (no second warm-up)
+    assert tuner.notes[0] == f"1 unreadable line(s) of {part / 'trials.jsonl'} skipped (an interrupted write)"
+    assert tuner.notes[1].startswith("resumed: 4 recorded trial(s)")
+    outcome = tune.decide(ALLOC, tuner.records, 3, lower_is_better=False)
+    assert outcome.recommended == "allocator=tcmalloc"
+    assert outcome.verdict == "cpulaunch's default has the best median"
+
+
+def test_resume_refuses_another_program(tmp_path):
+    assert _tuner(tmp_path, FakeRunner()).run() == 0
+    settings = Settings(program=("other",), out=tmp_path, budget_s=60, axes=("allocator",), load_sample=0.0)
+    with pytest.raises(TuneError, match=r"holds a tune with another program \(\['prog'\], now \['other'\]\)"):
+        Tuner(settings, ALLOC, runner=FakeRunner(), meter=FakeMeter(), progress=False).run()
+
+
+def test_busy_trial_repeated_once_then_flagged(tmp_path):
+    # pre-trial loads: warm-up quiet; first timed trial busy, its repeat quiet; the next
+    # trial busy twice (flagged); then quiet.
+    tuner = _tuner(tmp_path, FakeRunner(), FakeMeter([0, 50, 0, 60, 70]), busy_threshold=10.0,
+                   load_sample=0.001)
+    assert tuner.run() == 0
+    recs = tuner.records
+    assert [(r["round"], r["attempt"], r["busy"]) for r in recs[1:6]] == [
+        (1, 1, True), (1, 2, False), (1, 1, True), (1, 2, True), (1, 1, False)]
+    assert recs[1]["key"] == recs[2]["key"] and recs[3]["key"] == recs[4]["key"]
+    assert recs[1]["load"]["before_pct"] == 50.0 and recs[1]["load"]["meter"] == "fake"
+    scores = tune.score(recs)
+    assert scores[recs[2]["key"]].busy == 0 and scores[recs[4]["key"]].busy == 1
+    # the repeat's value is scored, the busy attempt's is not (the fake's values all differ)
+    scored = [tune._scored(a)["value"] for a in tune._slot_records(recs).values()]
+    assert recs[2]["value"] in scored and recs[1]["value"] not in scored
+    assert recs[4]["value"] in scored and recs[3]["value"] not in scored
+    assert len(recs) == 1 + 9 + 2
+
+
+def test_wall_time_when_the_program_prints_no_metric(tmp_path):
+    runner = FakeRunner()
+
+    def timed(argv, timeout):  # seconds: tcmalloc 10, malloc 8, jemalloc 9 (+ call / 1000)
+        res = runner(argv, timeout)
+        return RunResult("ok", 0, FakeRunner.VALUES[runner.calls[-1]] + len(runner.calls) / 1000,
+                         "no metric here\n", "")
+
+    tuner = _tuner(tmp_path, timed)
+    assert tuner.run() == 0
+    assert {r["metric"] for r in tuner.records} == {"wall_s"}
+    assert all(r["value"] == r["wall_s"] for r in tuner.records)
+    assert any(n.startswith("the program printed no CPULAUNCH_METRIC line: tune times the whole run")
+               for n in tuner.notes)
+    assert tuner._lower is True
+    outcome = tune.decide(ALLOC, tuner.records, 3, lower_is_better=tuner._lower)
+    assert [k for k, _, _ in outcome.rows] == ["allocator=default", "allocator=jemalloc", "allocator=tcmalloc"]
+    assert outcome.recommended == "allocator=default"
+
+
+def test_warmup_failure_is_a_user_error(tmp_path):
+    def runner(argv, timeout):
+        return RunResult("failed", 2, 0.1, "", "Traceback...\nModuleNotFoundError: No module named 'x'\n")
+
+    with pytest.raises(TuneError, match=r"warm-up run .* failed \(exit code 2: ModuleNotFoundError: No module"):
+        _tuner(tmp_path, runner).run()
+
+
+def test_proc_stat_reader():
+    text = "cpu  100 0 50 900 0 5 5 20 0 0\ncpu0 50 0 25 450 0 2 3 10 0 0\nintr 1\n"
+    assert tune.parse_proc_stat(text, 100.0) == (1.6, 0.2)
+    assert tune.load_meter(REPO).name == "benchkit"  # the repository's scripts/benchkit.py, by path
+    assert tune.load_meter(Path("/nonexistent")).name == "proc-stat"
+    reading = tune.load_meter(Path("/nonexistent")).sample(0.05)
+    assert 0.0 <= reading.foreign_pct
+
+
+def test_options_refused():
+    with pytest.raises(TuneError, match="--trials-per-config 2: at least 3"):
+        tune.main(["--trials-per-config", "2", "--", "true"])
+    with pytest.raises(TuneError, match="--budget '10': give a duration with a unit"):
+        tune.main(["--budget", "10", "--", "true"])
+    with pytest.raises(TuneError, match="no program given"):
+        tune.main(["--budget", "1m"])
+    with pytest.raises(TuneError, match="use it with --dry-run only"):
+        tune.main(["--sysroot", str(REPO), "--", "true"])
+
+
+def test_dry_run_on_a_fixture(sysroots, capsys):
+    assert tune.main(["--dry-run", "--sysroot", str(sysroots[AMD]), "--space", "instances"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "axes: instances (1, per-node, 2, 4, latency)"
+    assert out[1] == "instances=1: --ninstances 1 -> CPUs 0-5"
+    assert out[2] == "instances=per-node: --instances-per-node 1 -> CPUs 0-3 | 4-5"
+    assert "grid: 5 configurations x 3 trials; default: instances=1" in out
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def _host_libs():
+    return tune.available_libraries()
+
+
+ROUND_TRIPS = [
+    ("/", {"instances": "2", "allocator": "jemalloc", "omp-runtime": "gnu", "omp-places": True}, {"jemalloc"}),
+    ("/", {"instances": "1", "allocator": "default", "omp-runtime": "intel", "kmp-blocktime": 5}, {"iomp5"}),
+    (XEON, {"instances": "per-socket", "allocator": "tcmalloc", "smt": True}, {"tcmalloc"}),
+    (SNC, {"instances": "latency", "allocator": "default", "omp-places": False}, set()),
+]
+
+
+@pytest.mark.parametrize("where,config,needs", ROUND_TRIPS, ids=["host-2", "host-intel", "xeon-smt", "snc-latency"])
+def test_best_toml_round_trip(where, config, needs, sysroots, tmp_path):
+    missing = needs - _host_libs()
+    if missing:
+        pytest.skip(f"{', '.join(sorted(missing))} not installed here")
+    if where == "/" and len(os.sched_getaffinity(0)) < 2 and config["instances"] == "2":
+        pytest.skip("needs 2 usable CPUs")
+    root = "/" if where == "/" else str(sysroots[where])
+    space = tune.build_space(probe.probe(root), tune.AXES, ALL_LIBS)
+    key = config_key(config)
+    settings = Settings(program=("python", "x y.py"), out=tmp_path, budget_s=60)
+    tuner = Tuner(settings, space, runner=FakeRunner(), meter=FakeMeter(), progress=False)
+    tuner.metric = "samples_per_s"
+    outcome = Outcome(((key, config, summarize([1.0, 2.0, 3.0])),), key, "measured", key)
+    path = tmp_path / "best.toml"
+    path.write_text(tune.best_toml(tuner, outcome))
+    doc = tomllib.loads(path.read_text())
+    assert doc["cpulaunch"] == config_toml(space, config)
+    assert doc["measured"]["program"] == ["python", "x y.py"] and doc["measured"]["median"] == 2.0
+    sysroot = [] if root == "/" else ["--sysroot", root]
+    via_config = json.loads(run_cli("--config", str(path), *sysroot, "--dry-run", "--format", "json", "true").stdout)
+    via_flags = json.loads(run_cli(*config_flags(space, config), *sysroot, "--dry-run", "--format", "json",
+                                   "true").stdout)
+    assert via_config == via_flags
+    insts = via_config["instances"]
+    if config.get("smt"):
+        assert [i["cpulist"] for i in insts] == ["0-7,16-23", "8-15,24-31"]  # each socket's cores with siblings
+    else:
+        assert [i["cpulist"] for i in insts] == list(space.instances[config["instances"]].cpulists)
+    env = insts[0]["env"]
+    preload = env.get("LD_PRELOAD", "")
+    if config["allocator"] == "default":
+        assert "tcmalloc" not in preload and "jemalloc" not in preload
+    else:
+        assert config["allocator"] in preload
+    assert ("OMP_PLACES" in env) == bool(config.get("omp-places"))
+    if config.get("omp-runtime") == "intel":
+        assert env["KMP_BLOCKTIME"] == "5" and "libiomp5" in env["LD_PRELOAD"]
+
+
+def test_trial_timeout_kills_the_program(tmp_path):
+    pidfile = tmp_path / "pid"
+    code = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    t0 = time.monotonic()
+    res = tune.run_command([sys.executable, "-c", code], timeout=1.5)
+    assert res.status == "timeout" and res.returncode == -signal.SIGTERM
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pidfile.read_text()), 0)
+    assert tune._failure_text(res).startswith("timed out after 1.")
+
+
+TINY = """\
+import os, sys, time
+with open(os.environ["TINY_PIDS"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+time.sleep(float(os.environ.get("TINY_SLEEP", "0")))
+t0, n = time.perf_counter(), 0
+while time.perf_counter() - t0 < 0.03:
+    n += 1
+print("working")
+print(f"CPULAUNCH_METRIC samples_per_s={n / (time.perf_counter() - t0):.1f}")
+if "jemalloc" in os.environ.get("LD_PRELOAD", ""):
+    print("no jemalloc for me", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def _tiny(tmp_path, sleep=0.0):
+    prog = tmp_path / "tiny.py"
+    prog.write_text(TINY)
+    env = dict(os.environ, TINY_PIDS=str(tmp_path / "pids"), TINY_SLEEP=str(sleep))
+    return prog, env
+
+
+def test_end_to_end_tune(tmp_path):
+    libs = _host_libs()
+    if not {"tcmalloc", "jemalloc"} <= libs:
+        pytest.skip("needs tcmalloc and jemalloc installed (apt-get install libtcmalloc-minimal4 libjemalloc2)")
+    prog, env = _tiny(tmp_path)
+    out = tmp_path / "out"
+    proc = subprocess.run([*TUNE, "--budget", "2m", "--out", str(out), "--space", "allocator",
+                           "--busy-threshold", "100", "--load-sample", "0.05", "--", "python", str(prog)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    recs, skipped = tune.read_records(out / "trials.jsonl")
+    assert skipped == 0
+    by = {(r["stage"], r["key"], r["round"]): r for r in recs}
+    assert [(r["stage"], r["round"]) for r in recs[:1]] == [("warmup", 0)]
+    ok = [r for r in recs[1:] if r["status"] == "ok"]
+    bad = [r for r in recs[1:] if r["status"] != "ok"]
+    # tcmalloc and malloc: 3 scored trials each; jemalloc failed twice, then was dropped
+    assert sorted((r["key"], r["round"]) for r in ok) == [
+        ("allocator=default", 1), ("allocator=default", 2), ("allocator=default", 3),
+        ("allocator=tcmalloc", 1), ("allocator=tcmalloc", 2), ("allocator=tcmalloc", 3)]
+    assert [(r["key"], r["exit_code"], r["error"]) for r in bad] == [("allocator=jemalloc", 3, "exit code 3: no jemalloc for me")] * 2
+    assert len(by) == len(recs)
+    for r in ok:
+        assert r["metric"] == "samples_per_s" and r["value"] > 0 and r["per_instance"] == [r["value"]]
+        assert r["load"]["meter"] == "benchkit" and r["busy"] is False
+        assert r["flags"] == ["--allocator", r["config"]["allocator"]]
+        assert r["argv"][:3] == [sys.executable, "-m", "cpulaunch"] and r["argv"][-2:] == ["python", str(prog)]
+    rounds = [r["round"] for r in recs[1:]]
+    assert rounds == sorted(rounds)  # round-robin: round 2 starts after every round-1 trial
+    report = (out / "report.txt").read_text()
+    assert report == proc.stdout
+    assert "allocator=jemalloc" in report and "failed  2 trial(s): exit code 3: no jemalloc for me" in report
+    best = tomllib.loads((out / "best.toml").read_text())
+    assert best["cpulaunch"]["allocator"] in ("tcmalloc", "default")
+    assert f"cpulaunch --allocator {best['cpulaunch']['allocator']} -- python {prog}" in report
+    assert (out / "report.png").exists() == (importlib_available("matplotlib"))
+    assert json.loads((out / "tune.json").read_text())["program"] == ["python", str(prog)]
+
+
+def importlib_available(name):
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _wait_lines(path, n, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never reached {n} lines")
+
+
+def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path):
+    prog, env = _tiny(tmp_path, sleep=0.4)
+    out = tmp_path / "out"
+    argv = [*TUNE, "--budget", "3m", "--out", str(out), "--space", "omp-places", "--busy-threshold", "100",
+            "--load-sample", "0.05", "--", "python", str(prog)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    trials = out / "trials.jsonl"
+    _wait_lines(trials, 3, proc)
+    time.sleep(0.25)  # inside the next trial (its program sleeps 0.4 s)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "interrupted:" in stderr and "run the same command again to resume" in stderr
+    for pid in (tmp_path / "pids").read_text().split():
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)  # every trial's program is gone (the interrupted one was killed)
+    kept = trials.read_text().splitlines()
+    assert len(kept) >= 3 and not (out / "report.txt").exists()
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert again.returncode == 0, again.stderr
+    lines = trials.read_text().splitlines()
+    assert lines[:len(kept)] == kept  # nothing rewritten
+    recs = [json.loads(x) for x in lines]
+    slots = [(r["key"], r["round"]) for r in recs]
+    assert len(set(slots)) == len(slots) == 1 + 2 * 3  # each trial once: the warm-up, 2 configurations x 3
+    assert sum(r["stage"] == "warmup" for r in recs) == 1
+    assert "note: resumed: " in again.stdout
+    assert tomllib.loads((out / "best.toml").read_text())["cpulaunch"]["omp-places"] in (True, False)
