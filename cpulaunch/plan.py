@@ -143,7 +143,8 @@ class Instance:
         mem_nodes: NUMA node ids its memory policy applies to (nodes with memory that
             the cgroup allows); empty for LOCAL and NONE.
         mem_policy: the policy actually applied (NONE when no node qualifies).
-        threads: OpenMP threads: one per compute CPU, lowered by a cgroup CPU quota.
+        threads: OpenMP threads: one per compute CPU, lowered to the instance's even share
+            of a cgroup CPU quota (``floor(quota / instances)``, at least 1).
         reserved_cpus: CPUs set aside for the program's own non-OpenMP threads
             (``Request.reserve_cores``, e.g. a serving front-end); bound, not OpenMP.
         socket: index of its socket, or None if its CPUs span several.
@@ -676,9 +677,10 @@ def _idle_note(groups: list, cores: list, idle: int) -> Optional[str]:
     return f"{idle} usable core(s) left idle (CPUs {cpulist.format(left)})"
 
 
-def _straddle_note(groups: list, cores: list, fill: bool) -> Optional[str]:
+def _straddle_note(groups: list, cores: list, domains: list) -> Optional[str]:
     """A note naming the instances that span NUMA nodes although one of their nodes has
-    enough usable cores (counted in physical cores, the unit of a group) to hold them."""
+    enough usable cores (counted in physical cores, the unit of a group) to hold them,
+    and why (``domains``: the :class:`_Domain` list the groups were cut from)."""
     node_cores: dict = {}
     for core, _ in cores:
         node_cores[core.node] = node_cores.get(core.node, 0) + 1
@@ -691,11 +693,11 @@ def _straddle_note(groups: list, cores: list, fill: bool) -> Optional[str]:
         return None
     who = (f"instance {spanning[0]} spans" if len(spanning) == 1
            else f"instances {cpulist.format(spanning)} span")
-    if fill:
+    if any(d.fill for d in domains):
         return (f"{who} NUMA nodes: balanced instances cannot all fit inside nodes here, "
                 "and spanning beats leaving cores idle (memory policy over the nodes of their CPUs)")
-    return (f"{who} NUMA nodes: {len(groups[spanning[0]])}-core instances cannot all fit "
-            "inside nodes here; choose a size that divides the nodes' cores to avoid it")
+    hint = "; choose a size that divides the nodes' cores to avoid it" if any(d.size for d in domains) else ""
+    return f"{who} NUMA nodes: {len(groups[spanning[0]])}-core instances cannot all fit inside nodes here{hint}"
 
 
 # --------------------------------------------------------------------------- budgets
@@ -838,14 +840,13 @@ def plan(topo: Topology, req: Request) -> Plan:
     """
     notes: list = []
     cores = _select_cores(topo, req, _usable_cpus(topo, req), notes)
-    groups, idle, fill_any = [], 0, False
+    groups, idle = [], 0
     domains = _domains(topo, req, cores, notes)
     for domain in domains:
         g, left = _split(domain)
         groups.extend(g)
         idle += left
-        fill_any = fill_any or domain.fill
-    for note in (_idle_note(groups, cores, idle), _straddle_note(groups, cores, fill_any)):
+    for note in (_idle_note(groups, cores, idle), _straddle_note(groups, cores, domains)):
         if note:
             notes.append(note)
     parts = _take_budgets(groups, req)

@@ -820,21 +820,8 @@ def test_error_messages_say_what_and_how(topos):
 # --------------------------------------------------------------------------- random machines
 
 
-@st.composite
-def machines(draw) -> Topology:
-    """A random machine as sysfs would describe it, built by topology.build."""
-    node_ids = draw(st.lists(st.integers(0, 300), min_size=1, max_size=7, unique=True))
-    smt = draw(st.integers(1, 4))
-    interleaved = draw(st.booleans())  # siblings n, n+cores (Intel) or n*smt+t (POWER)
-    no_package = draw(st.integers(0, 5)) == 0  # package -1: sockets from nodes
-    layout = []  # (socket, node, cores)
-    it = iter(node_ids)
-    for s in range(draw(st.integers(1, 3))):
-        for _ in range(draw(st.integers(1, 3))):
-            nid = next(it, None)
-            if nid is not None:
-                layout.append((s, nid, draw(st.integers(1, 6))))
-    memory_only = node_ids[len(layout):]
+def _siblings(layout: list, smt: int, interleaved: bool) -> tuple:
+    """({cpu: (socket, its siblings)}, {node: its CPUs}) for (socket, node, cores) triples."""
     total = sum(n for _, _, n in layout)
     cpus: dict = {}
     nodes: dict = {nid: set() for _, nid, _ in layout}
@@ -846,6 +833,24 @@ def machines(draw) -> Topology:
                 cpus[c] = (s, sib)
             nodes[nid].update(sib)
             k += 1
+    return cpus, nodes
+
+
+@st.composite
+def machines(draw) -> Topology:
+    """A random machine as sysfs would describe it, built by topology.build."""
+    node_ids = draw(st.lists(st.integers(0, 300), min_size=1, max_size=7, unique=True))
+    no_package = draw(st.integers(0, 5)) == 0  # package -1: sockets from nodes
+    layout = []  # (socket, node, cores)
+    it = iter(node_ids)
+    for s in range(draw(st.integers(1, 3))):
+        for _ in range(draw(st.integers(1, 3))):
+            nid = next(it, None)
+            if nid is not None:
+                layout.append((s, nid, draw(st.integers(1, 6))))
+    memory_only = node_ids[len(layout):]
+    # siblings n, n+cores (Intel) or n*smt+t (POWER)
+    cpus, nodes = _siblings(layout, draw(st.integers(1, 4)), draw(st.booleans()))
     firsts = sorted({min(sib) for _, sib in cpus.values()})
     e_cores = draw(st.sets(st.sampled_from(firsts))) if draw(st.booleans()) else set()
     raw_cpus = {
