@@ -26,6 +26,22 @@ OpenMP barriers many times over: quote figures only from rounds without warnings
 
     python scripts/bench_ddp.py            # cnn (ResNet-50-like) full size, 5 rounds
     python scripts/bench_ddp.py --quick    # small cnn, 2 rounds, a few steps: a smoke run
+
+Options mode (``--options``): the DDP optimizations of cpulaunch.ddp_wrap, each measured with
+N gloo ranks x 1 core (torchrun's engine, each rank pinned to its own CPU, OMP_NUM_THREADS=1)
+against plain DDP (torch's defaults: no bucket view, no static graph, no hook) on the same
+seeds and data. Each row changes one thing from plain (see ``OPTIONS``). Rounds are
+interleaved: every round runs every option once, the order rotated by one each round. Per
+option: the job's samples/s (global batch x timed steps / the slowest rank's compute
+seconds), its ratio to plain's in the same round, the final loss and its difference from
+plain's, and the bytes each rank hands to all-reduce per step (analytic, from the hook's
+rules: cpulaunch.ddp_wrap.gradient_payload_bytes), mean over the run and in the last step.
+The machine is sampled before each run and measured during it (benchkit); runs on a busy
+machine are flagged and left out of the medians when quiet ones exist.
+
+    python scripts/bench_ddp.py --options                  # cnn full, 3 rounds, 10 steps
+    python scripts/bench_ddp.py --options --quick          # small cnn, 1 round, 3 steps
+    python scripts/bench_ddp.py --options --only plain,fp16,powersgd --model bert
 """
 
 from __future__ import annotations
@@ -59,6 +75,24 @@ PIN_AND_EXEC = (
 )
 
 
+#: Options mode: name -> train_ddp.py arguments. Each changes one thing from "plain" (torch's
+#: DDP defaults). PowerSGD starts compressing at step 2 and post-local SGD goes local at step 2
+#: (both need 2 plain steps first), so short runs measure mostly the compressed/local phase.
+PLAIN = ["--no-bucket-view", "--no-static-graph"]
+OPTIONS: dict[str, list[str]] = {
+    "plain": PLAIN,
+    "bucket-view": ["--bucket-view", "--no-static-graph"],
+    "static-graph": ["--no-bucket-view", "--static-graph"],
+    "fp16": PLAIN + ["--comm-hook", "fp16"],
+    "bf16": PLAIN + ["--comm-hook", "bf16"],
+    "powersgd": PLAIN + ["--comm-hook", "powersgd", "--start-powersgd-iter", "2"],
+    "powersgd+fp16": PLAIN + ["--comm-hook", "powersgd+fp16", "--start-powersgd-iter", "2"],
+    "post-local-sgd": PLAIN + ["--comm-hook", "post-local-sgd", "--local-sgd-warmup", "2",
+                               "--local-sgd-period", "4"],
+    "bf16-autocast": PLAIN + ["--bf16"],
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = benchkit.parser(__doc__, "small cnn, 2 rounds, 4 steps, global batch 16: checks the script")
     benchkit.add_model_size(p)
@@ -76,11 +110,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--launcher", choices=("auto", "cpulaunch", "torchrun"), default="auto",
                    help="auto: cpulaunch when it has --ddp, else torchrun")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    p.add_argument("--options", action="store_true",
+                   help="options mode: each DDP optimization vs plain DDP (see above)")
+    p.add_argument("--only", default=None,
+                   help="options mode: comma-separated subset of " + ",".join(OPTIONS)
+                        + " (plain is always run)")
     args = p.parse_args(argv)
     args.size = args.size or ("small" if args.quick else "full")
     args.global_batch_size = args.global_batch_size or 16
+    if args.options:
+        args.steps = args.steps or (3 if args.quick else 10)
+        args.rounds = args.rounds or (1 if args.quick else 3)
     args.steps = args.steps or (4 if args.quick else 10)
     args.rounds = args.rounds or (2 if args.quick else 5)
+    names = list(OPTIONS)
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in OPTIONS]
+        if unknown:
+            p.error(f"--only: unknown option(s) {', '.join(unknown)}; choose from "
+                    f"{', '.join(OPTIONS)}")
+        names = ["plain"] + [n for n in wanted if n != "plain"]
+    args.option_names = names
+    if args.options and args.steps < 3:
+        p.error("--options needs --steps >= 3 (2 plain steps before PowerSGD / local SGD, "
+                "then at least one that uses them)")
     cpus = sorted(os.sched_getaffinity(0))
     args.cpus = cpus
     args.nproc = args.nproc or len(cpus)
@@ -164,8 +218,114 @@ def summarize(xs: list[float]) -> str:
             f"spread {benchkit.spread(xs) * 100:5.1f}%")
 
 
+def pinned_ranks_argv(args, extra: list[str]) -> list[str]:
+    """torchrun's engine, N ranks, each pinned to its own CPU, running train_ddp.py."""
+    n = args.nproc
+    cpus = ",".join(str(c) for c in args.cpus[:n])
+    prog = [sys.executable, str(SCRIPT), "--model", args.model, "--size", args.size,
+            "--steps", str(args.steps), "--global-batch-size", str(args.global_batch_size),
+            "--json", *extra]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(n), "--no-python",
+            sys.executable, "-c", PIN_AND_EXEC, cpus, *prog]
+
+
+def run_option(args, name: str) -> dict:
+    """One run of option ``name``: rank 0's JSON summary plus a ``busy`` flag."""
+    pre = benchkit.sample(1.0, top=5)
+    window = benchkit.LoadWindow()
+    env = child_env(OMP_NUM_THREADS="1", CPULAUNCH_DIST_BACKEND="gloo")
+    argv = pinned_ranks_argv(args, OPTIONS[name])
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600)
+    during = window.load()
+    if proc.returncode != 0:
+        raise RuntimeError(f"option {name}: {argv[:8]}... exited {proc.returncode}:\n"
+                           f"{proc.stderr[-4000:]}")
+    rows = sorted((json.loads(line) for line in proc.stdout.splitlines()
+                   if line.startswith("{")), key=lambda r: r["rank"])
+    if [r["rank"] for r in rows] != list(range(args.nproc)):
+        raise RuntimeError(f"option {name}: expected {args.nproc} JSON lines, got "
+                           f"{len(rows)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    row = dict(rows[0])
+    row["busy"] = benchkit.busy([pre, during], args.busy_threshold)
+    if row["busy"]:
+        print(benchkit.busy_warning(
+            f"around option {name}",
+            f"others used {pre.others_pct:.0f}% before, {during.others_pct:.0f}% during; "
+            f"steal {during.steal_pct:.0f}%", pre.busiest), file=sys.stderr, flush=True)
+    return row
+
+
+def main_options(args) -> int:
+    """Options mode: every option, interleaved rounds, compared with plain DDP."""
+    names = args.option_names
+    n = args.nproc
+    print(f"bench_ddp --options: {args.model}/{args.size}, global batch "
+          f"{args.global_batch_size}, {args.steps} steps (1 untimed), {args.rounds} round(s), "
+          f"{n} gloo ranks x 1 core (torchrun, pinned to cpus {args.cpus[:n]})")
+    if args.quick:
+        print("  --quick: a smoke run; the figures mean little")
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for rnd in range(args.rounds):
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        for name in order:
+            row = run_option(args, name)
+            runs[name].append(row)
+            print(f"  round {rnd + 1} {name:15s} {row['job_samples_per_s']:9.2f} samples/s  "
+                  f"loss {row['loss']:.6f}  bytes/step {row['comm_bytes_per_step']:.0f}"
+                  f"{'  (busy)' if row['busy'] else ''}", flush=True)
+
+    def quiet(rows: list[dict]) -> list[dict]:
+        calm = [r for r in rows if not r["busy"]]
+        return calm or rows
+
+    def ratios_vs_plain(name: str) -> list[float]:
+        """Per-round samples/s ratios to plain; rounds where either run was busy are left
+        out unless that leaves none."""
+        pairs = list(zip(runs[name], runs["plain"]))
+        calm = [(r, p) for r, p in pairs if not (r["busy"] or p["busy"])]
+        return [r["job_samples_per_s"] / p["job_samples_per_s"] for r, p in (calm or pairs)]
+
+    table = []
+    for name in names:
+        rates = [r["job_samples_per_s"] for r in quiet(runs[name])]
+        ratios = ratios_vs_plain(name)
+        # Same seeds and data every round: the loss is the same in each (deterministic).
+        loss = runs[name][-1]["loss"]
+        table.append({
+            "option": name, "args": OPTIONS[name],
+            "samples_per_s_median": benchkit.median(rates),
+            "samples_per_s_spread": benchkit.spread(rates),
+            "ratio_vs_plain_median": benchkit.median(ratios),
+            "final_loss": loss, "loss_minus_plain": loss - runs["plain"][-1]["loss"],
+            "comm_bytes_per_step": runs[name][-1]["comm_bytes_per_step"],
+            "comm_bytes_last_step": runs[name][-1]["comm_bytes_last_step"],
+            "runs": len(runs[name]), "busy_runs": sum(r["busy"] for r in runs[name]),
+        })
+    print(f"{'option':15s} {'samples/s':>10s} {'spread':>7s} {'vs plain':>9s} "
+          f"{'final loss':>11s} {'- plain':>10s} {'bytes/step':>12s} {'last step':>11s}")
+    for t in table:
+        print(f"{t['option']:15s} {t['samples_per_s_median']:10.2f} "
+              f"{t['samples_per_s_spread'] * 100:6.1f}% {t['ratio_vs_plain_median']:9.3f} "
+              f"{t['final_loss']:11.6f} {t['loss_minus_plain']:+10.2e} "
+              f"{t['comm_bytes_per_step']:12.0f} {t['comm_bytes_last_step']:11d}")
+    busy = sum(t["busy_runs"] for t in table)
+    if busy:
+        print(f"{busy} of {sum(t['runs'] for t in table)} runs were on a busy machine "
+              "(left out of the medians where quiet runs exist): do not quote them",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps({"mode": "options", "model": args.model, "size": args.size,
+                          "global_batch_size": args.global_batch_size, "steps": args.steps,
+                          "rounds": args.rounds, "nproc": n, "options": table,
+                          "busy_runs": busy}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.options:
+        return main_options(args)
     cpulaunch = None if args.launcher == "torchrun" else cpulaunch_has_ddp()
     if args.launcher == "cpulaunch" and not cpulaunch:
         print("error: --launcher cpulaunch, but no cpulaunch with --ddp on PATH",
