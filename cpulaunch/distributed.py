@@ -531,7 +531,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     notes = [backend_note]
     environ = dict(environ)
     reserve = ddp.ccl_worker_count if backend == "ccl" else 0
-    req = replace(req, **{_ccl_field(req): reserve})
+    req = replace(req, ccl_workers=reserve)
     if engine is not None:
         notes.extend(engine.notes)
         if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(USER_OMP_ENV):
@@ -584,17 +584,9 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info)
 
 
-def _ccl_field(req) -> str:
-    """The planner's name for oneCCL worker cores (``ccl_workers``; ``reserve_cores`` in
-    planners that predate core budgets)."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(req)}
-    return "ccl_workers" if "ccl_workers" in names else "reserve_cores"
-
-
 def _ccl_cpus(inst) -> tuple:
-    return tuple(getattr(inst, "ccl_cpus", None) or getattr(inst, "reserved_cpus", ()) or ())
+    """The oneCCL worker CPUs of a planned rank (never its serving or DataLoader cores)."""
+    return tuple(inst.ccl_cpus)
 
 
 def _engine_rank_env(ctx: RankContext, ddp, backend: str, notes: list) -> dict:
