@@ -231,7 +231,7 @@ class ProcessView:
         pid, ppid: ids. name: ``comm``. cmdline: argv.
         cpus: the process's (main thread's) allowed CPUs.
         threads: every thread, main thread first.
-        libraries: paths of mapped shared objects, in order of first mapping.
+        libraries: paths of mapped shared objects, in address order (first mapping of each).
         numa: memory placement (None when numa_maps is unreadable, e.g. no NUMA kernel).
         environ: the process's variables matching ENV_KEPT (CPULAUNCH_*, OMP_*, KMP_*,
             GOMP_*, LD_PRELOAD, MALLOC_CONF); None when /proc/PID/environ is unreadable.
@@ -251,7 +251,7 @@ class ProcessView:
 
     @property
     def allocators(self) -> tuple:
-        """Registry names of allocators mapped ("tcmalloc", "jemalloc"), in map order."""
+        """Registry names of allocators mapped ("tcmalloc", "jemalloc"), in address order."""
         from cpulaunch.libraries import REGISTRY, identify
 
         out = []
@@ -302,7 +302,7 @@ def parse_stat_cpu_ticks(text: str) -> tuple:
 
 
 def parse_maps(text: str) -> tuple:
-    """``/proc/PID/maps`` -> paths of mapped shared objects, in order of first mapping.
+    """``/proc/PID/maps`` -> paths of mapped shared objects, each once, in address order.
 
     ``"7f..-7f.. r-xp 00000000 08:01 123 /usr/lib/libjemalloc.so.2"`` -> ``("/usr/lib/libjemalloc.so.2",)``;
     a `` (deleted)`` suffix is dropped; anonymous and special mappings ([heap]) are skipped.
@@ -554,7 +554,7 @@ def compare(exp: Expected, view: ProcessView) -> list:
         out.append(f"{who}: {exp.allocator} planned but not mapped in pid {view.pid} "
                    f"(mapped: {', '.join(allocs) or 'the C library malloc only'}; LD_PRELOAD lost?)")
     if len(allocs) > 1:
-        out.append(f"{who}: two allocators mapped in pid {view.pid}: {', '.join(allocs)}")
+        out.append(f"{who}: two allocators mapped in pid {view.pid}: {', '.join(sorted(allocs))}")
 
     # --- OpenMP runtimes
     for p in procs[:1]:

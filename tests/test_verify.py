@@ -1,0 +1,433 @@
+"""cpulaunch.verify: real child processes with known affinity, threads, preloads and memory
+policy, read from /proc and compared with a plan; the parsers on literal text; a generated
+/proc tree under a root."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpulaunch import cpulist, libraries, verify
+from cpulaunch.verify import Expected
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+C = ALLOWED[-1]  # the CPU children are pinned to
+TWO_CPUS = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two allowed CPUs")
+OVERSUB_HINT = "oversubscribed (set OMP_NUM_THREADS / torch.set_num_threads and DataLoader num_workers to fit)"
+fmt = cpulist.format
+
+PRELUDE = """
+import json, os, sys, threading, time
+def spin(seconds):
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+def ready(**info):
+    print("ready " + json.dumps(info), flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def child(script: str, env: dict | None = None, prefix: tuple = ()):
+    """Start ``python -c PRELUDE+script`` (after ``prefix``, e.g. numactl), wait for its
+    ``ready {json}`` line, yield (pid of the python process, info); kill its group after."""
+    # Nothing the test runner carries (OMP_*, KMP_*, CPULAUNCH_*, LD_PRELOAD) leaks into the child.
+    full_env = {k: v for k, v in os.environ.items() if not verify.ENV_KEPT.match(k)}
+    full_env.update(env or {})
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", PRELUDE + script], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=full_env, start_new_session=True)
+    try:
+        ok, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ok, "child did not get ready within 60 s"
+        line = proc.stdout.readline()
+        assert line.startswith("ready "), (line, proc.poll())
+        yield proc.pid, json.loads(line[len("ready "):])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _comm() -> str:
+    return Path(sys.executable).name[:15]
+
+
+# --------------------------------------------------------------------------- affinity, threads
+
+
+def test_pinned_child_with_idle_threads_matches_plan():
+    script = f"""
+os.sched_setaffinity(0, {{{C}}})
+ev = threading.Event()
+ts = [threading.Thread(target=ev.wait, daemon=True) for _ in range(3)]
+[t.start() for t in ts]
+ready(tids=[t.native_id for t in ts])
+"""
+    with child(script) as (pid, info):
+        view = verify.inspect(pid)
+    assert view.pid == pid and view.name == _comm() and view.cmdline[:2] == (sys.executable, "-c")
+    assert view.cpus == frozenset({C})
+    assert [t.tid for t in view.threads] == [pid] + sorted(info["tids"])
+    assert all(t.cpus == frozenset({C}) for t in view.threads)
+    # Threads that only wait are not compute threads.
+    assert [t.busy for t in view.threads[1:]] == [False, False, False]
+    assert view.children == ()
+    assert verify.compare(Expected(index=0, bound_cpus=(C,), cpus=(C,)), view) == []
+
+
+def test_busy_threads_oversubscribe_the_instance():
+    script = f"""
+os.sched_setaffinity(0, {{{C}}})
+done = [threading.Event() for _ in range(3)]
+def work(ev):
+    spin(0.1)
+    ev.set()
+    threading.Event().wait()
+ts = [threading.Thread(target=work, args=(d,), daemon=True) for d in done]
+[t.start() for t in ts]
+[d.wait() for d in done]
+ready(tids=[t.native_id for t in ts])
+"""
+    with child(script) as (pid, info):
+        view = verify.inspect(pid)
+    assert [t.busy for t in view.threads[1:]] == [True, True, True]
+    assert all(t.cpu_seconds >= 0.1 - 0.011 for t in view.threads[1:])  # one clock tick of rounding
+    assert verify.compare(Expected(index=0, bound_cpus=(C,), cpus=(C,)), view) == [
+        f"instance 0: 4 busy threads (of 4 threads in 1 process(es)) on 1 CPU(s) {C}: {OVERSUB_HINT}"
+    ]
+    if len(ALLOWED) >= 2:
+        # Planned on every allowed CPU, but all four busy threads sit on one of them.
+        tids = ", ".join(str(t) for t in [pid] + sorted(info["tids"]))
+        oversub = (f"instance 0: 4 busy threads (of 4 threads in 1 process(es)) on {len(ALLOWED)} CPU(s) "
+                   f"{fmt(ALLOWED)}: {OVERSUB_HINT}")
+        assert verify.compare(Expected(index=0, bound_cpus=tuple(ALLOWED)), view) == [
+            f"instance 0: 4 busy threads pinned to CPU {C} alone (threads {tids}): they take turns on one CPU",
+        ] + ([oversub] if len(ALLOWED) < 4 else [])
+
+
+@TWO_CPUS
+def test_program_that_widens_its_own_affinity_is_reported():
+    script = f"""
+os.sched_setaffinity(0, {{{C}}})
+t = threading.Thread(target=threading.Event().wait, daemon=True)
+t.start()
+os.sched_setaffinity(0, {set(ALLOWED)!r})   # the main thread only
+ready(tid=t.native_id)
+"""
+    with child(script) as (pid, info):
+        view = verify.inspect(pid)
+    assert {t.tid: t.cpus for t in view.threads} == {pid: frozenset(ALLOWED), info["tid"]: frozenset({C})}
+    others = fmt(set(ALLOWED) - {C})
+    assert verify.compare(Expected(index=1, bound_cpus=(C,), cpus=(C,)), view) == [
+        f"instance 1: thread {pid} ({_comm()}) of pid {pid} may run on CPUs {fmt(ALLOWED)}, outside its "
+        f"planned CPUs {C} (CPUs {others} too: the program widened its affinity or the binding was lost)"
+    ]
+
+
+@TWO_CPUS
+def test_threads_pinned_to_one_cpu_are_reported():
+    """The KMP_AFFINITY-everywhere failure: busy threads stacked on one CPU of a wider binding."""
+    script = f"""
+done = [threading.Event() for _ in range(2)]
+def work(ev):
+    os.sched_setaffinity(0, {{{C}}})   # this thread only
+    spin(0.1)
+    ev.set()
+    threading.Event().wait()
+ts = [threading.Thread(target=work, args=(d,), daemon=True) for d in done]
+[t.start() for t in ts]
+[d.wait() for d in done]
+ready(tids=[t.native_id for t in ts])
+"""
+    bound = (ALLOWED[0], C)
+    with child(script, prefix=("taskset", "-c", fmt(bound))) as (pid, info):
+        view = verify.inspect(pid)
+    t1, t2 = sorted(info["tids"])
+    warnings = verify.compare(Expected(index=0, bound_cpus=bound), view)
+    assert warnings[0] == (f"instance 0: 2 busy threads pinned to CPU {C} alone (threads {t1}, {t2}): "
+                           "they take turns on one CPU")
+    assert warnings[1:] == [f"instance 0: 3 busy threads (of 3 threads in 1 process(es)) on 2 CPU(s) "
+                            f"{fmt(bound)}: {OVERSUB_HINT}"]
+
+
+def test_child_processes_belong_to_the_instance():
+    script = f"""
+import subprocess
+os.sched_setaffinity(0, {{{C}}})
+kid = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+ready(kid=kid.pid)
+"""
+    with child(script) as (pid, info):
+        view = verify.inspect(pid)
+        assert verify.inspect(pid, children=False).children == ()
+    assert [c.pid for c in view.children] == [info["kid"]]
+    assert view.children[0].ppid == pid and view.children[0].cpus == frozenset({C})
+    assert [p.pid for p in view.walk()] == [pid, info["kid"]]
+    assert verify.compare(Expected(index=2, bound_cpus=(C,)), view) == [
+        f"instance 2: 2 busy threads (of 2 threads in 2 process(es)) on 1 CPU(s) {C}: {OVERSUB_HINT}"
+    ]
+
+
+# --------------------------------------------------------------------------- libraries mapped
+
+
+def _lib(name: str) -> Path:
+    path = libraries.find(libraries.REGISTRY[name], os.environ)
+    if path is None:
+        pytest.skip(f"{name} not installed ({libraries.REGISTRY[name].install})")
+    return path
+
+
+def _torch_gomp() -> Path:
+    spec = importlib.util.find_spec("torch")
+    path = Path(spec.submodule_search_locations[0]) / "lib" / "libgomp.so.1" if spec else None
+    if path is None or not path.exists():
+        pytest.skip("torch's bundled libgomp.so.1 not found")
+    return path
+
+
+def test_preloaded_tcmalloc_is_seen():
+    tcmalloc = _lib("tcmalloc")
+    with child("ready()", env={"LD_PRELOAD": str(tcmalloc)}) as (pid, _):
+        view = verify.inspect(pid)
+    assert os.path.realpath(tcmalloc) in view.libraries
+    assert view.allocators == ("tcmalloc",)
+    base = dict(index=0, bound_cpus=tuple(ALLOWED))
+    assert verify.compare(Expected(**base, allocator="tcmalloc"), view) == []
+    assert verify.compare(Expected(**base, allocator="jemalloc"), view) == [
+        f"instance 0: jemalloc planned but not mapped in pid {pid} (mapped: tcmalloc; LD_PRELOAD lost?)"
+    ]
+    with child("ready()") as (pid, _):
+        plain = verify.inspect(pid)
+    assert plain.allocators == ()
+    assert verify.compare(Expected(**base, allocator="tcmalloc"), plain) == [
+        f"instance 0: tcmalloc planned but not mapped in pid {pid} (mapped: the C library malloc only; "
+        "LD_PRELOAD lost?)"
+    ]
+
+
+def test_two_allocators_mapped():
+    tcmalloc, jemalloc = _lib("tcmalloc"), _lib("jemalloc")
+    with child("ready()", env={"LD_PRELOAD": f"{tcmalloc} {jemalloc}"}) as (pid, _):
+        view = verify.inspect(pid)
+    assert sorted(view.allocators) == ["jemalloc", "tcmalloc"]
+    assert verify.compare(Expected(index=0, bound_cpus=tuple(ALLOWED), allocator="tcmalloc"), view) == [
+        f"instance 0: two allocators mapped in pid {pid}: jemalloc, tcmalloc"
+    ]
+
+
+def test_openmp_runtimes_mapped():
+    iomp5, gomp = _lib("iomp5"), _torch_gomp()
+    real_iomp5, real_gomp = os.path.realpath(iomp5), os.path.realpath(gomp)
+    base = dict(index=0, bound_cpus=tuple(ALLOWED))
+    # --omp-runtime intel: libiomp5 preloaded while torch's libgomp stays mapped (PLATFORM.md).
+    with child("ready()", env={"LD_PRELOAD": f"{iomp5} {gomp}"}) as (pid, _):
+        both = verify.inspect(pid)
+    assert dict(both.openmp) == {"intel": real_iomp5, "gnu": real_gomp}
+    assert verify.compare(Expected(**base, omp_runtime="intel"), both) == []
+    assert verify.compare(Expected(**base, omp_runtime="gnu"), both) == [
+        f"instance 0: two OpenMP runtimes mapped in pid {pid}: gnu ({real_gomp}), intel ({real_iomp5})"
+    ]
+    with child("ready()", env={"LD_PRELOAD": str(gomp)}) as (pid, _):
+        gnu_only = verify.inspect(pid)
+    assert verify.compare(Expected(**base, omp_runtime="intel"), gnu_only) == [
+        f"instance 0: Intel OpenMP planned but libiomp5 is not mapped in pid {pid} (mapped: gnu)"
+    ]
+    assert verify.compare(Expected(**base, omp_runtime="gnu"), gnu_only) == []
+    with child("ready()", env={"LD_PRELOAD": str(iomp5)}) as (pid, _):
+        intel_only = verify.inspect(pid)
+    assert verify.compare(Expected(**base, omp_runtime="gnu"), intel_only) == [
+        f"instance 0: GNU OpenMP planned but pid {pid} maps intel"
+    ]
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _nodes() -> list:
+    return sorted(int(p.name[4:]) for p in Path("/sys/devices/system/node").glob("node[0-9]*"))
+
+
+ALLOC = "data = b'\\x01' * (32 << 20)   # 32 MiB, every page written\nready()\n"
+
+
+@pytest.mark.skipif(shutil.which("numactl") is None or 0 not in _nodes(), reason="needs numactl and node 0")
+def test_memory_bound_by_numactl():
+    with child(ALLOC, prefix=("numactl", "-C", str(C), "-m", "0")) as (pid, _):
+        view = verify.inspect(pid)
+    assert view.cpus == frozenset({C})
+    assert view.numa.policy == "bind:0"
+    assert view.numa.anon_kb_per_node[0] >= 32 << 10
+    assert set(view.numa.anon_kb_per_node) == {0}
+    assert view.numa.share_on((0,)) == 1.0
+    assert verify.compare(Expected(index=0, bound_cpus=(C,), mem_nodes=(0,), mem_policy="bind"), view) == []
+    # The same process judged against a plan that bound it to node 1.
+    where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(view.numa.anon_kb_per_node.items()))
+    assert verify.compare(Expected(index=0, bound_cpus=(C,), mem_nodes=(1,), mem_policy="bind"), view) == [
+        f"instance 0: pid {pid} runs with memory policy bind:0, planned bind:1 (the memory binding did not apply)",
+        f"instance 0: only 0% of its anonymous memory is on bound node(s) 1 ({where})",
+    ]
+
+
+@pytest.mark.skipif(_nodes() != [0], reason="needs a single NUMA node 0")
+def test_memory_binding_lost():
+    with child(ALLOC) as (pid, _):
+        view = verify.inspect(pid)
+    assert view.numa.policy == "default"
+    assert verify.compare(Expected(index=4, bound_cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind"), view) == [
+        f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did not apply)"
+    ]
+
+
+def test_parse_numa_maps_literal():
+    text = (
+        "55d0c0000000 default file=/usr/bin/python3.11 mapped=20 N0=12 N1=8 kernelpagesize_kB=4\n"
+        "55d0c1000000 bind:0-1 heap anon=300 dirty=300 N0=200 N1=100 kernelpagesize_kB=4\n"
+        "7f0000000000 bind:0-1 anon=3 dirty=3 N1=3 kernelpagesize_kB=2048\n"
+        "7f1000000000 bind:0-1 file=/lib/libc.so.6 anon=1 dirty=1 N0=1 kernelpagesize_kB=4\n"
+        "7ffd00000000 bind:0-1 stack N0=5 kernelpagesize_kB=4\n"
+        "7ffe00000000 bind:0-1\n"
+        "garbage\n"
+    )
+    usage = verify.parse_numa_maps(text)
+    assert usage.kb_per_node == {0: 12 * 4 + 200 * 4 + 4 + 5 * 4, 1: 8 * 4 + 100 * 4 + 3 * 2048}
+    assert usage.anon_kb_per_node == {0: 200 * 4 + 4 + 5 * 4, 1: 100 * 4 + 3 * 2048}
+    assert usage.policies == {"default": 1, "bind:0-1": 5}
+    assert usage.policy == "bind:0-1"
+    assert usage.share_on((1,)) == (100 * 4 + 3 * 2048) / (200 * 4 + 4 + 5 * 4 + 100 * 4 + 3 * 2048)
+    assert verify.parse_numa_maps("").share_on((0,)) is None and verify.parse_numa_maps("").policy is None
+
+
+# --------------------------------------------------------------------------- plan-free and env-based
+
+
+def test_expectation_from_the_process_environment():
+    tcmalloc = _lib("tcmalloc")
+    env = {"CPULAUNCH_CPUS": str(C), "CPULAUNCH_INSTANCE_INDEX": "3", "LD_PRELOAD": str(tcmalloc),
+           "OMP_NUM_THREADS": "1"}
+    script = f"os.sched_setaffinity(0, {{{C}}})\nready()\n"
+    with child(script, env=env) as (pid, _):
+        report = verify.verify([(pid, None)])
+    (result,) = report.instances
+    assert result.expected == Expected(index=3, bound_cpus=(C,), cpus=(C,), mem_nodes=(), mem_policy=None,
+                                       allocator="tcmalloc", omp_runtime=None)
+    assert result.warnings == () and report.ok
+    doc = verify.report_json(report)
+    assert json.loads(json.dumps(doc)) == doc
+    (inst,) = doc["instances"]
+    assert (inst["pid"], inst["index"], inst["error"], inst["warnings"]) == (pid, 3, None, [])
+    assert inst["expected"] == {"index": 3, "bound_cpus": str(C), "cpus": str(C), "mem_nodes": "",
+                                "mem_policy": None, "allocator": "tcmalloc", "omp_runtime": None}
+    proc = inst["process"]
+    assert (proc["pid"], proc["cpus"], proc["thread_count"], proc["busy_threads"]) == (pid, str(C), 1, 1)
+    assert proc["allocators"] == ["tcmalloc"]
+    assert proc["environ"] == {**env, "LD_PRELOAD": str(tcmalloc)}  # only the variables verify keeps
+    assert doc["ok"] is True and doc["warnings"] == []
+    text = verify.render_text(report)
+    assert text.startswith(f"verify instance 3 (pid {pid}): planned CPUs {C}\n")
+    assert "  ok: matches the plan\n" in text
+
+
+def test_plan_free_check_and_vanished_process():
+    script = f"os.sched_setaffinity(0, {{{C}}})\nready()\n"
+    with child(script) as (pid, _):
+        report = verify.verify([(pid, None)])
+    assert report.instances[0].expected is None and report.ok
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = int(done.stdout)
+    report = verify.verify([(gone, None), (gone, Expected(index=5))])
+    assert [r.error for r in report.instances] == [
+        f"pid {gone}: no process {gone} to verify (it exited, or /proc/{gone} is unreadable)",
+        f"instance 5: no process {gone} to verify (it exited, or /proc/{gone} is unreadable)",
+    ]
+    assert not report.ok and report.warnings == tuple(r.error for r in report.instances)
+    with pytest.raises(verify.VerifyError):
+        verify.inspect(gone)
+
+
+def test_expected_from_rendered_instance():
+    from cpulaunch.render import RenderedInstance
+
+    inst = RenderedInstance(index=1, cpus=(3, 2), bound_cpus=(2, 3, 4), mem_nodes=(0,), mem_policy="bind",
+                            env={}, argv=("true",), prefix=())
+    assert Expected.from_rendered(inst, allocator="tcmalloc", omp_runtime="gnu") == Expected(
+        index=1, bound_cpus=(2, 3, 4), cpus=(2, 3), mem_nodes=(0,), mem_policy="bind",
+        allocator="tcmalloc", omp_runtime="gnu")
+
+
+# --------------------------------------------------------------------------- parsers and a generated /proc
+
+
+def test_parse_maps_and_stat():
+    maps = (
+        "55d0-55d1 r--p 00000000 08:01 11 /usr/bin/python3.11\n"
+        "7f00-7f01 r--p 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.10\n"
+        "7f01-7f02 r-xp 00001000 08:01 12 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.10\n"
+        "7f02-7f03 r-xp 00000000 08:01 13 /opt/torch/lib/libgomp-a34b3233.so.1 (deleted)\n"
+        "7f03-7f04 rw-p 00000000 00:00 0 \n"
+        "7f04-7f05 rw-p 00000000 00:00 0 [heap]\n"
+        "7f05-7f06 r--p 00000000 08:01 14 /usr/lib/locale/C.utf8/LC_CTYPE\n"
+        "7f06-7f07 r--p 00000000 08:01 15 /usr/lib/libc.so\n"
+    )
+    assert verify.parse_maps(maps) == (
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.10",
+        "/opt/torch/lib/libgomp-a34b3233.so.1",
+        "/usr/lib/libc.so",
+    )
+    stat = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 3 0 100 0 0"
+    assert verify.parse_stat_cpu_ticks(stat) == ("S", 280)
+    assert verify.openmp_runtime_of("/opt/torch/lib/libgomp-a34b3233.so.1") == "gnu"
+    assert [verify.openmp_runtime_of(n) for n in ("libiomp5.so", "libomp.so.5", "libomptarget.so",
+                                                    "libiompstubs5.so")] == ["intel", "llvm", None, None]
+
+
+def _fake_proc(root: Path, pid: int, ppid: int, cpus: str, tids: dict, maps: str = "", numa: str = "") -> None:
+    base = root / "proc" / str(pid)
+    (base / "task").mkdir(parents=True)
+    (base / "status").write_text(f"Name:\tworker\nPPid:\t{ppid}\nCpus_allowed_list:\t{cpus}\n")
+    (base / "stat").write_text(f"{pid} (worker) S {ppid} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
+    (base / "cmdline").write_text(f"worker\x00--id\x00{pid}\x00")
+    (base / "maps").write_text(maps)
+    (base / "numa_maps").write_text(numa)
+    for tid, (name, tcpus, ticks) in tids.items():
+        t = base / "task" / str(tid)
+        t.mkdir()
+        t.joinpath("status").write_text(f"Name:\t{name}\nState:\tS (sleeping)\nCpus_allowed_list:\t{tcpus}\n")
+        t.joinpath("stat").write_text(f"{tid} ({name}) R {ppid} 0 0 0 0 0 0 0 0 0 0 {ticks} 0 0 0 0 0 0 0\n")
+
+
+def test_inspect_under_a_generated_root(tmp_path):
+    """``root`` is honoured everywhere: threads, children (found through every proc/N/stat),
+    maps and numa_maps; garbage in one file costs only that fact."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    _fake_proc(tmp_path, 100, 1, "0-3", {100: ("main", "0-3", ticks), 101: ("omp", "0-7", ticks),
+                                          102: ("idle", "0-3", 0)},
+               maps="7f-80 r-xp 0 0:0 1 /usr/lib/libjemalloc.so.2\n",
+               numa="7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n")
+    _fake_proc(tmp_path, 200, 100, "0-3", {200: ("loader", "0-3", 2 * ticks)})
+    _fake_proc(tmp_path, 300, 1, "0-3", {300: ("other", "0-3", 0)})
+    (tmp_path / "proc/300/stat").write_text("garbage")
+    (tmp_path / "proc/100/task/102/stat").write_text("garbage")
+    view = verify.inspect(100, tmp_path)
+    assert [(t.tid, t.name, fmt(t.cpus), t.busy) for t in view.threads] == [
+        (100, "main", "0-3", True), (101, "omp", "0-7", True), (102, "idle", "0-3", False)]
+    assert [c.pid for c in view.children] == [200]
+    assert view.cmdline == ("worker", "--id", "100") and view.allocators == ("jemalloc",)
+    assert view.numa.policy == "bind:1"
+    exp = Expected(index=7, bound_cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind", allocator="jemalloc")
+    # pid 200 has an empty numa_maps: its policy is unknown, not a mismatch.
+    assert verify.compare(exp, view) == [
+        "instance 7: thread 101 (omp) of pid 100 may run on CPUs 0-7, outside its planned CPUs 0-3 "
+        "(CPUs 4-7 too: the program widened its affinity or the binding was lost)",
+    ]
