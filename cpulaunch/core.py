@@ -128,7 +128,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         omp_runtime=omp, openmp_path=openmp_path, allocator=alloc, allocator_path=alloc_path,
         bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
         extra_env=extra, instance_env=dict(instance_env or {}), omp_places=opts.omp_places, label=label,
-        kmp_blocktime=opts.kmp_blocktime,
+        kmp_blocktime=opts.kmp_blocktime, dataloader_workers=opts.request.dataloader_workers,
     )
     return settings, notes
 

@@ -77,6 +77,7 @@ class Settings:
         label: what an instance is called in messages ("instance" or "rank").
         kmp_blocktime: KMP_BLOCKTIME (ms) for runtimes that read it, instead of the
             registry's value (vLLM uses 5; tune searches it).
+        dataloader_workers: --dataloader-workers (cores per instance for DataLoader workers).
     """
 
     omp_runtime: str = "gnu"
@@ -92,6 +93,7 @@ class Settings:
     omp_places: bool = False
     label: str = "instance"
     kmp_blocktime: Optional[int] = None
+    dataloader_workers: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,14 +209,15 @@ def _planned_tunables(inst: Instance, settings: Settings) -> dict:
     return env
 
 
-def _budget_env(inst: Instance) -> dict:
-    """Identity variables describing the instance's core budgets (issue 11)."""
+def _budget_env(inst: Instance, settings: Settings) -> dict:
+    """Identity variables describing the instance's core budgets (issue 11):
+    CPULAUNCH_DATALOADER_CPUS (cpulist) and CPULAUNCH_DATALOADER_WORKERS (the
+    --dataloader-workers count: one worker per reserved core), CPULAUNCH_RESERVED_CPUS."""
     env = {}
     dl = tuple(getattr(inst, "dataloader_cpus", ()) or ())
     if dl:
         env["CPULAUNCH_DATALOADER_CPUS"] = cpulist.format(dl)
-        workers = getattr(inst, "dataloader_workers", None)
-        env["CPULAUNCH_DATALOADER_WORKERS"] = str(workers if workers else len(dl))
+        env["CPULAUNCH_DATALOADER_WORKERS"] = str(settings.dataloader_workers or len(dl))
     reserved = tuple(getattr(inst, "reserved_cpus", ()) or ())
     if reserved and hasattr(inst, "ccl_cpus"):
         env["CPULAUNCH_RESERVED_CPUS"] = cpulist.format(reserved)
@@ -273,7 +276,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
         env["CPULAUNCH_INSTANCE_INDEX"] = str(inst.index)
         env["CPULAUNCH_NUM_INSTANCES"] = str(plan.num_instances)
         env["CPULAUNCH_CPUS"] = inst.cpulist
-        env.update(_budget_env(inst))
+        env.update(_budget_env(inst, settings))
         env.update(settings.instance_env.get(inst.index, {}))
         if settings.bind == "numactl":
             prefix = numactl_prefix(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)

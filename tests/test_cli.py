@@ -295,3 +295,19 @@ def test_verify_during_a_run_names_the_instance_that_widened_its_affinity(tmp_pa
     (run,) = list(logs.iterdir())
     doc = json.loads((run / "verify.json").read_text())
     assert "instance 1" in json.dumps(doc) and "0-1" in json.dumps(doc)
+
+
+@need2
+def test_dataloader_budget_reaches_the_child():
+    """One instance on this machine's 2 cores with one core set aside for DataLoader
+    workers: OpenMP gets the other core, the child is bound to both, and the env says so."""
+    code = ("import json,os; print(json.dumps({'aff': sorted(os.sched_getaffinity(0)), 'env': {k: v for k, v in "
+            "os.environ.items() if k.startswith(('CPULAUNCH_', 'OMP_'))}}))")
+    plan = dry_json("--dataloader-workers", "1", "--allocator", "default", PY, "-c", code)
+    (inst,) = plan["instances"]
+    rec = json_records(run_cli("--dataloader-workers", "1", "--allocator", "default", PY, "-c", code).stdout)[0]
+    assert rec["aff"] == inst["bound_cpus"] == sorted(os.sched_getaffinity(0))[:2]
+    assert rec["env"]["OMP_NUM_THREADS"] == "1" and rec["env"]["CPULAUNCH_DATALOADER_WORKERS"] == "1"
+    dl = rec["env"]["CPULAUNCH_DATALOADER_CPUS"]
+    assert dl == inst["env"]["CPULAUNCH_DATALOADER_CPUS"] and dl not in rec["env"]["CPULAUNCH_CPUS"]
+    assert rec["env"]["OMP_PLACES"] == "{%s}" % rec["env"]["CPULAUNCH_CPUS"]  # OpenMP kept off the budget
