@@ -484,3 +484,35 @@ def test_environment_variables_that_fight_the_plan(tmp_path):
 
     quiet = doctor.diagnose(root, {}, live=False)
     assert not [f for f in quiet.findings if f.id.startswith("env-")]
+
+
+def _fake_numactl(folder: Path, stderr: str, rc: int) -> Path:
+    """A numactl that refuses the way a container without CAP_SYS_NICE does."""
+    folder.mkdir()
+    exe = folder / "numactl"
+    exe.write_text(f"#!/bin/sh\necho '{stderr}' >&2\nexit {rc}\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_numactl_refused_without_cap_sys_nice(tmp_path):
+    exe = _fake_numactl(tmp_path / "bin", "set_mempolicy: Operation not permitted", 1)
+    report = doctor.diagnose("/", {"PATH": str(exe.parent)}, live=True)
+    n = doctor.to_json(report)["numactl"]
+    allowed = cpulist.format(os.sched_getaffinity(0))
+    assert (n["path"], n["checked"], n["usable"]) == (str(exe), True, False)
+    assert n["argv"][:3] == [str(exe), "-C", allowed] and n["argv"][-1] == "true"
+    assert n["reason"] == f"`{' '.join(n['argv'][:-1])}` failed: set_mempolicy: Operation not permitted"
+    f = _by_id(report)["numactl"]
+    assert f.severity == "error" and f.summary == f"numactl cannot bind here: {n['reason']}"
+    assert "CAP_SYS_NICE" in f.detail
+    assert f.fix == "docker run --cap-add SYS_NICE ... (or pass --bind affinity: CPU binding only)"
+
+
+def test_numactl_missing(tmp_path):
+    (tmp_path / "empty").mkdir()
+    report = doctor.diagnose("/", {"PATH": str(tmp_path / "empty")}, live=True)
+    assert doctor.to_json(report)["numactl"] == {"path": None, "checked": False, "usable": False,
+                                                 "reason": "not installed", "argv": None}
+    f = _by_id(report)["numactl"]
+    assert (f.severity, f.summary, f.fix) == ("warn", "numactl is not installed", "apt-get install numactl (dnf install numactl)")

@@ -431,3 +431,40 @@ def test_inspect_under_a_generated_root(tmp_path):
         "instance 7: thread 101 (omp) of pid 100 may run on CPUs 0-7, outside its planned CPUs 0-3 "
         "(CPUs 4-7 too: the program widened its affinity or the binding was lost)",
     ]
+
+
+# --------------------------------------------------------------------------- a real torch process
+
+TORCH_CHILD = """
+import torch
+torch.set_num_threads({threads})
+x = torch.randn(2_000_000)
+end = time.monotonic() + 1.0
+while time.monotonic() < end:   # intra-op parallel work for one second
+    torch.exp(x)
+ready(threads=torch.get_num_threads())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+@pytest.mark.skipif(shutil.which("numactl") is None or 0 not in _nodes(), reason="needs numactl and node 0")
+def test_torch_intra_op_threads_counted():
+    """torch's OpenMP team as the plan sets it matches; twice as many threads as CPUs is reported."""
+    n = len(ALLOWED)
+    prefix = ("numactl", "-C", fmt(ALLOWED), "-m", "0")
+    exp = Expected(index=0, bound_cpus=tuple(ALLOWED), cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind",
+                   omp_runtime="gnu")
+    with child(TORCH_CHILD.format(threads=n), prefix=prefix) as (pid, info):
+        fits = verify.inspect(pid)
+    assert info["threads"] == n
+    assert "gnu" in fits.openmp and fits.numa.policy == "bind:0"
+    assert sum(t.busy or t.tid == pid for t in fits.threads) == n  # the main thread + n-1 OpenMP workers
+    assert verify.compare(exp, fits) == []
+    with child(TORCH_CHILD.format(threads=2 * n), prefix=prefix) as (pid, info):
+        over = verify.inspect(pid)
+    assert info["threads"] == 2 * n
+    assert verify.compare(exp, over) == [
+        f"instance 0: {2 * n} busy threads (of {len(over.threads)} threads in 1 process(es)) on {n} CPU(s) "
+        f"{fmt(ALLOWED)}: {OVERSUB_HINT}"
+    ]
