@@ -60,14 +60,15 @@ def excerpt(text: str, width: int = 60) -> str:
 
 
 def _clean(text: str) -> str:
-    # sysfs files end in "\n" and, on some arm64 kernels, a NUL byte as well.
-    return text.replace("\x00", "").strip(" \t\n")
+    # sysfs files end in "\n" and, on some arm64 kernels, a NUL byte as well; nothing
+    # else is forgiven (a blank before or inside the list is refused).
+    return text.replace("\x00", "").rstrip(" \t\n")
 
 
 def _number(digits: str, text: str, limit: int) -> int:
     """``digits`` (ASCII, already matched) as an int below ``limit``, else CpulistError."""
     if len(digits) > _MAX_DIGITS and len(digits.lstrip("0")) > _MAX_DIGITS:
-        raise CpulistError(f"id {excerpt(digits, 24)} in cpulist {excerpt(text)} is too large "
+        raise CpulistError(f"id {digits[:20]}... ({len(digits)} digits) in cpulist {excerpt(text)} is too large "
                            f"(ids must be below {limit})")
     value = int(digits)
     if value >= limit:
@@ -87,11 +88,11 @@ def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
 
     Examples: ``"0-2,4"`` -> ``{0, 1, 2, 4}``; ``""`` -> ``set()``; ``"0-7:2/4"`` ->
     ``{0, 1, 4, 5}`` (in each group of 4 starting at 0, use the first 2);
-    ``"3\\n\\x00"`` -> ``{3}`` (NUL bytes anywhere, and blanks/newlines around the text,
-    are ignored); ``" 0-1 , 3 "`` -> ``{0, 1, 3}`` (blanks around items are allowed).
-    Refused: ``"1,,2"`` (empty item), ``"+1"``, ``"0- 1"`` (blank inside an item),
-    ``"١"`` (non-ASCII digit), ``"3-1"`` (reversed), ``"5:1/2"`` (stride without range),
-    ``"0-4294967295"`` with the default limit.
+    ``"3\\n\\x00"`` -> ``{3}`` (NUL bytes anywhere, and blanks/newlines at the end, are
+    ignored: sysfs writes them). Refused: ``"1,,2"`` (empty item), ``"+1"``, ``" 1"`` and
+    ``"0, 1"`` (blanks before or inside the list), ``"١"`` (non-ASCII digit), ``"1_0"``,
+    ``"3-1"`` (reversed), ``"5:1/2"`` (stride without range), ``"0-4294967295"`` with the
+    default limit.
 
     Args:
         text: the list, e.g. the contents of ``/sys/devices/system/cpu/online``.
@@ -112,30 +113,29 @@ def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
         ids = [int(x) for x in body.split(",")]
         top = max(ids)
         if top >= limit:
-            raise CpulistError(f"id {top} in cpulist {excerpt(text)} is too large "
+            raise CpulistError(f"id {top} in cpulist {excerpt(body)} is too large "
                                f"(ids must be below {limit})")
         return frozenset(ids)
     out: set[int] = set()
-    for raw_item in body.split(","):
-        item = raw_item.strip(" \t")
+    for item in body.split(","):
         m = _ITEM.fullmatch(item)
         if m is None:
             raise CpulistError(
-                f"bad item {excerpt(item, 24)} in cpulist {excerpt(text)}: expected N, N-M or "
+                f"bad item {excerpt(item, 24)} in cpulist {excerpt(body)}: expected N, N-M or "
                 f"N-M:used/group in ASCII digits"
             )
         lo_s, hi_s, used_s, group_s = m.groups()
-        lo = _number(lo_s, text, limit)
-        hi = lo if hi_s is None else _number(hi_s, text, limit)
+        lo = _number(lo_s, body, limit)
+        hi = lo if hi_s is None else _number(hi_s, body, limit)
         if hi < lo:
-            raise CpulistError(f"reversed range {item!r} in cpulist {excerpt(text)}")
+            raise CpulistError(f"reversed range {item!r} in cpulist {excerpt(body)}")
         if used_s is None:
             out.update(range(lo, hi + 1))
             continue
         used, group = _small(used_s), _small(group_s)
         if used <= 0 or group <= 0:
             raise CpulistError(
-                f"bad stride {item!r} in cpulist {excerpt(text)}: used and group must be >= 1"
+                f"bad stride {item!r} in cpulist {excerpt(body)}: used and group must be >= 1"
             )
         if used >= group:
             out.update(range(lo, hi + 1))
@@ -183,7 +183,7 @@ def parse_mask(text: str, limit: int = MAX_IDS) -> frozenset[int]:
     for i, word in enumerate(reversed(words)):  # least significant word first
         if _HEX_WORD.fullmatch(word) is None:
             raise CpulistError(
-                f"bad cpumask {excerpt(text)}: {excerpt(word, 24)} is not a 32-bit hex word"
+                f"bad cpumask {excerpt(body)}: {excerpt(word, 24)} is not a 32-bit hex word"
             )
         value = int(word, 16)
         if not value:
@@ -193,7 +193,7 @@ def parse_mask(text: str, limit: int = MAX_IDS) -> frozenset[int]:
         top = base + len(bits) - 1
         if top >= limit:
             raise CpulistError(
-                f"bad cpumask {excerpt(text)}: bit {top} is set (ids must be below {limit})"
+                f"bad cpumask {excerpt(body)}: bit {top} is set (ids must be below {limit})"
             )
         out.extend(base + k for k, b in enumerate(bits) if b == "1")
     return frozenset(out)

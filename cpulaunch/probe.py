@@ -236,7 +236,7 @@ def parse_cpu_max(text: str) -> Optional[float]:
     period = _count(f[1]) if len(f) > 1 else 100000
     if len(f) > 2 or not period or (f[0] != "max" and not _count(f[0])):
         raise ValueError(f"expected '$MAX $PERIOD' (max or a positive number of "
-                         f"microseconds, then a positive period), found {excerpt(text)}")
+                         f"microseconds, then a positive period), found {excerpt(text.strip())}")
     if f[0] == "max":
         return None
     return _count(f[0]) / period

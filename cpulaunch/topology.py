@@ -124,7 +124,7 @@ def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
             notes.append(f"{CPU_PATH}/kernel_max says {text}: CPU ids bounded at "
                          f"{cpulist.MAX_IDS} instead")
             return cpulist.MAX_IDS
-        notes.append(f"{CPU_PATH}/kernel_max is not a CPU index ({excerpt(kernel_max)}): ignored")
+        notes.append(f"{CPU_PATH}/kernel_max is not a CPU index ({excerpt(text)}): ignored")
     if possible is not None and _clean(possible):
         try:
             ids = cpulist.parse(possible, cpulist.MAX_IDS)
@@ -411,7 +411,7 @@ class _Reader:
         if value is _MISSING:
             body = _clean(text)
             if body and _INT.fullmatch(body) is None:
-                raise corrupt(self.root, _where(path), f"expected an integer, found {excerpt(text)}")
+                raise corrupt(self.root, _where(path), f"expected an integer, found {excerpt(body)}")
             value = self._numbers[text] = int(body) if body else None
         return value
 
@@ -423,7 +423,7 @@ class _Reader:
         body = _clean(text)
         if body.isdigit() and body.isascii() and len(body) <= 18:
             return int(body)
-        self.notes.append(f"{printable(path)}: not a number ({excerpt(text)}): ignored")
+        self.notes.append(f"{printable(path)}: not a number ({excerpt(body)}): ignored")
         return None
 
 
@@ -588,6 +588,7 @@ def _core_sets(raw: RawHost, online: frozenset, rd: _Reader) -> list[list[int]]:
     sets: list[frozenset] = []
     owner: dict[int, int] = {}  # cpu -> index in sets
     overlap = False
+    online_part: dict[int, frozenset] = {}  # id(parsed set) -> its online CPUs (shared)
     for cpu, rc in raw.cpus.items():
         if rc.thread_siblings_list is None and rc.thread_siblings is None or cpu not in online:
             continue
@@ -598,9 +599,14 @@ def _core_sets(raw: RawHost, online: frozenset, rd: _Reader) -> list[list[int]]:
             sibs = rd.cpus(rc.thread_siblings, (cpu, "thread_siblings"), mask=True)
         if not sibs:
             continue  # empty lists: as if absent
-        members = sibs if cpu in sibs and sibs <= online else (sibs & online) | {cpu}
+        # Identical texts parse to one object: its online part is computed once, and a set
+        # named again by another of its CPUs is recognised at once (no O(size) compare).
+        part = online_part.get(id(sibs))
+        if part is None:
+            part = online_part[id(sibs)] = sibs if sibs <= online else sibs & online
+        members = part if cpu in part else part | {cpu}
         i = owner.get(cpu)
-        if i is not None and sets[i] == members:
+        if i is not None and (sets[i] is members or sets[i] == members):
             continue  # the same set named by another of its CPUs: once is enough
         idx = len(sets)
         sets.append(members)
@@ -609,18 +615,26 @@ def _core_sets(raw: RawHost, online: frozenset, rd: _Reader) -> list[list[int]]:
                 overlap = True
             owner[m] = idx
 
-    lone = [c for c in online if c not in owner]
+    lone = sorted(c for c in online if c not in owner) if len(owner) < len(online) else []
+    singles: list[list[int]] = []
     if lone:
         groups: dict[tuple, list] = {}
-        for cpu in sorted(lone):
-            rc = raw.cpus.get(cpu, _NO_CPU)
+        for cpu in lone:
+            rc = raw.cpus.get(cpu)
+            if rc is None or rc.core_id is None:
+                singles.append([cpu])  # nothing to group it by: a core of its own
+                continue
             key = (rd.number(rc.package_id, (cpu, "physical_package_id")),
                    rd.number(rc.die_id, (cpu, "die_id")),
                    rd.number(rc.core_id, (cpu, "core_id")))
-            groups.setdefault(key if key[2] is not None else ("cpu", cpu), []).append(cpu)
+            if key[2] is None:
+                singles.append([cpu])
+            else:
+                groups.setdefault(key, []).append(cpu)
         sets.extend(frozenset(g) for g in groups.values())
         rd.notes.append("no thread_siblings_list for some CPUs: cores grouped by core_id")
     merged = _merge(sets, online) if overlap else [sorted(s) for s in sets]
+    merged.extend(singles)
     merged.sort(key=lambda m: m[0])
     return merged
 

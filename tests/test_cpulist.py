@@ -7,6 +7,8 @@ NUL-terminated arm64 files, node cpumap words); properties are checked with hypo
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +35,7 @@ ids = st.frozensets(st.integers(min_value=0, max_value=5000), max_size=200)
         ("5,1,3", {1, 3, 5}),  # unordered items are fine
         ("1-1", {1}),
         ("0-3,2-5", set(range(6))),  # overlapping ranges merge
-        (" 0-1 , 3 ", {0, 1, 3}),  # blanks around items
+        ("0-1 \n", {0, 1}),  # blanks at the end, as a shell may leave them
         ("", set()),
         ("\n", set()),
         ("\x00", set()),
@@ -83,12 +85,108 @@ def test_parse_strides(text, expected):
         "0-7:-1/4",
         "0x1f",  # a mask is not a list
         "0 1",
+        # strict: only ASCII digits, no blanks before or inside the list
+        "+1",
+        " 1",
+        "0- 1",
+        "0-1 , 3",
+        "1,,2",
+        "1_0",  # int() would read 10
+        "\u0661",  # ARABIC-INDIC DIGIT ONE: int() would read 1
+        "\uff11-\uff13",  # fullwidth digits
+        "5:1/2",  # a stride follows a range only (lib/bitmap.c)
+        "0-7:+1/4",
+        "\t3",
+        "3\n4",
+        "\ufffd",  # what a non-UTF-8 byte decodes to
     ],
 )
 def test_parse_rejects(text):
     with pytest.raises(CpulistError) as info:
         cpulist.parse(text)
     assert repr(text) in str(info.value)  # the message quotes what was given
+
+
+def test_rejected_items_are_quoted_on_one_line():
+    with pytest.raises(CpulistError) as info:
+        cpulist.parse("1,,2\n")
+    assert str(info.value) == (
+        "bad item '' in cpulist '1,,2': expected N, N-M or N-M:used/group in ASCII digits"
+    )
+    # a huge file is quoted by an excerpt, and the message stays one line
+    with pytest.raises(CpulistError) as info:
+        cpulist.parse("0," * 50000 + "x\n")
+    msg = str(info.value)
+    assert "\n" not in msg and len(msg) < 250 and "(100001 chars)" in msg
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+def test_default_limit_is_max_ids():
+    assert cpulist.MAX_IDS == 65536 and cpulist.MAX_NODE_IDS == 4096
+    assert cpulist.parse(f"{cpulist.MAX_IDS - 1}") == {65535}
+    with pytest.raises(CpulistError) as info:
+        cpulist.parse(f"{cpulist.MAX_IDS}")
+    assert str(info.value) == "id 65536 in cpulist '65536' is too large (ids must be below 65536)"
+
+
+@pytest.mark.parametrize(
+    "text, limit, bad_id",
+    [
+        ("0-4294967295", cpulist.MAX_IDS, "4294967295"),  # issue 8: exhausted memory
+        ("0-99999999", 8192, "99999999"),
+        ("8", 8, "8"),  # limit is exclusive, like nr_cpu_ids
+        ("0-3,8-9", 8, "8"),
+        ("0,512", 512, "512"),  # the one-line fast path checks it too
+        ("0-8:1/2", 8, "8"),  # a stride's range end counts, even if the stride skips it
+        ("0-" + "9" * 40, cpulist.MAX_IDS, "9" * 20 + "... (40 digits)"),  # more digits than int() may read
+    ],
+)
+def test_limit_refuses_ids_before_allocating(text, limit, bad_id):
+    start = time.perf_counter()
+    with pytest.raises(CpulistError) as info:
+        cpulist.parse(text, limit=limit)
+    assert time.perf_counter() - start < 0.1
+    assert f"id {bad_id}" in str(info.value)
+    assert f"(ids must be below {limit})" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, limit, expected",
+    [
+        ("0-7", 8, set(range(8))),
+        ("7", 8, {7}),
+        ("0-7:2/4", 8, {0, 1, 4, 5}),
+        ("250-255", cpulist.MAX_NODE_IDS, set(range(250, 256))),
+        ("", 1, set()),
+        ("0000000000000000000000007", 8, {7}),  # leading zeros are not a large id
+    ],
+)
+def test_ids_below_the_limit_are_accepted(text, limit, expected):
+    assert cpulist.parse(text, limit=limit) == frozenset(expected)
+
+
+def test_mask_limit():
+    assert cpulist.parse_mask("000000ff", limit=8) == set(range(8))
+    # leading zero words beyond the limit are what the kernel prints (nr_cpu_ids bits)
+    assert cpulist.parse_mask("00000000," * 300 + "00000003", limit=8) == {0, 1}
+    with pytest.raises(CpulistError) as info:
+        cpulist.parse_mask("00000100", limit=8)
+    assert "bit 8 is set (ids must be below 8)" in str(info.value)
+    with pytest.raises(CpulistError):
+        cpulist.parse_mask("80000000," + "00000000," * 3000 + "00000000")  # bit 96031
+    # linear: a 1 MiB mask of set bits is refused at once, not after 8 million bits
+    start = time.perf_counter()
+    with pytest.raises(CpulistError):
+        cpulist.parse_mask(",".join(["ffffffff"] * 116000))
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("word", ["+f", "f_f", "0x1f", " f", "123456789", "\uff10", ""])
+def test_parse_mask_is_strict(word):
+    with pytest.raises(CpulistError):
+        cpulist.parse_mask(f"{word},00000001")
 
 
 def test_cpulist_error_is_a_value_error():

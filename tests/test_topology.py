@@ -9,16 +9,20 @@ from ``lscpu --sysroot`` covers the lscpu fallback.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import bigtree
 from conftest import FACTS, FIXTURES, MACHINES, plan_json, run_cli
 from cpulaunch import cpulist, probe
 from cpulaunch.topology import (
@@ -715,3 +719,421 @@ def test_cores_partition_the_online_cpus_whatever_the_sibling_lists(sibs):
 def test_show_topology_names_the_isa_from_proc_cpuinfo(sysroots, machine, isa):
     out = run_cli("--sysroot", str(sysroots[machine]), "--show-topology").stdout
     assert out.splitlines()[2] == isa
+
+
+# --------------------------------------------------------------------------- cgroup memory nodes
+
+#: (allowed memory nodes, the file they come from) per dump; None: no cpuset mems in the dump.
+ALLOWED_MEMS = {
+    "hw-128arm-2pa2n8cluster4co": ("0-3", "sys/fs/cgroup/cpuset/cpuset.effective_mems"),
+    "hw-20em64t-hybrid-1p6c2t+2ca4co1t": None,
+    "hw-256ppc-8n8s4t": None,
+    "hw-32amd64-4s2n4c-cgroup2": ("0-5", "cgroup/unified/uid_2008/job_15389/step_0/cpuset.mems.effective"),
+    "hw-32intel64-2p8co2t+8ve": ("0-1", "sys/fs/cgroup/cpuset/cpuset.effective_mems"),
+    "hw-fakeheteromemtiers": ("0-2,4,6,8-9", "sys/fs/cgroup/cpuset.mems.effective"),
+    "hw-memorysidecaches": ("0-3", "sys/fs/cgroup/cpuset/cpuset.effective_mems"),
+    # the job's cgroup (jjh) may allocate on node 0 only, though its parent has 0,8,250-255
+    "hw-nvidiagpunumanodes": ("0", "sys/fs/cgroup/cpuset/jjh/cpuset.effective_mems"),
+}
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_allowed_mems_from_the_cgroup(machine, topos, sysroots):
+    topo = topos[machine]
+    if ALLOWED_MEMS[machine] is None:
+        assert topo.allowed_mems is None and topo.allowed_mems_source == ""
+        assert topo.to_dict()["allowed_mems"] is None
+        return
+    text, rel = ALLOWED_MEMS[machine]
+    assert cpulist.format(topo.allowed_mems) == text
+    assert topo.allowed_mems == cpulist.parse((sysroots[machine] / rel).read_text())
+    assert topo.allowed_mems_source == f"cgroup cpuset /{rel}"
+    assert topo.to_dict()["allowed_mems"] == text
+
+
+def test_allowed_mems_cgroup_v1_fallbacks_and_status(tmp_path):
+    v1 = {
+        "proc/self/cgroup": "3:cpuset:/job\n",
+        "proc/mounts": "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n",
+        "sys/fs/cgroup/cpuset/cpuset.mems": "0-1\n",
+        "sys/fs/cgroup/cpuset/job/cpuset.mems": "1\n",  # no effective_mems: cpuset.mems
+        "proc/self/status": "Mems_allowed_list:\t0\n",  # the cgroup file wins
+    }
+    topo = probe.probe(make_root(tmp_path / "v1", small_machine(4, v1)))
+    assert topo.allowed_mems == {1}
+    assert topo.allowed_mems_source == "cgroup cpuset /sys/fs/cgroup/cpuset/job/cpuset.mems"
+    topo = probe.probe(make_root(tmp_path / "status", small_machine(4, {
+        "proc/self/status": "Name:\tx\nCpus_allowed_list:\t0-3\nMems_allowed_list:\t0,2\n",
+    })))
+    assert topo.allowed_mems == {0, 2}
+    assert topo.allowed_mems_source == "Mems_allowed_list of proc/self/status"
+    assert probe.probe(make_root(tmp_path / "none", small_machine(4))).allowed_mems is None
+
+
+def test_allowed_mems_of_this_process():
+    """Under root "/" the real cgroup is read; the kernel's Mems_allowed_list of this
+    process is the same cpuset seen from the inside."""
+    status = Path("/proc/self/status").read_text()
+    m = re.search(r"^Mems_allowed_list:\s*(\S+)", status, re.M)
+    topo = probe.probe("/")
+    if m is None:
+        pytest.skip("no Mems_allowed_list in /proc/self/status (kernel without cpusets)")
+    assert topo.allowed_mems == cpulist.parse(m.group(1))
+    assert topo.allowed_mems_source.startswith(("cgroup cpuset /", "Mems_allowed_list"))
+
+
+# --------------------------------------------------------------------------- corrupt files
+
+
+def corrupt_message(root: Path, path: str, what: str) -> str:
+    return f"{path}: {what}; the tree under --sysroot {root} is corrupt or not a Linux dump"
+
+
+CG2 = {
+    "proc/self/cgroup": "0::/job\n",
+    "proc/self/mounts": "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n",
+}
+CG1 = {
+    "proc/self/cgroup": "4:cpu,cpuacct:/job\n",
+    "proc/mounts": "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu,cpuacct 0 0\n",
+}
+BAD_ITEM = "expected N, N-M or N-M:used/group in ASCII digits"
+
+#: (files changed in the 4-CPU small machine, file named, what the message says)
+CORRUPT = {
+    "online-empty-item": ({"sys/devices/system/cpu/online": "1,,2\n"},
+                          "/sys/devices/system/cpu/online", f"bad item '' in cpulist '1,,2': {BAD_ITEM}"),
+    "online-huge-range": ({"sys/devices/system/cpu/online": "0-4294967295\n"},
+                          "/sys/devices/system/cpu/online",
+                          "id 4294967295 in cpulist '0-4294967295' is too large (ids must be below 65536)"),
+    "online-beyond-kernel-max": ({"sys/devices/system/cpu/kernel_max": "3\n",
+                                  "sys/devices/system/cpu/online": "0-4\n"},
+                                 "/sys/devices/system/cpu/online",
+                                 "id 4 in cpulist '0-4' is too large (ids must be below 4)"),
+    "folder-beyond-possible": ({"sys/devices/system/cpu/possible": "0-1\n"},  # no kernel_max
+                               "/sys/devices/system/cpu/cpu3",
+                               "CPU id beyond the kernel's limit (ids must be below 2)"),
+    "online-plus": ({"sys/devices/system/cpu/online": "+1\n"},
+                    "/sys/devices/system/cpu/online", f"bad item '+1' in cpulist '+1': {BAD_ITEM}"),
+    "present-reversed": ({"sys/devices/system/cpu/present": "3-1\n"},
+                         "/sys/devices/system/cpu/present", "reversed range '3-1' in cpulist '3-1'"),
+    "folder-beyond-kernel-max": ({"sys/devices/system/cpu/kernel_max": "3\n",
+                                  "sys/devices/system/cpu/cpu9": None},
+                                 "/sys/devices/system/cpu/cpu9",
+                                 "CPU id beyond the kernel's limit (ids must be below 4)"),
+    "node-cpulist": ({"sys/devices/system/node/node0/cpulist": "0-3x\n"},
+                     "/sys/devices/system/node/node0/cpulist",
+                     f"bad item '0-3x' in cpulist '0-3x': {BAD_ITEM}"),
+    "node-cpumap": ({"sys/devices/system/node/node0/cpulist": "", "sys/devices/system/node/node1/cpumap": "zz\n"},
+                    "/sys/devices/system/node/node1/cpumap", "bad cpumask 'zz': 'zz' is not a 32-bit hex word"),
+    "node-folder-id": ({"sys/devices/system/node/node5000": None},
+                       "/sys/devices/system/node/node5000", "node id beyond 4095"),
+    "has-memory": ({"sys/devices/system/node/has_memory": "0-5000\n"},
+                   "/sys/devices/system/node/has_memory",
+                   "id 5000 in cpulist '0-5000' is too large (ids must be below 4096)"),
+    "siblings-list": ({"sys/devices/system/cpu/cpu1/topology/thread_siblings_list": "1,\x00"},
+                      "/sys/devices/system/cpu/cpu1/topology/thread_siblings_list",
+                      f"bad item '' in cpulist '1,': {BAD_ITEM}"),
+    "siblings-mask": ({"sys/devices/system/cpu/cpu1/topology/thread_siblings_list": "\n",
+                       "sys/devices/system/cpu/cpu1/topology/thread_siblings": "0x3\n"},
+                      "/sys/devices/system/cpu/cpu1/topology/thread_siblings",
+                      "bad cpumask '0x3': '0x3' is not a 32-bit hex word"),
+    "package-id": ({"sys/devices/system/cpu/cpu0/topology/physical_package_id": "zero\n"},
+                   "/sys/devices/system/cpu/cpu0/topology/physical_package_id",
+                   "expected an integer, found 'zero'"),
+    "core-id": ({"sys/devices/system/cpu/cpu2/topology/core_id": "1.5\n"},
+                "/sys/devices/system/cpu/cpu2/topology/core_id", "expected an integer, found '1.5'"),
+    "cpuset-cpus": ({**CG2, "sys/fs/cgroup/job/cpuset.cpus.effective": "0-3,\n"},
+                    "/sys/fs/cgroup/job/cpuset.cpus.effective", f"bad item '' in cpulist '0-3,': {BAD_ITEM}"),
+    "cpuset-mems": ({**CG2, "sys/fs/cgroup/job/cpuset.mems.effective": "a\n"},
+                    "/sys/fs/cgroup/job/cpuset.mems.effective", f"bad item 'a' in cpulist 'a': {BAD_ITEM}"),
+    "cpus-allowed-list": ({"proc/self/status": "Cpus_allowed_list:\t0--3\n"},
+                          "/proc/self/status", f"Cpus_allowed_list: bad item '0--3' in cpulist '0--3': {BAD_ITEM}"),
+    "mems-allowed-list": ({"proc/self/status": "Mems_allowed_list:\t\u0663\n"},
+                          "/proc/self/status", f"Mems_allowed_list: bad item '\u0663' in cpulist '\u0663': {BAD_ITEM}"),
+    "cpu-max": ({**CG2, "sys/fs/cgroup/job/cpu.max": "lots 100000\n"},
+                "/sys/fs/cgroup/job/cpu.max",
+                "expected '$MAX $PERIOD' (max or a positive number of microseconds, then a positive "
+                "period), found 'lots 100000'"),
+    "cfs-quota": ({**CG1, "sys/fs/cgroup/cpu/job/cpu.cfs_quota_us": "1e5\n",
+                   "sys/fs/cgroup/cpu/job/cpu.cfs_period_us": "100000\n"},
+                  "/sys/fs/cgroup/cpu/job/cpu.cfs_quota_us",
+                  "expected -1 or a positive number of microseconds, found '1e5'"),
+    "cfs-period": ({**CG1, "sys/fs/cgroup/cpu/job/cpu.cfs_quota_us": "100000\n",
+                    "sys/fs/cgroup/cpu/job/cpu.cfs_period_us": "0\n"},
+                   "/sys/fs/cgroup/cpu/job/cpu.cfs_period_us",
+                   "expected a positive number of microseconds, found '0'"),
+    "per-cpu-online": ({"sys/devices/system/cpu/online": "", "sys/devices/system/cpu/cpu2/online": "2\n"},
+                       "/sys/devices/system/cpu/cpu2/online", "expected 0 or 1, found 2"),
+    "atom-cpus": ({"sys/devices/cpu_core/cpus": "0-1\n", "sys/devices/cpu_atom/cpus": "2-3;\n"},
+                  "/sys/devices/cpu_atom/cpus", f"bad item '2-3;' in cpulist '2-3;': {BAD_ITEM}"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_corrupt_file_is_one_line_naming_it(case, tmp_path):
+    files, path, what = CORRUPT[case]
+    root = make_root(tmp_path, small_machine(4, files))
+    with pytest.raises(TopologyError) as info:
+        probe.probe(root)
+    assert str(info.value) == corrupt_message(root, path, what)
+
+
+def test_corrupt_text_handed_to_build_names_the_file_too():
+    raw = _raw({0: dict(package_id="0", thread_siblings_list="0")}, {0: {0}})
+    with pytest.raises(TopologyError) as info:
+        build(replace(raw, cpu_online="0,,1"))
+    assert str(info.value) == (
+        f"/sys/devices/system/cpu/online: bad item '' in cpulist '0,,1': {BAD_ITEM}; "
+        "this host's /sys or /proc is corrupt"
+    )
+    with pytest.raises(TopologyError) as info:
+        build(replace(raw, root="/dumps/x", cpu_kernel_max="4095\n", nodes={0: RawNode(cpulist="0-9999")}))
+    assert str(info.value) == (
+        "/sys/devices/system/node/node0/cpulist: id 9999 in cpulist '0-9999' is too large "
+        "(ids must be below 4096); the tree under --sysroot /dumps/x is corrupt or not a Linux dump"
+    )
+
+
+# --------------------------------------------------------------------------- unusable files
+
+
+def _fifo(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("rel, make, kind", [
+    ("sys/devices/system/cpu/online", _fifo, "a FIFO"),
+    ("sys/devices/system/node/node0/cpulist", lambda p: p.mkdir(parents=True), "a folder"),
+    ("sys/devices/system/cpu/cpu1/topology/thread_siblings_list",
+     lambda p: (p.parent.mkdir(parents=True, exist_ok=True), p.symlink_to("/dev/zero")),
+     "a character device"),  # endless if read
+])
+def test_non_regular_file_is_refused_without_blocking(rel, make, kind, tmp_path):
+    files = small_machine(4)
+    files.pop(rel, None)
+    root = make_root(tmp_path, files)
+    make(root / rel)
+    start = time.monotonic()
+    with pytest.raises(TopologyError) as info:
+        probe.probe(root)
+    assert time.monotonic() - start < 5
+    assert str(info.value) == corrupt_message(root, f"/{rel}", f"not a regular file ({kind})")
+
+
+def test_file_over_the_size_bound_is_refused(tmp_path):
+    root = make_root(tmp_path, small_machine(4, {
+        "sys/devices/system/node/has_memory": "0" + ",0" * (1 << 19) + "\n",
+    }))
+    with pytest.raises(TopologyError) as info:
+        probe.probe(root)
+    assert str(info.value) == corrupt_message(
+        root, "/sys/devices/system/node/has_memory", f"larger than {probe.MAX_FILE_BYTES} bytes")
+    assert probe.MAX_FILE_BYTES == 1 << 20
+
+
+def test_optional_files_that_are_unusable_become_notes(tmp_path):
+    files = small_machine(4, {
+        "sys/devices/system/cpu/kernel_max": "lots\n",
+        "sys/devices/system/node/node0/meminfo": "Node 0 MemTotal: many kB\n",
+        "sys/devices/system/cpu/cpu0/cpu_capacity": "fast\n",
+    })
+    del files["proc/cpuinfo"]
+    root = make_root(tmp_path, files)
+    _fifo(root / "proc/cpuinfo")
+    topo = probe.probe(root)
+    assert topo.notes == (
+        "/proc/cpuinfo: not a regular file (a FIFO): ignored",
+        "/sys/devices/system/cpu/kernel_max is not a CPU index ('lots'): ignored",
+        "/sys/devices/system/node/node0/meminfo: no 'MemTotal: N kB' line; memory size of node 0 unknown",
+        "/sys/devices/system/cpu/cpu0/cpu_capacity: not a number ('fast'): ignored",
+    )
+    assert topo.cpu_limit == cpulist.MAX_IDS  # no possible file either
+    assert topo.nodes[0].mem_total_kb is None and topo.nodes[0].has_memory  # has_memory says so
+    assert topo.model == "" and not topo.hybrid
+    assert [c.cpus for c in topo.cores] == [(0,), (1,), (2,), (3,)]
+
+
+def test_what_kernels_write_is_tolerated(tmp_path):
+    """NUL bytes and newlines, an empty cpu/online (per-CPU folders decide), an empty
+    node cpulist (memory-only node), an empty sibling list (grouped by core_id), an empty
+    package id (as if absent: sockets from nodes)."""
+    files = small_machine(4, {
+        "sys/devices/system/cpu/online": "\x00",
+        "sys/devices/system/cpu/present": "0-3\n\x00",
+        "sys/devices/system/cpu/cpu1/online": "1\n\x00",
+        "sys/devices/system/cpu/cpu2/online": "1",
+        "sys/devices/system/cpu/cpu3/online": "0\n",
+        "sys/devices/system/node/node1/cpulist": "\n",
+        "sys/devices/system/node/has_memory": "0-1\n\x00",
+        "sys/devices/system/cpu/cpu1/topology/thread_siblings_list": "",
+        "sys/devices/system/cpu/cpu2/topology/physical_package_id": "\n",
+        "sys/devices/system/cpu/kernel_max": "7\n\x00",
+    })
+    topo = probe.probe(make_root(tmp_path, files))
+    assert cpulist.format(topo.online) == "0-2" and topo.offline == {3}
+    assert [c.cpus for c in topo.cores] == [(0,), (1,), (2,)]
+    assert {n.id: (cpulist.format(n.cpus), n.has_memory) for n in topo.nodes.values()} == {
+        0: ("0-2", True), 1: ("", True)}
+    assert [(s.package_id, cpulist.format(s.cpus)) for s in topo.sockets] == [(None, "0-2")]
+    assert topo.cpu_limit == 8
+    assert topo.notes == (
+        "no /sys/devices/system/cpu/online: online CPUs taken from per-CPU folders",
+        "no thread_siblings_list for some CPUs: cores grouped by core_id",
+        "the kernel gives no physical_package_id (-1): sockets are taken to be NUMA nodes",
+    )
+
+
+def test_cpu_limit_rules():
+    from cpulaunch.topology import cpu_limit
+
+    assert cpu_limit("8191\n", "0-19\n") == 8192  # kernel_max wins (NR_CPUS)
+    assert cpu_limit(None, "0-111\n") == 112
+    assert cpu_limit(None, None) == cpulist.MAX_IDS
+    notes: list = []
+    assert cpu_limit("x", "0-3", notes) == 4 and notes == [
+        "/sys/devices/system/cpu/kernel_max is not a CPU index ('x'): ignored"]
+    notes = []
+    assert cpu_limit("99999999", None, notes) == cpulist.MAX_IDS
+    assert notes == ["/sys/devices/system/cpu/kernel_max says 99999999: CPU ids bounded at 65536 instead"]
+    notes = []
+    assert cpu_limit(None, "0-1,,3", notes) == cpulist.MAX_IDS and notes[0].startswith(
+        "/sys/devices/system/cpu/possible ignored: bad item ''")
+
+
+@pytest.mark.parametrize("machine, limit", [
+    ("hw-32intel64-2p8co2t+8ve", 5120),  # kernel_max 5119
+    ("hw-32amd64-4s2n4c-cgroup2", 256),
+    ("hw-nvidiagpunumanodes", 2048),
+    ("hw-256ppc-8n8s4t", cpulist.MAX_IDS),  # no kernel_max nor possible in the dump
+])
+def test_cpu_limit_of_the_dumps(machine, limit, topos):
+    assert topos[machine].cpu_limit == limit
+
+
+@pytest.mark.parametrize("text, error", [
+    ("abc", "expected '$MAX $PERIOD'"),
+    ("-1 100000", "found '-1 100000'"),
+    ("100 0", "found '100 0'"),
+    ("100 100000 7", "found '100 100000 7'"),
+    ("max x", "found 'max x'"),
+    ("\uff11 100000", "expected"),
+])
+def test_parse_cpu_max_rejects(text, error):
+    with pytest.raises(ValueError) as info:
+        probe.parse_cpu_max(text)
+    assert error in str(info.value)
+
+
+def test_cli_corrupt_tree_exit_2_one_line(tmp_path):
+    root = make_root(tmp_path, small_machine(4, {"sys/devices/system/cpu/online": "1,,2\n"}))
+    proc = run_cli("--sysroot", str(root), "--dry-run", "true", check_rc=2)
+    assert proc.stdout == ""
+    assert proc.stderr == "cpulaunch: error: " + corrupt_message(
+        root, "/sys/devices/system/cpu/online", f"bad item '' in cpulist '1,,2': {BAD_ITEM}") + "\n"
+
+
+# --------------------------------------------------------------------------- big machines
+
+
+@pytest.fixture(scope="module")
+def big_trees():
+    """{name: root} of generated trees, on tmpfs where there is one; removed afterwards."""
+    base = Path(bigtree.scratch_dir("cpulaunch-test-"))
+    trees = {
+        "1k": bigtree.make_tree(base / "1k", sockets=8, nodes_per_socket=1, cores_per_node=64,
+                                threads_per_core=2),
+        "2k": bigtree.make_tree(base / "2k", sockets=8, nodes_per_socket=2, cores_per_node=64,
+                                threads_per_core=2),
+    }
+    yield trees
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_big_tree_topology(big_trees):
+    topo = probe.probe(big_trees["1k"])
+    assert topo.online == frozenset(range(1024)) and topo.offline == frozenset()
+    assert len(topo.cores) == 512 and all(len(c.cpus) == 2 for c in topo.cores)
+    assert [c.cpus for c in topo.cores[:2]] == [(0, 512), (1, 513)]
+    assert topo.cores[-1].cpus == (511, 1023)
+    assert [(s.package_id, cpulist.format(s.cpus), s.nodes) for s in topo.sockets] == [
+        (s, f"{64 * s}-{64 * s + 63},{512 + 64 * s}-{512 + 64 * s + 63}", (s,)) for s in range(8)
+    ]
+    assert sorted(topo.nodes) == list(range(8))
+    assert all(n.mem_total_kb == 64 << 20 and n.has_memory for n in topo.nodes.values())
+    assert {c.core_id for c in topo.cores if c.socket == 3} == set(range(64))
+    assert topo.core_of(600).cpus == (88, 600) and topo.node_of(600) == 1
+    assert topo.cpu_limit == 8192 and topo.model == "Synthetic Xeon @ 2.00GHz"
+    assert topo.notes == ()
+    two = probe.probe(big_trees["2k"])
+    assert len(two.online) == 2048 and len(two.cores) == 1024 and len(two.sockets) == 8
+    assert [s.nodes for s in two.sockets][:2] == [(0, 1), (2, 3)]
+    assert cpulist.format(two.nodes[1].cpus) == "64-127,1088-1151"
+
+
+def test_big_tree_offline_cpus(tmp_path):
+    root = bigtree.make_tree(tmp_path, sockets=2, nodes_per_socket=1, cores_per_node=4,
+                             threads_per_core=2, offline=(9, 3, 11))
+    topo = probe.probe(root)
+    assert cpulist.format(topo.online) == "0-2,4-8,10,12-15"
+    assert topo.offline == {3, 9, 11}
+    # core 3 lost both threads, cores 1 and 3 one thread each
+    assert [c.cpus for c in topo.cores] == [(0, 8), (1,), (2, 10), (4, 12), (5, 13), (6, 14), (7, 15)]
+    assert cpulist.format(topo.nodes[0].cpus) == "0-2,8,10"
+
+
+def _read_syscalls() -> int:
+    """read(2) calls of this process so far (/proc/self/io, task I/O accounting)."""
+    with open("/proc/self/io") as f:
+        return int(re.search(r"^syscr:\s*(\d+)", f.read(), re.M).group(1))
+
+
+def test_probe_reads_each_shared_fact_once(big_trees):
+    """Issue 12: one sibling list and one core_id per core, one package list per package;
+    so twice the CPUs take twice the reads, and a 1,024-CPU SMT2 tree about 1,050."""
+    try:
+        _read_syscalls()
+    except (OSError, AttributeError):
+        pytest.skip("no /proc/self/io (kernel without task I/O accounting)")
+    base = _read_syscalls() - _read_syscalls()  # what reading /proc/self/io itself costs
+    counts = {}
+    for name in ("1k", "2k"):
+        before = _read_syscalls()
+        probe.probe(big_trees[name])
+        counts[name] = _read_syscalls() - before + base
+    assert 1024 <= counts["1k"] <= 1100, counts  # 512 cores x (list + core_id) + fixed files
+    # 512 more cores (2 reads each), 8 more nodes (cpulist and meminfo)
+    assert counts["2k"] - counts["1k"] == 512 * 2 + 8 * 2, counts
+
+
+def test_twenty_thousand_online_cpus_are_linear(tmp_path):
+    root = make_root(tmp_path, {"sys/devices/system/cpu/online": "0-19999\n"})
+    start = time.process_time()
+    topo = probe.probe(root)
+    assert time.process_time() - start < 1.0  # 15 s before (quadratic)
+    assert len(topo.online) == 20000 and len(topo.cores) == 20000
+    assert topo.cores[-1].cpus == (19999,) and list(topo.nodes) == [0]
+    start = time.process_time()
+    assert all(topo.core_of(c).id == c and topo.node_of(c) == 0 for c in range(20000))
+    assert time.process_time() - start < 0.5  # O(1) lookups: a scan each would take minutes
+
+
+def test_overlapping_sibling_sets_merge_in_linear_time():
+    """Every CPU naming every CPU (a corrupt dump) is one core, parsed once."""
+    n = 8192
+    every = f"0-{n - 1}"
+    raw = _raw({c: dict(package_id="0", thread_siblings_list=every) for c in range(n)}, {0: set(range(n))})
+    start = time.process_time()
+    topo = build(raw)
+    assert time.process_time() - start < 2.0
+    assert len(topo.cores) == 1 and topo.cores[0].cpus == tuple(range(n))
+    # a chain 0-1, 1-2, 2-3, ... merges into one core too (union-find, not pairwise scans)
+    chain = _raw({c: dict(package_id="0", thread_siblings_list=f"{c}-{c + 1}" if c + 1 < n else str(c))
+                  for c in range(n)}, {0: set(range(n))})
+    start = time.process_time()
+    topo = build(chain)
+    assert time.process_time() - start < 2.0
+    assert [len(c.cpus) for c in topo.cores] == [n]
