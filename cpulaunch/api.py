@@ -46,9 +46,40 @@ def plan_instances(program: tuple = ("true",), environ: Optional[Mapping[str, st
     """
     from cpulaunch import core, options as opts_mod
 
-    values = dict(options, dry_run=True, program=tuple(program))
-    opts = opts_mod.from_values(values, frozenset(options))
+    values, given = _parse(options)
+    values.update(dry_run=True, program=tuple(program))
+    opts = opts_mod.from_values(values, given)
     return core.prepare(opts, dict(os.environ if environ is None else environ)).rendered
+
+
+def _parse(options: Mapping) -> tuple:
+    """The keyword options through the CLI's own parser (same names, types and checks):
+    ``{"ninstances": 2, "use_logical_cores": True}`` -> ``--ninstances 2 --use-logical-cores``.
+
+    Raises:
+        cpulaunch.options.OptionsError: an unknown option or a value of the wrong type.
+    """
+    import click
+
+    from cpulaunch.cli import command
+    from cpulaunch.options import OptionsError
+
+    known = {p.name for p in command.params if isinstance(p, click.Option)}
+    args = []
+    for name, value in options.items():
+        if name not in known or name in ("dry_run", "print_env", "show_topology", "program"):
+            raise OptionsError(f"plan_instances: unknown option {name!r} (use the CLI's option names, e.g. ninstances=2)")
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value not in (None, False):
+            args += [flag, str(value)]
+    try:
+        ctx = command.make_context("cpulaunch", args, resilient_parsing=False)
+    except click.UsageError as exc:
+        raise OptionsError(f"plan_instances: {exc.format_message()}") from None
+    given = frozenset(options)
+    return dict(ctx.params), given
 
 
 @dataclass(frozen=True)

@@ -327,8 +327,9 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
     if p.elastic_argv:
         return _execute_elastic(p, environ)
     specs = _specs(p.rendered)
-    for spec in specs:
-        log.info("%s: %s", spec.label, " ".join(spec.argv))
+    if lopts.stdin_instance is not None and lopts.stdin_instance not in {s.index for s in specs}:
+        raise CpulaunchError(f"--stdin-instance {lopts.stdin_instance}: no such instance runs "
+                             f"(instances {cpulist.format(s.index for s in specs)})")
     if len(specs) == 1 and lopts.log_dir is None and lopts.verify_after is None:
         launch.exec_spec(specs[0], environ)
     stdin_for = lopts.stdin_instance

@@ -348,16 +348,14 @@ def omp_bind_string(rendered: "Rendered") -> str:
 def bind_lines(rendered: "Rendered", stack: str) -> str:
     """Assignment lines for another serving stack (``--print-env --format vllm|sglang``).
 
-    vLLM (CPU backend, docs "CPU installation", v0.8+): ``VLLM_CPU_OMP_THREADS_BIND`` and,
-    when cores are reserved, ``VLLM_CPU_NUM_OF_RESERVED_CPU``. SGLang (CPU backend):
-    ``SGLANG_CPU_OMP_THREADS_BIND``. Values are shell-quoted.
+    vLLM (CPU backend; vllm/envs.py): ``VLLM_CPU_OMP_THREADS_BIND`` (its
+    ``VLLM_CPU_NUM_OF_RESERVED_CPU`` applies only to ``auto`` binding, so it is not
+    printed with explicit lists). SGLang (CPU backend): ``SGLANG_CPU_OMP_THREADS_BIND``.
+    Values are shell-quoted; docs/integrations.md has the versions checked.
     """
     bind = omp_bind_string(rendered)
     if stack == "vllm":
         lines = [f"VLLM_CPU_OMP_THREADS_BIND={shlex.quote(bind)}"]
-        reserved = sum(len(getattr(i, "reserved_cpus", ()) or ()) for i in rendered.instances)
-        if reserved:
-            lines.append(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved}")
     elif stack == "sglang":
         lines = [f"SGLANG_CPU_OMP_THREADS_BIND={shlex.quote(bind)}"]
     else:
