@@ -705,11 +705,12 @@ def _slot_records(records: Iterable[Mapping]) -> dict:
 
 
 def _slot_done(attempts: Sequence[Mapping]) -> bool:
-    """A slot is done after a failure, a quiet success, or a second attempt."""
+    """A slot is done after a failure, a success not marked ``repeat`` (quiet, or busy
+    while the machine was already busy: flagged), or a second attempt."""
     if not attempts:
         return False
     last = attempts[-1]
-    return last["status"] != "ok" or not last.get("busy") or len(attempts) >= 2
+    return last["status"] != "ok" or not last.get("repeat") or len(attempts) >= 2
 
 
 def _scored(attempts: Sequence[Mapping]) -> Optional[Mapping]:
@@ -1231,6 +1232,10 @@ class Tuner:
         during = done()
         cost = self.clock() - t0
         busy = self.s.busy_threshold < 100 and max(before.foreign_pct, during.foreign_pct) > self.s.busy_threshold
+        # Repeat a busy trial once, unless the trial before it was busy too: on a machine
+        # busy for long a repeat only doubles the time; the trial is flagged instead.
+        prev_busy = bool(self.records) and bool(self.records[-1].get("busy"))
+        repeat = busy and attempt == 1 and not prev_busy
         rec = {
             "trial": len(self.records) + 1, "stage": stage, "round": rnd, "attempt": attempt,
             "key": config_key(config), "config": dict(config), "flags": config_flags(self.space, config),
@@ -1241,7 +1246,7 @@ class Tuner:
                      "before_pct": round(before.foreign_pct, 1), "during_pct": round(during.foreign_pct, 1),
                      "threshold_pct": self.s.busy_threshold,
                      "busiest": [list(b) for b in before.busiest]},
-            "busy": busy, "timeout_s": round(timeout, 1), "started": started, "error": None,
+            "busy": busy, "repeat": repeat, "timeout_s": round(timeout, 1), "started": started, "error": None,
         }
         if res.status == "ok":
             self._score_output(rec, res, config)
@@ -1316,6 +1321,10 @@ class Tuner:
             self._open_progress(1)
             rec = self.run_trial(self.space.default, "warmup", 0, 1, deadline)
             self._tick(rec, deadline)
+            if rec["status"] == "timeout":
+                raise TuneError(f"the warm-up run with cpulaunch's default configuration did not end within "
+                                f"{format_duration(rec['timeout_s'])}; a trial must fit the budget several times: "
+                                "raise --budget or make the program do less work")
             if rec["status"] != "ok":
                 raise TuneError(f"the warm-up run with cpulaunch's default configuration failed ({rec['error']}); "
                                 f"fix the program first: {shlex.join(rec['argv'])}")

@@ -418,6 +418,19 @@ def test_busy_trial_repeated_once_then_flagged(tmp_path):
     assert len(recs) == 1 + 9 + 2
 
 
+def test_busy_machine_flags_instead_of_repeating(tmp_path):
+    # busy for long: the first busy trial is repeated; then, the trial before being busy
+    # too, busy trials are only flagged (no doubling of the tune's time).
+    tuner = _tuner(tmp_path, FakeRunner(), FakeMeter([0, 50, 60, 70, 80, 0]), busy_threshold=10.0,
+                   load_sample=0.001)
+    assert tuner.run() == 0
+    recs = tuner.records
+    assert [(r["round"], r["attempt"], r["busy"], r["repeat"]) for r in recs[1:6]] == [
+        (1, 1, True, True), (1, 2, True, False), (1, 1, True, False), (1, 1, True, False), (2, 1, False, False)]
+    assert len(recs) == 1 + 9 + 1
+    assert sum(s.busy for s in tune.score(recs).values()) == 3
+
+
 def test_wall_time_when_the_program_prints_no_metric(tmp_path):
     runner = FakeRunner()
 
