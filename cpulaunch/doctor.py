@@ -606,10 +606,10 @@ def _dpkg_status_versions(names: set) -> dict:
     return out
 
 
-def _package_of(path: str, real: str, install: str) -> Optional[str]:
-    """The package among those the install hint names that owns ``path`` (cheap: reads the
-    dpkg file lists of those packages only, or the pip distribution's RECORD)."""
-    wanted = {path, real, os.path.realpath(os.path.dirname(path)) + "/" + os.path.basename(path)}
+def _package_of(real: str, install: str) -> Optional[str]:
+    """The package, among those the install hint names, that installed the file ``real``
+    (symlinks resolved). Cheap: reads only those packages' dpkg file lists, or the pip
+    distribution's RECORD; compares resolved paths (so /lib vs /usr/lib does not matter)."""
     for mgr, first, second in _INSTALL_RE.findall(install):
         for name in (n for n in (first, second) if n):
             if mgr in ("apt-get", "apt"):
@@ -617,7 +617,7 @@ def _package_of(path: str, real: str, install: str) -> Optional[str]:
                 arch = platform.machine().replace("x86_64", "amd64").replace("aarch64", "arm64")
                 for lst in (info / f"{name}:{arch}.list", info / f"{name}.list"):
                     text = _read(Path("/"), str(lst))
-                    if text and any(line in wanted or os.path.realpath(line) == real
+                    if text and any(os.path.realpath(line) == real
                                     for line in text.splitlines() if ".so" in line):
                         ver = _dpkg_status_versions({name}).get(name, "?")
                         return f"{name} {ver} (dpkg)"
@@ -648,7 +648,7 @@ def _libraries(environ: Mapping[str, str], findings: list) -> tuple:
             continue
         real = os.path.realpath(found)
         version = _version_from_name(real)
-        package = _package_of(str(found), real, lib.install)
+        package = _package_of(real, lib.install)
         out.append(LibraryStatus(lib.name, lib.kind, str(found), real, version, package, lib.install))
         findings.append(Finding(f"lib-{lib.name}", "ok", f"{lib.name}: {found}"
                                 + (f" (version {version})" if version else "")

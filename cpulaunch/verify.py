@@ -71,6 +71,8 @@ __all__ = [
 BUSY_CPU_SECONDS = 0.05
 #: Below this share of anonymous memory on the bound nodes, "bind" did not hold.
 MIN_BOUND_SHARE = 0.90
+#: Generations of descendants :func:`inspect` follows (workers of workers are rare).
+MAX_DEPTH = 8
 #: Environment variables of a process kept in its view (nothing else is copied).
 ENV_KEPT = re.compile(r"^(CPULAUNCH_\w+|OMP_\w+|KMP_\w+|GOMP_\w+|LD_PRELOAD|MALLOC_CONF)$")
 
@@ -441,18 +443,22 @@ def _environ(proc: Path) -> Optional[dict]:
     return out
 
 
-def inspect(pid: int, root: str | os.PathLike = "/", *, children: bool = True, _depth: int = 0) -> ProcessView:
+def inspect(pid: int, root: str | os.PathLike = "/", *, children: bool = True) -> ProcessView:
     """Read process ``pid`` (and, with ``children``, its descendants) from ``root/proc``.
 
     Args:
         pid: process id (as seen in ``root``'s /proc).
         root: ``/`` or a tree holding a ``proc`` folder.
-        children: include descendants (DataLoader workers and the like).
+        children: include descendants (DataLoader workers and the like), at most
+            :data:`MAX_DEPTH` generations deep.
 
     Raises:
         VerifyError: no such process, or its status cannot be read.
     """
-    rootp = Path(root)
+    return _inspect(int(pid), Path(root), MAX_DEPTH if children else 0)
+
+
+def _inspect(pid: int, rootp: Path, depth: int) -> ProcessView:
     proc = rootp / "proc" / str(pid)
     status = _read(proc / "status")
     if status is None:
@@ -466,10 +472,10 @@ def inspect(pid: int, root: str | os.PathLike = "/", *, children: bool = True, _
     numa_text = _read(proc / "numa_maps")
     cmd = (_read(proc / "cmdline") or "").split("\x00")
     kids = []
-    if children and _depth < 8:
+    if depth > 0:
         for child in _children_of(rootp, pid):
             try:
-                kids.append(inspect(child, rootp, children=True, _depth=_depth + 1))
+                kids.append(_inspect(child, rootp, depth - 1))
             except VerifyError:
                 continue  # it ended while we read
     return ProcessView(
@@ -759,8 +765,7 @@ def render_text(report: VerifyReport) -> str:
                     f"node {n} {kb // 1024} MiB" for n, kb in numa.anon_kb_per_node.items())
             lines.append(f"  pid {p.pid} {p.name}: {len(p.threads)} thread(s): {threads}; allocator "
                          f"{', '.join(p.allocators) or 'libc'}; OpenMP {', '.join(sorted(p.openmp)) or 'none'}{mem}")
-        lines.append("  ok: matches the plan" if not r.warnings else "")
-        lines = [ln for ln in lines if ln]
-        for w in r.warnings:
-            lines.append(f"  warning: {w}")
+        if not r.warnings:
+            lines.append("  ok: matches the plan" if e is not None else "  ok: no plan-free check failed")
+        lines += [f"  warning: {w}" for w in r.warnings]
     return "\n".join(lines) + "\n"

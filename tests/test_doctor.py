@@ -104,6 +104,18 @@ def test_this_machine_json():
         assert entry["install"] == lib.install
         if found is not None and entry["version"] is not None:
             assert os.path.basename(entry["realpath"]).endswith(".so." + entry["version"])
+        if entry["package"] and entry["package"].endswith(" (dpkg)") and shutil.which("dpkg-query"):
+            name, version, _ = entry["package"].split(" ")
+            owner = subprocess.run(["dpkg-query", "-S", entry["realpath"]], capture_output=True, text=True)
+            if owner.returncode != 0:  # dpkg records the unmerged path (/lib vs /usr/lib)
+                owner = subprocess.run(["dpkg-query", "-S", os.path.basename(entry["realpath"])],
+                                       capture_output=True, text=True)
+            assert owner.stdout.split(":")[0] == name
+            shown = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", name], capture_output=True, text=True)
+            assert shown.stdout == version
+        if entry["package"] and entry["package"].endswith(" (pip)"):
+            name, version, _ = entry["package"].split(" ")
+            assert importlib.metadata.version(name) == version
     # The text names every finding that is not ok, and the fix of each warning.
     for f in report.findings:
         assert f"{f.id}: {f.summary}" in text
