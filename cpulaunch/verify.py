@@ -110,6 +110,8 @@ class Expected:
         mem_policy: "bind", "preferred", "interleave", "local" or "none"; None: unknown.
         allocator: registry name ("tcmalloc", "jemalloc") preloaded, None: none planned.
         omp_runtime: "gnu" or "intel"; None: unknown.
+        label: how warnings name it ("instance 1", "rank 1"); "" -> "instance <index>",
+            or "pid <pid>" when the index is unknown too.
     """
 
     index: Optional[int] = None
@@ -119,11 +121,16 @@ class Expected:
     mem_policy: Optional[str] = None
     allocator: Optional[str] = None
     omp_runtime: Optional[str] = None
+    label: str = ""
+
+    def name(self, pid: int) -> str:
+        """How warnings name this instance (see ``label``)."""
+        return self.label or (f"instance {self.index}" if self.index is not None else f"pid {pid}")
 
     @classmethod
     def from_rendered(cls, inst, *, allocator: Optional[str], omp_runtime: Optional[str]) -> "Expected":
         """From a render.RenderedInstance (or anything with ``index``, ``cpus``,
-        ``bound_cpus``, ``mem_nodes``, ``mem_policy``) and the resolved settings:
+        ``bound_cpus``, ``mem_nodes``, ``mem_policy``, optionally ``label``) and the resolved settings:
         ``allocator`` = Settings.allocator ("tcmalloc"/"jemalloc"/None) and
         ``omp_runtime`` = Settings.omp_runtime ("gnu"/"intel")."""
         policy = getattr(inst, "mem_policy", None)
@@ -136,6 +143,7 @@ class Expected:
             mem_policy=policy,
             allocator=allocator,
             omp_runtime=omp_runtime,
+            label=getattr(inst, "label", "") or "",
         )
 
     @classmethod
@@ -143,8 +151,9 @@ class Expected:
         """From the ``CPULAUNCH_*`` variables a cpulaunch instance carries (for
         ``cpulaunch verify PID`` without a plan at hand); None if it has none.
 
-        CPULAUNCH_INSTANCE_INDEX -> index; CPULAUNCH_BOUND_CPUS (else CPULAUNCH_CPUS) ->
-        bound CPUs; CPULAUNCH_CPUS -> compute CPUs; CPULAUNCH_MEM_POLICY and
+        CPULAUNCH_INSTANCE_INDEX -> index; CPULAUNCH_BOUND_CPUS, else the union of
+        CPULAUNCH_CPUS, CPULAUNCH_RESERVED_CPUS and CPULAUNCH_DATALOADER_CPUS -> bound
+        CPUs; CPULAUNCH_CPUS -> compute CPUs; CPULAUNCH_MEM_POLICY and
         CPULAUNCH_MEM_NODES when present; LD_PRELOAD -> allocator and, with libiomp5 in
         it, omp_runtime "intel" (else unknown).
         """
@@ -154,7 +163,12 @@ class Expected:
 
         try:
             cpus = tuple(sorted(cpulist.parse(env["CPULAUNCH_CPUS"])))
-            bound = tuple(sorted(cpulist.parse(env.get("CPULAUNCH_BOUND_CPUS", env["CPULAUNCH_CPUS"]))))
+            if "CPULAUNCH_BOUND_CPUS" in env:
+                bound_set = cpulist.parse(env["CPULAUNCH_BOUND_CPUS"])
+            else:
+                bound_set = frozenset(cpus).union(*(cpulist.parse(env.get(k, "")) for k in (
+                    "CPULAUNCH_RESERVED_CPUS", "CPULAUNCH_DATALOADER_CPUS")))
+            bound = tuple(sorted(bound_set))
             nodes = tuple(sorted(cpulist.parse(env.get("CPULAUNCH_MEM_NODES", ""))))
             index = int(env["CPULAUNCH_INSTANCE_INDEX"]) if "CPULAUNCH_INSTANCE_INDEX" in env else None
         except (CpulaunchError, ValueError):
@@ -517,7 +531,7 @@ def compare(exp: Expected, view: ProcessView) -> list:
         naming the process, thread and values concerned. Rules: module docstring.
     """
     fmt = cpulist.format
-    who = f"instance {exp.index}" if exp.index is not None else f"pid {view.pid}"
+    who = exp.name(view.pid)
     out = []
     procs = list(view.walk())
     bound = frozenset(exp.bound_cpus) if exp.bound_cpus is not None else None
@@ -658,7 +672,7 @@ def verify(targets: Sequence, root: str | os.PathLike = "/") -> VerifyReport:
         try:
             view = inspect(int(pid), root)
         except VerifyError as exc:
-            who = f"instance {exp.index}" if exp is not None and exp.index is not None else f"pid {pid}"
+            who = exp.name(int(pid)) if exp is not None else f"pid {pid}"
             results.append(InstanceResult(int(pid), exp, None, (), f"{who}: {exc}"))
             continue
         if exp is None:
@@ -694,7 +708,7 @@ def _process_json(p: ProcessView) -> dict:
     }
 
 
-def _expected_json(e: Optional[Expected]) -> Optional[dict]:
+def _expected_json(e: Optional[Expected], pid: int) -> Optional[dict]:
     if e is None:
         return None
     return {
@@ -705,6 +719,7 @@ def _expected_json(e: Optional[Expected]) -> Optional[dict]:
         "mem_policy": e.mem_policy,
         "allocator": e.allocator,
         "omp_runtime": e.omp_runtime,
+        "label": e.name(pid),
     }
 
 
@@ -722,7 +737,7 @@ def report_json(report: VerifyReport) -> dict:
         out.append({
             "pid": r.pid,
             "index": r.expected.index if r.expected is not None else None,
-            "expected": _expected_json(r.expected),
+            "expected": _expected_json(r.expected, r.pid),
             "process": None if r.view is None else _process_json(r.view),
             "share_on_bound_nodes": None if share is None else round(share, 4),
             "warnings": list(r.warnings),
@@ -743,8 +758,7 @@ def render_text(report: VerifyReport) -> str:
     fmt = cpulist.format
     lines = []
     for r in report.instances:
-        who = (f"instance {r.expected.index}" if r.expected is not None and r.expected.index is not None
-               else f"pid {r.pid}")
+        who = r.expected.name(r.pid) if r.expected is not None else f"pid {r.pid}"
         if r.view is None:
             lines.append(f"verify {who}: {r.error}")
             continue

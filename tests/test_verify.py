@@ -328,7 +328,8 @@ def test_expectation_from_the_process_environment():
     (inst,) = doc["instances"]
     assert (inst["pid"], inst["index"], inst["error"], inst["warnings"]) == (pid, 3, None, [])
     assert inst["expected"] == {"index": 3, "bound_cpus": str(C), "cpus": str(C), "mem_nodes": "",
-                                "mem_policy": None, "allocator": "tcmalloc", "omp_runtime": None}
+                                "mem_policy": None, "allocator": "tcmalloc", "omp_runtime": None,
+                                "label": "instance 3"}
     proc = inst["process"]
     assert (proc["pid"], proc["cpus"], proc["thread_count"], proc["busy_threads"]) == (pid, str(C), 1, 1)
     assert proc["allocators"] == ["tcmalloc"]
@@ -361,9 +362,25 @@ def test_expected_from_rendered_instance():
 
     inst = RenderedInstance(index=1, cpus=(3, 2), bound_cpus=(2, 3, 4), mem_nodes=(0,), mem_policy="bind",
                             env={}, argv=("true",), prefix=())
-    assert Expected.from_rendered(inst, allocator="tcmalloc", omp_runtime="gnu") == Expected(
-        index=1, bound_cpus=(2, 3, 4), cpus=(2, 3), mem_nodes=(0,), mem_policy="bind",
-        allocator="tcmalloc", omp_runtime="gnu")
+    exp = Expected.from_rendered(inst, allocator="tcmalloc", omp_runtime="gnu")
+    assert exp == Expected(index=1, bound_cpus=(2, 3, 4), cpus=(2, 3), mem_nodes=(0,), mem_policy="bind",
+                           allocator="tcmalloc", omp_runtime="gnu")
+    assert exp.name(99) == "instance 1"
+    assert Expected().name(99) == "pid 99"
+
+
+def test_expected_from_environ_budgets():
+    """DataLoader and reserved CPUs are part of what the instance is bound to."""
+    env = {"CPULAUNCH_CPUS": "0-3", "CPULAUNCH_DATALOADER_CPUS": "6-7", "CPULAUNCH_RESERVED_CPUS": "4",
+           "CPULAUNCH_INSTANCE_INDEX": "1", "LD_PRELOAD": "/opt/lib/libiomp5.so /usr/lib/libjemalloc.so.2"}
+    assert Expected.from_environ(env) == Expected(index=1, bound_cpus=(0, 1, 2, 3, 4, 6, 7), cpus=(0, 1, 2, 3),
+                                                  allocator="jemalloc", omp_runtime="intel")
+    assert Expected.from_environ({**env, "CPULAUNCH_BOUND_CPUS": "0-7", "CPULAUNCH_MEM_POLICY": "bind",
+                                  "CPULAUNCH_MEM_NODES": "1"}) == Expected(
+        index=1, bound_cpus=tuple(range(8)), cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind",
+        allocator="jemalloc", omp_runtime="intel")
+    assert Expected.from_environ({"OMP_NUM_THREADS": "4"}) is None
+    assert Expected.from_environ({"CPULAUNCH_CPUS": "3-1"}) is None  # garbage: no expectation, no crash
 
 
 # --------------------------------------------------------------------------- parsers and a generated /proc
@@ -425,10 +442,11 @@ def test_inspect_under_a_generated_root(tmp_path):
     assert [c.pid for c in view.children] == [200]
     assert view.cmdline == ("worker", "--id", "100") and view.allocators == ("jemalloc",)
     assert view.numa.policy == "bind:1"
-    exp = Expected(index=7, bound_cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind", allocator="jemalloc")
+    exp = Expected(index=7, bound_cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind", allocator="jemalloc",
+                   label="rank 7")
     # pid 200 has an empty numa_maps: its policy is unknown, not a mismatch.
     assert verify.compare(exp, view) == [
-        "instance 7: thread 101 (omp) of pid 100 may run on CPUs 0-7, outside its planned CPUs 0-3 "
+        "rank 7: thread 101 (omp) of pid 100 may run on CPUs 0-7, outside its planned CPUs 0-3 "
         "(CPUs 4-7 too: the program widened its affinity or the binding was lost)",
     ]
 
