@@ -590,8 +590,8 @@ class Summary:
         n: scored (successful) trials.
         median, low, high: median, minimum and maximum of their values (NaN when n == 0).
         failed: failed or timed-out trials (never scored).
-        busy: scored trials flagged busy (the machine's foreign load was above the
-            threshold in both attempts).
+        busy: scored trials flagged busy (the foreign load was above the threshold in
+            the repeat too, or while the trial before was busy as well).
     """
 
     n: int
@@ -1839,10 +1839,3 @@ def main(args: Sequence[str]) -> int:
         return 130
     return 0 if code is None else int(code)
 
-
-if __name__ == "__main__":  # python -m cpulaunch.tune ARGS (the same as cpulaunch tune ARGS)
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except (CpulaunchError, click.UsageError) as _exc:
-        sys.stderr.write(f"cpulaunch: error: {_exc.format_message() if isinstance(_exc, click.UsageError) else _exc}\n")
-        sys.exit(2)

@@ -45,7 +45,7 @@ ARM = "hw-128arm-2pa2n8cluster4co"  # 2 packages x 2 nodes x 32 cores, no SMT
 XEON = "hw-32intel64-2p8co2t+8ve"  # 2 sockets x 8 cores x 2 threads
 SNC = "hw-memorysidecaches"  # 2 sockets, SNC2: 4 nodes, SMT2
 ALL_LIBS = {"tcmalloc", "jemalloc", "iomp5"}
-TUNE = [sys.executable, "-m", "cpulaunch.tune"]
+TUNE = [sys.executable, "-m", "cpulaunch", "tune"]
 
 
 @pytest.fixture(scope="module")
@@ -477,6 +477,12 @@ def test_options_refused():
         tune.main(["--budget", "1m"])
     with pytest.raises(TuneError, match="use it with --dry-run only"):
         tune.main(["--sysroot", str(REPO), "--", "true"])
+
+
+def test_user_errors_are_one_line_exit_2():
+    proc = run_cli("tune", "--trials-per-config", "2", "--", "true", check_rc=2)
+    assert proc.stderr == "cpulaunch: error: --trials-per-config 2: at least 3 (a median and a spread need them)\n"
+    assert proc.stdout == ""
 
 
 def test_dry_run_on_a_fixture(sysroots, capsys):
