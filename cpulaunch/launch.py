@@ -290,26 +290,25 @@ class _Watchdog:
             pass
 
     def close(self, timeout: float = 1.0) -> None:
-        """Tell it to leave (groups are already reaped) and reap it, within ``timeout``."""
+        """Tell it to leave (groups are already reaped) and reap it: ``timeout`` seconds,
+        then SIGKILL and ``timeout`` more at most."""
         if self._fd is None:
             return
         self._send(b"q\n")
         os.close(self._fd)
         self._fd = None
-        deadline = time.monotonic() + timeout
-        while self.pid is not None:
-            try:
-                done, _ = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                done = self.pid
-            if done:
-                self.pid = None
-            elif time.monotonic() >= deadline:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-                self.pid = None
-            else:
+        for last_try in (False, True):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(self.pid, os.WNOHANG)[0]:
+                        return
+                except ChildProcessError:
+                    return
                 time.sleep(0.002)
+            if not last_try:
+                os.kill(self.pid, signal.SIGKILL)
+        log.info("cpulaunch's watchdog (pid %d) did not exit", self.pid)
 
 
 def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the forked child
@@ -399,6 +398,13 @@ def _point_at_devnull(stream: IO[bytes]) -> None:
     os.close(null)
 
 
+def _std_buffer(stream) -> IO[bytes]:
+    """The binary layer of sys.stdout/sys.stderr; /dev/null when there is none (a
+    launcher started with that descriptor closed)."""
+    buffer = getattr(stream, "buffer", None)
+    return buffer if buffer is not None else open(os.devnull, "wb")
+
+
 class _LogFile:
     """An instance's stdout.log or stderr.log; on the first write error it closes, says
     once ``cpulaunch: logging to PATH stopped: <cause>`` and takes no more writes."""
@@ -436,39 +442,58 @@ def _tagged(data: bytes, tag: bytes, continued: bool) -> bytes:
     return b"\n".join([first] + [tag + line for line in lines[1:]]) + b"\n"
 
 
-def _relay(fd: int, tag: bytes, console: _Console, logfile: Optional[_LogFile]) -> None:
-    """Copy a child's pipe to the console (whole lines, tagged) and its log (raw bytes)
-    until end of file, or until the console's reader has gone (then close the pipe:
-    the child gets SIGPIPE). Runs in its own thread; closes ``fd`` and the log."""
-    pending, continued = b"", False
-    try:
-        while True:
-            try:
-                chunk = os.read(fd, _CHUNK)
-            except OSError:
-                break
-            if not chunk:
-                break
-            if logfile is not None:
-                logfile.write(chunk)
-            if console.closed:
-                return
-            data = pending + chunk
-            cut = data.rfind(b"\n") + 1
-            if cut:
-                console.write(_tagged(data[:cut], tag, continued))
-                pending, continued = data[cut:], False
-            else:
-                pending = data
-            if len(pending) >= _CHUNK:  # bound memory: relay an endless line in pieces
-                console.write(pending if continued else tag + pending)
-                pending, continued = b"", True
-        if pending:
-            console.write(_tagged(pending + b"\n", tag, continued))
-    finally:
-        os.close(fd)
-        if logfile is not None:
-            logfile.close()
+class _Relay(threading.Thread):
+    """Copies a child's pipe to the console (whole lines, tagged) and its log (raw
+    bytes) until end of file, or until the console's reader has gone (then it closes
+    the pipe: the child gets SIGPIPE). Closes ``fd`` and the log when done.
+
+    ``writing`` tells :meth:`ProcessGroup.close` whether it is blocked on the console (a
+    slow reader such as a paused ``| less``: worth waiting for, as a shell would) or
+    on the pipe (all processes gone, so some process outside the group holds it).
+    """
+
+    def __init__(self, fd: int, tag: bytes, console: _Console, logfile: Optional[_LogFile], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fd, self.tag, self.console, self.logfile = fd, tag, console, logfile
+        self.writing = False
+
+    def _emit(self, data: bytes) -> None:
+        self.writing = True
+        try:
+            self.console.write(data)
+        finally:
+            self.writing = False
+
+    def run(self) -> None:
+        pending, continued, tag = b"", False, self.tag
+        try:
+            while True:
+                try:
+                    chunk = os.read(self.fd, _CHUNK)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                if self.logfile is not None:
+                    self.logfile.write(chunk)
+                if self.console.closed:
+                    return
+                data = pending + chunk
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    self._emit(_tagged(data[:cut], tag, continued))
+                    pending, continued = data[cut:], False
+                else:
+                    pending = data
+                if len(pending) >= _CHUNK:  # bound memory: relay an endless line in pieces
+                    self._emit(pending if continued else tag + pending)
+                    pending, continued = b"", True
+            if pending:
+                self._emit(_tagged(pending + b"\n", tag, continued))
+        finally:
+            os.close(self.fd)
+            if self.logfile is not None:
+                self.logfile.close()
 
 
 # --------------------------------------------------------------------------- results
@@ -700,14 +725,17 @@ class ProcessGroup:
         self.prefix_output = prefix_output
         self.log_paths = dict(log_paths or {})
         self.kill_timeout = kill_timeout
-        self.out = _Console(stdout if stdout is not None else sys.stdout.buffer, "stdout")
-        self.err = _Console(stderr if stderr is not None else sys.stderr.buffer, "stderr")
+        self.out = _Console(stdout if stdout is not None else _std_buffer(sys.stdout), "stdout")
+        self.err = _Console(stderr if stderr is not None else _std_buffer(sys.stderr), "stderr")
         self.out.report = self.err.report = self._say
         self.procs: Dict[int, _Proc] = {}
         self.paused = False
         #: monotonic time of the first SIGKILL: waits for processes end kill_timeout after it
         self.kill_sent_at: Optional[float] = None
-        self._threads: List[Tuple[int, threading.Thread]] = []
+        self._relays: List[Tuple[int, _Relay]] = []
+        #: stopping signals received (set by run_group's handler): one during close()
+        #: ends the wait for a console that takes no output
+        self.interrupts = 0
         self._watchdog: Optional[_Watchdog] = None
         self._closed = False
 
@@ -772,10 +800,9 @@ class ProcessGroup:
         tag = f"[{spec.index}] ".encode() if self.prefix_output else b""
         logs = self._open_logs(spec.index)
         for fd, console, logfile in ((out_r, self.out, logs[0]), (err_r, self.err, logs[1])):
-            t = threading.Thread(target=_relay, args=(fd, tag, console, logfile),
-                                 name=f"cpulaunch-relay-{spec.index}-{console.name}", daemon=True)
-            t.start()
-            self._threads.append((spec.index, t))
+            relay = _Relay(fd, tag, console, logfile, name=f"{spec.label} {console.name}")
+            relay.start()
+            self._relays.append((spec.index, relay))
 
     def _open_logs(self, index: int) -> Tuple[Optional[_LogFile], Optional[_LogFile]]:
         if index not in self.log_paths:
@@ -878,20 +905,33 @@ class ProcessGroup:
         if self.kill_sent_at is None:
             self.kill_sent_at = time.monotonic()
         self._reap(self.kill_sent_at + self.kill_timeout)
-        deadline = time.monotonic() + RELAY_TIMEOUT
-        for index, t in self._threads:
-            if self.procs[index].stuck:  # it still holds its pipes
-                continue
-            t.join(max(deadline - time.monotonic(), 0))
-            if t.is_alive():
-                log.info("%s still open after its processes ended (a process outside its "
-                         "group holds it); not waiting for it", t.name)
+        self._drain_relays()
         if self._watchdog is not None:
             self._watchdog.close()
         for p in self.procs.values():
             if p.pidfd is not None:
                 os.close(p.pidfd)
                 p.pidfd = None
+
+    def _drain_relays(self) -> None:
+        """Wait for the relays to reach end of file: as long as one is writing to a slow
+        console (unless a stopping signal arrives meanwhile), else RELAY_TIMEOUT at most
+        (a process outside the groups may hold a pipe). Stuck processes' relays are
+        not waited for: they hold their pipes."""
+        relays = [r for i, r in self._relays if not self.procs[i].stuck]
+        interrupts, deadline = self.interrupts, time.monotonic() + RELAY_TIMEOUT
+        while True:
+            relays = [r for r in relays if r.is_alive()]
+            if not relays or self.interrupts != interrupts:
+                break
+            if any(r.writing for r in relays):
+                deadline = time.monotonic() + RELAY_TIMEOUT
+            elif time.monotonic() >= deadline:
+                break
+            relays[0].join(0.05)
+        for r in relays:
+            log.info("%s still open after its processes ended (held by a process outside "
+                     "their groups); not waiting for it", r.name)
 
     def _reap(self, deadline: float) -> None:
         for p in self.procs.values():
@@ -920,9 +960,10 @@ class ProcessGroup:
 class _Signals:
     """The launcher's handlers while supervising (main thread only; elsewhere a no-op).
 
-    ``hold()`` blocks the handled signals (they stay pending); ``release()`` unblocks
-    them, so what arrived meanwhile is delivered then; ``restore()`` puts back the
-    previous handlers and mask.
+    ``hold()`` blocks the handled signals (they stay pending) and installs the handlers
+    (and SIGPIPE ignored, SIGCHLD not ignored, whatever the caller had); ``release()``
+    unblocks them, so what arrived meanwhile is delivered then; ``restore()`` puts back
+    the previous handlers and mask.
     """
 
     def __init__(self, group: ProcessGroup, grace_period: float) -> None:
@@ -941,6 +982,9 @@ class _Signals:
         if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:  # would reap our children
             self._old[signal.SIGCHLD] = signal.SIG_IGN
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGPIPE) != signal.SIG_IGN:  # EPIPE, not death, on a
+            self._old[signal.SIGPIPE] = signal.getsignal(signal.SIGPIPE)  # closed console
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         for s in _HANDLED:
             old = signal.getsignal(s)
             if s == signal.SIGHUP and old == signal.SIG_IGN:
@@ -970,6 +1014,7 @@ class _Signals:
             self.forwarded.append(signum)
             self.group.send(signum)
             if signum in STOPPING_SIGNALS:
+                self.group.interrupts += 1
                 if self.signalled is None:
                     self.signalled = signum
                 if self.stop_at is None:

@@ -95,6 +95,8 @@ from cpulaunch import launch
 cfg = json.loads(sys.argv[1])
 for name in cfg.get("ignore", []):
     signal.signal(getattr(signal, name), signal.SIG_IGN)
+for name in cfg.get("default", []):
+    signal.signal(getattr(signal, name), signal.SIG_DFL)
 if cfg.get("block"):
     signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, n) for n in cfg["block"]])
 if cfg.get("signal_after_spawn"):  # a signal that arrives while instances are being started
@@ -422,6 +424,19 @@ def test_relay_endless_line_is_bounded_and_whole(tmp_path):
     assert out.read_bytes() == b"[3] " + b"x" * 1000000 + b"\n[3] end\n"
 
 
+def test_slow_console_reader_gets_all_output(tmp_path):
+    """A console that takes nothing for longer than RELAY_TIMEOUT (a paused ``| less``)
+    still gets every line: the launcher waits for a relay that is writing."""
+    body = "import sys\nfor i in range(1200): print(f'{i:04d} ' + 'q' * 95)  # fits in the pipes: it exits"
+    proc = subprocess.Popen([PY, "-c", DRIVER, json.dumps({
+        "argv": [[PY, "-c", body]], "kw": {"prefix_output": False}, "result": str(tmp_path / "r.json")})],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(launch.RELAY_TIMEOUT + 0.5)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert out.decode().splitlines() == [f"{i:04d} " + "q" * 95 for i in range(1200)]
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_yes_into_head_through_cli(n):
     """``cpulaunch yes | head -1``: no traceback, no "Broken pipe", no hang; the exit
@@ -437,6 +452,47 @@ def test_yes_into_head_through_cli(n):
     assert "BrokenPipeError" not in proc.stderr and "Exception ignored" not in proc.stderr
     if n == 1:
         assert proc.stderr == ""
+
+
+@need2
+def test_console_epipe_with_sigpipe_default_in_launcher(tmp_path):
+    """Even a caller that set SIGPIPE to SIG_DFL gets EPIPE handling (the launcher
+    ignores SIGPIPE while supervising): the run ends with 141 and result.json is written."""
+    cfg = {"argv": [["yes"], ["yes"]], "default": ["SIGPIPE"], "result": str(tmp_path / "r.json")}
+    (tmp_path / "d.py").write_text(DRIVER)
+    cmd = f"{PY} {tmp_path / 'd.py'} '{json.dumps(cfg)}' | head -1; echo ${{PIPESTATUS[0]}} >&2"
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20, cwd=REPO)
+    assert proc.stderr.splitlines()[-1] == "141", proc.stderr
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert out["exit_code"] == 141 and out["results"][out["root_cause"]]["signal"] == "SIGPIPE"
+
+
+def test_process_group_start_poll_stop_close(tmp_path):
+    """The group on its own: start, poll (exits seen, not reaped), stop(deadline) with a
+    stubborn member (SIGTERM, then SIGKILL at the deadline), close, results."""
+    stubborn = (PY, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('up', flush=True); time.sleep(60)")
+    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 4")),
+             launch.ProcessSpec(index=1, label="instance 1", argv=("sleep", "60")),
+             launch.ProcessSpec(index=2, label="instance 2", argv=stubborn)]
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        group = launch.ProcessGroup(specs, os.environ, stdout=f, kill_timeout=2)
+        group.start()
+        try:
+            wait_until(lambda: [r.index for r in group.poll()] == [0], what="instance 0 exit seen")
+            assert state(group.procs[0].pid) == "Z"  # seen, not reaped: its group id stays ours
+            assert group.running() == [1, 2]
+            wait_until(lambda: out.read_bytes() == b"[2] up\n", what="instance 2 up")
+            t0 = time.monotonic()
+            group.stop(time.monotonic() + 0.5)
+            assert 0.5 <= time.monotonic() - t0 < 2.5
+            assert group.running() == []
+        finally:
+            group.close()
+    assert [(r.index, r.describe()) for r in group.results()] == [
+        (0, "exited with code 4"), (1, "killed by SIGTERM"), (2, "killed by SIGKILL")]
+    assert all(state(r.pid) is None for r in group.results())  # reaped
 
 
 def test_stdin_goes_to_single_instance_through_cli(tmp_path):
