@@ -775,6 +775,7 @@ class ProcessGroup:
     def _spawn(self, spec: ProcessSpec, setup: Callable[[], None]) -> Tuple[int, int]:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        start = time.time()
         try:
             popen = subprocess.Popen(
                 list(spec.argv), env=_environ(self.base_environ, spec),
@@ -791,7 +792,7 @@ class ProcessGroup:
                               "between fork and exec") from None
         finally:
             os.close(out_w), os.close(err_w)
-        self.procs[spec.index] = _Proc(spec, popen, time.time())
+        self.procs[spec.index] = _Proc(spec, popen, start)
         if self._watchdog is not None:
             self._watchdog.register(popen.pid)
         return out_r, err_r

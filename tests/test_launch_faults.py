@@ -495,6 +495,23 @@ def test_process_group_start_poll_stop_close(tmp_path):
     assert all(state(r.pid) is None for r in group.results())  # reaped
 
 
+def test_after_hook_sees_running_instances_and_cannot_break_the_run(caplog):
+    """``after=(seconds, fn)`` (used by --verify): called once with {index: pid} of the
+    running instances; an exception in it is logged, the run goes on."""
+    seen = []
+
+    def check(pids):
+        seen.append({i: state(p) for i, p in pids.items()})
+        raise RuntimeError("boom")
+
+    specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=("sleep", "0.6")) for i in (0, 1)]
+    with open(os.devnull, "wb") as null:
+        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null, after=(0.2, check))
+    assert outcome.exit_code == 0
+    assert seen == [{0: "S", 1: "S"}]
+    assert "after-start check failed: boom" in caplog.text
+
+
 def test_stdin_goes_to_single_instance_through_cli(tmp_path):
     logs = tmp_path / "logs"
     for extra in ([], ["--log-dir", str(logs)]):
