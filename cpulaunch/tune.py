@@ -1151,7 +1151,6 @@ class Tuner:
         self.records: list = []
         self.metric: Optional[str] = None
         self.notes: list = list(space.notes)
-        self.stopped_by_budget = False
         self._bar = None
         self._progress = progress
         self._done_count = 0
@@ -1361,7 +1360,6 @@ class Tuner:
             while not _slot_done(attempts):
                 need = self._trial_estimate(key)
                 if self.clock() + need > deadline:
-                    self.stopped_by_budget = True
                     left = sum(1 for c, r in todo if not _slot_done(
                         _slot_records(self.records).get((config_key(c), r), ())))
                     self.notes.append(f"budget reached: {left} planned trial(s) not run; rerun with a larger "
@@ -1417,7 +1415,7 @@ class Tuner:
         if not self._progress:
             return
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{self._best_text()}; {left} of budget left", refresh=False)
+            self._bar.set_postfix_str(f"{self._best_text()}; {left} left", refresh=False)
             self._bar.update(1)
             return
         if rec["status"] == "ok":

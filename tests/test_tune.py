@@ -451,6 +451,32 @@ def test_wall_time_when_the_program_prints_no_metric(tmp_path):
     assert outcome.recommended == "allocator=default"
 
 
+def test_metric_option_picks_a_name(tmp_path):
+    def runner(argv, timeout):
+        alloc = argv[argv.index("--allocator") + 1]
+        ms = {"tcmalloc": 5.0, "default": 4.0, "jemalloc": 6.0}[alloc]
+        return RunResult("ok", 0, 0.01, f"CPULAUNCH_METRIC samples_per_s=100 latency_ms={ms}\n", "")
+
+    tuner = _tuner(tmp_path, runner, metric="latency_ms", lower_is_better=True)
+    assert tuner.run() == 0
+    assert {(r["metric"], r["key"], r["value"]) for r in tuner.records} == {
+        ("latency_ms", "allocator=tcmalloc", 5.0), ("latency_ms", "allocator=default", 4.0),
+        ("latency_ms", "allocator=jemalloc", 6.0)}
+    outcome = tune.decide(ALLOC, tuner.records, 3, lower_is_better=True)
+    assert outcome.recommended == "allocator=default"  # 4 ms beats 5 ms, spreads 0
+    assert outcome.verdict == "better than cpulaunch's default (allocator=tcmalloc) beyond the measured spread: 1.25x"
+
+
+def test_report_png_skipped_without_matplotlib(tmp_path, monkeypatch):
+    tuner = _tuner(tmp_path, FakeRunner())
+    assert tuner.run() == 0
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    outcome = tune.decide(ALLOC, tuner.records, 3, lower_is_better=False)
+    assert tune.report_png(tuner, outcome, tmp_path / "r.png") == \
+        "report.png skipped: matplotlib is not installed (pip install matplotlib)"
+    assert not (tmp_path / "r.png").exists()
+
+
 def test_warmup_failure_is_a_user_error(tmp_path):
     def runner(argv, timeout):
         return RunResult("failed", 2, 0.1, "", "Traceback...\nModuleNotFoundError: No module named 'x'\n")
