@@ -22,8 +22,10 @@ Rules of :func:`compare` (each a warning):
   :data:`BUSY_CPU_SECONDS` of CPU time since it started (``utime+stime`` of
   ``/proc/PID/task/TID/stat``); each process's main thread always counts. Threads that
   only wait (Python's helper threads, an idle inter-op pool, allocator background threads)
-  do not count; an OpenMP worker counts as soon as it has run a parallel region (it spins
-  ~200 ms after each one), and keeps counting, since it competes again at the next region.
+  do not count; an OpenMP worker counts once it has done real work, and keeps counting,
+  since it competes again at the next parallel region. 200 ms, not less: a pool created at
+  import and never used spins briefly at start (numpy's OpenBLAS server thread: 40-50 ms
+  here); a pool that is used, numpy's included, does compete and is counted.
 - *allocator*: the planned allocator's library is not mapped in the main process; two
   allocators mapped.
 - *OpenMP*: two OpenMP runtimes mapped. With Intel OpenMP planned, torch's own libgomp
@@ -68,7 +70,7 @@ __all__ = [
 ]
 
 #: CPU time (seconds) after which a thread counts as a compute thread (see module doc).
-BUSY_CPU_SECONDS = 0.05
+BUSY_CPU_SECONDS = 0.2
 #: Below this share of anonymous memory on the bound nodes, "bind" did not hold.
 MIN_BOUND_SHARE = 0.90
 #: Generations of descendants :func:`inspect` follows (workers of workers are rare).
@@ -286,6 +288,10 @@ class ProcessView:
             if rt:
                 out.setdefault(rt, path)
         return out
+
+    def counts(self, thread: ThreadView) -> bool:
+        """Whether ``thread`` counts as a compute thread: busy, or this process's main thread."""
+        return thread.busy or thread.tid == self.pid
 
     def walk(self):
         """This process and every descendant, depth first."""
@@ -550,7 +556,7 @@ def compare(exp: Expected, view: ProcessView) -> list:
     stacked: dict = {}
     for p in procs:
         for t in p.threads:
-            if len(t.cpus) == 1 and (t.busy or t.tid == p.pid):
+            if len(t.cpus) == 1 and p.counts(t):
                 stacked.setdefault(next(iter(t.cpus)), []).append(t.tid)
     for cpu, tids in sorted(stacked.items()):
         if len(tids) > 1 and (bound is None or len(bound) > 1):
@@ -559,7 +565,7 @@ def compare(exp: Expected, view: ProcessView) -> list:
 
     # --- oversubscription
     cpus = bound if bound is not None else view.cpus
-    busy = sum(1 for p in procs for t in p.threads if t.busy or t.tid == p.pid)
+    busy = sum(1 for p in procs for t in p.threads if p.counts(t))
     if cpus and busy > len(cpus):
         total = sum(len(p.threads) for p in procs)
         out.append(
@@ -690,10 +696,10 @@ def _process_json(p: ProcessView) -> dict:
         "cmdline": list(p.cmdline),
         "cpus": cpulist.format(p.cpus),
         "thread_count": len(p.threads),
-        "busy_threads": sum(1 for t in p.threads if t.busy or t.tid == p.pid),
+        "busy_threads": sum(1 for t in p.threads if p.counts(t)),
         "threads": [
             {"tid": t.tid, "name": t.name, "state": t.state, "cpus": cpulist.format(t.cpus),
-             "cpu_seconds": round(t.cpu_seconds, 3), "busy": t.busy or t.tid == p.pid}
+             "cpu_seconds": round(t.cpu_seconds, 3), "busy": p.counts(t)}
             for t in p.threads
         ],
         "allocators": list(p.allocators),
@@ -770,7 +776,7 @@ def render_text(report: VerifyReport) -> str:
             by_cpus: dict = {}
             for t in p.threads:
                 by_cpus.setdefault(fmt(t.cpus), []).append(t)
-            threads = "; ".join(f"{len(ts)} on CPUs {c or '?'} ({sum(1 for t in ts if t.busy)} busy)"
+            threads = "; ".join(f"{len(ts)} on CPUs {c or '?'} ({sum(1 for t in ts if p.counts(t))} busy)"
                                 for c, ts in by_cpus.items())
             numa = p.numa
             mem = ""

@@ -91,7 +91,7 @@ def test_busy_threads_oversubscribe_the_instance():
 os.sched_setaffinity(0, {{{C}}})
 done = [threading.Event() for _ in range(3)]
 def work(ev):
-    spin(0.1)
+    spin(0.3)
     ev.set()
     threading.Event().wait()
 ts = [threading.Thread(target=work, args=(d,), daemon=True) for d in done]
@@ -102,7 +102,7 @@ ready(tids=[t.native_id for t in ts])
     with child(script) as (pid, info):
         view = verify.inspect(pid)
     assert [t.busy for t in view.threads[1:]] == [True, True, True]
-    assert all(t.cpu_seconds >= 0.1 - 0.011 for t in view.threads[1:])  # one clock tick of rounding
+    assert all(t.cpu_seconds >= 0.3 - 0.011 for t in view.threads[1:])  # one clock tick of rounding
     assert verify.compare(Expected(index=0, bound_cpus=(C,), cpus=(C,)), view) == [
         f"instance 0: 4 busy threads (of 4 threads in 1 process(es)) on 1 CPU(s) {C}: {OVERSUB_HINT}"
     ]
@@ -142,7 +142,7 @@ def test_threads_pinned_to_one_cpu_are_reported():
 done = [threading.Event() for _ in range(2)]
 def work(ev):
     os.sched_setaffinity(0, {{{C}}})   # this thread only
-    spin(0.1)
+    spin(0.3)
     ev.set()
     threading.Event().wait()
 ts = [threading.Thread(target=work, args=(d,), daemon=True) for d in done]
@@ -457,8 +457,8 @@ TORCH_CHILD = """
 import torch
 torch.set_num_threads({threads})
 x = torch.randn(2_000_000)
-end = time.monotonic() + 1.0
-while time.monotonic() < end:   # intra-op parallel work for one second
+end = time.monotonic() + 2.0
+while time.monotonic() < end:   # intra-op parallel work for two seconds
     torch.exp(x)
 ready(threads=torch.get_num_threads())
 """
@@ -486,3 +486,39 @@ def test_torch_intra_op_threads_counted():
         f"instance 0: {2 * n} busy threads (of {len(over.threads)} threads in 1 process(es)) on {n} CPU(s) "
         f"{fmt(ALLOWED)}: {OVERSUB_HINT}"
     ]
+
+
+# --------------------------------------------------------------------------- through the launcher
+
+WIDEN = """
+import os, sys, threading, time
+if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
+    os.sched_setaffinity(0, {allowed})     # instance 1 widens its main thread to every allowed CPU
+time.sleep(4)
+"""
+
+
+@TWO_CPUS
+@pytest.mark.skipif(shutil.which("numactl") is None, reason="needs numactl")
+def test_two_instance_run_reports_the_instance_that_widens(tmp_path):
+    from tests.conftest import run_cli
+
+    proc = run_cli("--ninstances", "2", "--verify-after", "1.5", "--log-dir", str(tmp_path), "--",
+                   sys.executable, "-c", WIDEN.format(allowed=set(ALLOWED)), timeout=60)
+    (doc_path,) = tmp_path.glob("*/verify.json")
+    doc = json.loads(doc_path.read_text())
+    inst0, inst1 = doc["instances"]
+    assert (inst0["index"], inst1["index"]) == (0, 1)
+    assert inst0["warnings"] == [] and inst0["error"] is None
+    planned = inst1["expected"]["bound_cpus"]
+    widened = fmt(ALLOWED)
+    extra = fmt(set(ALLOWED) - cpulist.parse(planned))
+    pid = inst1["pid"]
+    assert inst1["warnings"] == [
+        f"instance 1: thread {pid} ({_comm()}) of pid {pid} may run on CPUs {widened}, outside its planned "
+        f"CPUs {planned} (CPUs {extra} too: the program widened its affinity or the binding was lost)"
+    ]
+    assert doc["ok"] is False and doc["warnings"] == inst1["warnings"]
+    # Every thread of instance 0 has exactly its planned CPUs.
+    assert {t["cpus"] for t in inst0["process"]["threads"]} == {inst0["expected"]["bound_cpus"]}
+    assert inst1["warnings"][0] in proc.stderr
