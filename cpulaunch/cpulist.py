@@ -68,8 +68,8 @@ def _clean(text: str) -> str:
 def _number(digits: str, text: str, limit: int) -> int:
     """``digits`` (ASCII, already matched) as an int below ``limit``, else CpulistError."""
     if len(digits) > _MAX_DIGITS and len(digits.lstrip("0")) > _MAX_DIGITS:
-        raise CpulistError(f"id {digits[:20]}... ({len(digits)} digits) in cpulist {excerpt(text)} is too large "
-                           f"(ids must be below {limit})")
+        raise CpulistError(f"id {digits[:20]}... ({len(digits)} digits) in cpulist "
+                           f"{excerpt(text)} is too large (ids must be below {limit})")
     value = int(digits)
     if value >= limit:
         raise CpulistError(f"id {value} in cpulist {excerpt(text)} is too large "

@@ -329,7 +329,8 @@ class Topology:
             "offline": cpulist.format(self.offline),
             "allowed": cpulist.format(self.allowed),
             "allowed_source": self.allowed_source,
-            "allowed_mems": None if self.allowed_mems is None else cpulist.format(self.allowed_mems),
+            "allowed_mems": (None if self.allowed_mems is None
+                             else cpulist.format(self.allowed_mems)),
             "allowed_mems_source": self.allowed_mems_source,
             "quota_cpus": self.quota_cpus,
             "hybrid": self.hybrid,
@@ -411,7 +412,8 @@ class _Reader:
         if value is _MISSING:
             body = _clean(text)
             if body and _INT.fullmatch(body) is None:
-                raise corrupt(self.root, _where(path), f"expected an integer, found {excerpt(body)}")
+                raise corrupt(self.root, _where(path),
+                              f"expected an integer, found {excerpt(body)}")
             value = self._numbers[text] = int(body) if body else None
         return value
 
@@ -481,7 +483,8 @@ def online_from_folders(raw: RawHost, rd: Optional[_Reader] = None) -> frozenset
     for cpu, rc in raw.cpus.items():
         state = rd.number(rc.online, f"{CPU_PATH}/cpu{cpu}/online")
         if state not in (None, 0, 1):
-            raise corrupt(raw.root, f"{CPU_PATH}/cpu{cpu}/online", f"expected 0 or 1, found {state}")
+            raise corrupt(raw.root, f"{CPU_PATH}/cpu{cpu}/online",
+                          f"expected 0 or 1, found {state}")
         if state == 1 or (state is None and rc.has_topology):
             online.add(cpu)
     return frozenset(online)
@@ -687,7 +690,8 @@ def _build_sockets(raw: RawHost, ordered: list, cpu_node: dict,
         cpus = frozenset(members)
         snodes = tuple(sorted({cpu_node[c] for c in members if c in cpu_node}))
         sockets.append(
-            Socket(index=idx, package_id=key[1] if key[0] == "pkg" else None, cpus=cpus, nodes=snodes)
+            Socket(index=idx, package_id=key[1] if key[0] == "pkg" else None, cpus=cpus,
+                   nodes=snodes)
         )
         socket_index_of_cpu.update(dict.fromkeys(members, idx))
     return sockets, socket_index_of_cpu

@@ -168,8 +168,8 @@ def main(argv=None) -> int:
     if 1024 in over:
         ok = over[1024] <= TARGET_1K_MS
         verdicts["1k_within_50ms"] = ok
-        print(f"{'PASS' if ok else 'FAIL'}: 1,024 CPUs take {over[1024]:.1f} ms over python -c pass "
-              f"(target {TARGET_1K_MS:.0f} ms){flag}")
+        print(f"{'PASS' if ok else 'FAIL'}: 1,024 CPUs take {over[1024]:.1f} ms over "
+              f"python -c pass (target {TARGET_1K_MS:.0f} ms){flag}")
     lo, hi = min(trees), max(trees)
     linear = None
     if hi > lo:
@@ -180,7 +180,8 @@ def main(argv=None) -> int:
               f"{lo:,} CPUs ({hi // lo}x the CPUs; target under {TARGET_LINEAR * (hi / lo) / 8:g}x)"
               f"{flag}")
         for n in sorted(trees):
-            print(f"  {n:5d} CPUs: {over[n]:7.1f} ms over pass, {over[n] / n * 1e3:6.1f} us per CPU")
+            print(f"  {n:5d} CPUs: {over[n]:7.1f} ms over pass, "
+                  f"{over[n] / n * 1e3:6.1f} us per CPU")
     if args.json:
         print(json.dumps({
             "rounds": args.rounds, "python": py,

@@ -59,7 +59,8 @@ class Layout:
     def node_cpus(self, node: int) -> list[int]:
         """Logical CPUs of NUMA node ``node`` (online or not)."""
         first = node * self.cores_per_node
-        return sorted(c for k in range(first, first + self.cores_per_node) for c in self.siblings[k])
+        cores = range(first, first + self.cores_per_node)
+        return sorted(c for k in cores for c in self.siblings[k])
 
     def socket_cpus(self, socket: int) -> list[int]:
         """Logical CPUs of socket ``socket`` (online or not)."""
@@ -130,7 +131,8 @@ class _Writer:
 def make_tree(root: Path, *, sockets: int, nodes_per_socket: int, cores_per_node: int,
               threads_per_core: int, offline: Iterable[int] = (), kernel_max: Optional[int] = None,
               node_mem_kb: int = 64 << 20, model: str = "Synthetic Xeon @ 2.00GHz",
-              flags: str = "fpu sse2 avx2 avx512f", extra: Optional[Mapping[str, str]] = None) -> Path:
+              flags: str = "fpu sse2 avx2 avx512f",
+              extra: Optional[Mapping[str, str]] = None) -> Path:
     """Write a sysfs tree of ``sockets`` x ``nodes_per_socket`` NUMA nodes x
     ``cores_per_node`` cores x ``threads_per_core`` SMT threads under ``root``.
 

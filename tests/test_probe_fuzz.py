@@ -55,6 +55,10 @@ KEY_FILES = [
     "proc/cpuinfo",
 ]
 
+#: CPUs whose topology files may be corrupted (a few leaders and siblings of each dump).
+FUZZED_CPUS = {"cpu0", "cpu1", "cpu2", "cpu3", "cpu16", "cpu88"}
+NODE_FILES = {"cpulist", "cpumap", "meminfo"}
+
 #: Names of cgroup files worth corrupting wherever they are in a dump.
 CGROUP_NAMES = {"cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus",
                 "cpuset.mems.effective", "cpuset.effective_mems", "cpuset.mems", "cpu.max",
@@ -95,13 +99,12 @@ def fuzz_roots(sysroots):
             rel_dir = os.path.relpath(dirpath, dest)
             for name in files:
                 rel = os.path.join(rel_dir, name)
-                if name in CGROUP_NAMES or (rel.startswith("sys/devices/system/")
-                                            and "/topology/" in rel + "/"
-                                            and rel.split("/")[4] in ("cpu0", "cpu1", "cpu2", "cpu3",
-                                                                      "cpu16", "cpu88")):
+                parts = rel.split("/")
+                if name in CGROUP_NAMES:
                     candidates.add(rel)
-                elif rel.startswith("sys/devices/system/node/node") and name in ("cpulist", "cpumap",
-                                                                                   "meminfo"):
+                elif "topology" in parts and parts[4] in FUZZED_CPUS:
+                    candidates.add(rel)  # a few CPUs' topology files (cpuN/topology/*)
+                elif rel.startswith("sys/devices/system/node/node") and name in NODE_FILES:
                     candidates.add(rel)
         out[machine] = (dest, sorted(candidates))
     yield out
