@@ -492,6 +492,14 @@ def test_torch_intra_op_threads_counted():
 
 WIDEN = """
 import os, sys, threading, time
+def spin():
+    start = time.thread_time()
+    while time.thread_time() - start < 0.3:
+        pass
+    threading.Event().wait()                 # alive, idle, until the process ends
+if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "0":
+    for _ in range(2):                       # instance 0 starts two extra busy threads
+        threading.Thread(target=spin, daemon=True).start()
 if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
     os.sched_setaffinity(0, {allowed})     # instance 1 widens its main thread to every allowed CPU
 time.sleep(4)
@@ -500,7 +508,7 @@ time.sleep(4)
 
 @TWO_CPUS
 @pytest.mark.skipif(shutil.which("numactl") is None, reason="needs numactl")
-def test_two_instance_run_reports_the_instance_that_widens(tmp_path):
+def test_two_instance_run_reports_extra_threads_and_widening(tmp_path):
     from tests.conftest import run_cli
 
     proc = run_cli("--ninstances", "2", "--verify-after", "1.5", "--log-dir", str(tmp_path), "--",
@@ -509,7 +517,12 @@ def test_two_instance_run_reports_the_instance_that_widens(tmp_path):
     doc = json.loads(doc_path.read_text())
     inst0, inst1 = doc["instances"]
     assert (inst0["index"], inst1["index"]) == (0, 1)
-    assert inst0["warnings"] == [] and inst0["error"] is None
+    cpus0 = inst0["expected"]["bound_cpus"]
+    n0 = len(cpulist.parse(cpus0))
+    assert inst0["error"] is None and inst0["process"]["thread_count"] == 3
+    assert inst0["warnings"] == ([
+        f"instance 0: 3 busy threads (of 3 threads in 1 process(es)) on {n0} CPU(s) {cpus0}: {OVERSUB_HINT}"
+    ] if n0 < 3 else [])
     planned = inst1["expected"]["bound_cpus"]
     widened = fmt(ALLOWED)
     extra = fmt(set(ALLOWED) - cpulist.parse(planned))
@@ -518,7 +531,7 @@ def test_two_instance_run_reports_the_instance_that_widens(tmp_path):
         f"instance 1: thread {pid} ({_comm()}) of pid {pid} may run on CPUs {widened}, outside its planned "
         f"CPUs {planned} (CPUs {extra} too: the program widened its affinity or the binding was lost)"
     ]
-    assert doc["ok"] is False and doc["warnings"] == inst1["warnings"]
+    assert doc["ok"] is False and doc["warnings"] == inst0["warnings"] + inst1["warnings"]
     # Every thread of instance 0 has exactly its planned CPUs.
     assert {t["cpus"] for t in inst0["process"]["threads"]} == {inst0["expected"]["bound_cpus"]}
     assert inst1["warnings"][0] in proc.stderr
