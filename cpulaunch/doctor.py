@@ -489,7 +489,15 @@ def _topology(root: Path, findings: list) -> tuple:
         hybrid=topo.hybrid,
         notes=tuple(topo.notes),
     )
+    findings += _topology_findings(summary, topo, raw.quota_source)
+    return summary, topo
+
+
+def _topology_findings(summary: TopologySummary, topo, quota_source: str) -> list:
+    """Findings about the CPUs: summary, E-cores, narrowed CPUs, offline CPUs, quota."""
     fmt = cpulist.format
+    limits = summary.limits
+    findings = []
     findings.append(Finding(
         "topology", "ok",
         f"{summary.sockets} socket(s), {len(summary.nodes)} NUMA node(s) with CPUs, {summary.cores} cores, "
@@ -522,12 +530,12 @@ def _topology(root: Path, findings: list) -> tuple:
         findings.append(Finding(
             "cpu-quota", "warn",
             f"a CPU quota of {topo.quota_cpus:g} CPUs is smaller than the {len(topo.allowed)} allowed CPUs",
-            f"from {raw.quota_source or 'the cgroup'}: threads beyond the quota are throttled every "
+            f"from {quota_source or 'the cgroup'}: threads beyond the quota are throttled every "
             "period, which stalls OpenMP barriers; cpulaunch lowers OMP_NUM_THREADS to the quota.",
             "give the container a cpuset instead of (or matching) the quota: "
             "docker run --cpuset-cpus 0-N --cpus N+1, or Kubernetes' static CPU manager with integer CPUs",
         ))
-    return summary, topo
+    return findings
 
 
 def _arm_model(cpuinfo: Optional[str]) -> str:
