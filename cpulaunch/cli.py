@@ -262,7 +262,8 @@ def main(argv=None) -> int:
     except click.exceptions.Abort:
         code = 130
     except click.UsageError as exc:
-        code = _fail(f"cpulaunch: error: {_one_line(exc.format_message())} (see cpulaunch --help)", USAGE_EXIT)
+        where = f"cpulaunch {args[0]}" if args and args[0] in SUBCOMMANDS else "cpulaunch"
+        code = _fail(f"cpulaunch: error: {_one_line(exc.format_message())} (see {where} --help)", USAGE_EXIT)
     except CpulaunchError as exc:
         code = _fail(f"cpulaunch: error: {_one_line(exc)}", USAGE_EXIT)
     except KeyboardInterrupt:
