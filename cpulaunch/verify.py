@@ -60,6 +60,7 @@ __all__ = [
     "VerifyReport",
     "parse_status",
     "parse_maps",
+    "parse_stat_cpu_ticks",
     "parse_numa_maps",
     "openmp_runtime_of",
     "inspect",
