@@ -94,12 +94,14 @@ class _Fs:
         self.root = os.fspath(root)
         self.prefix = self.root.rstrip("/")
         self.notes: list[str] = []
+        self.unusable = False  # some file was not a regular file, too big or failed to read
 
     def path(self, rel: str) -> str:
         """``rel`` (relative, no leading slash) below the root."""
         return self.prefix + "/" + rel
 
     def _bad(self, rel: str, what: str, strict: bool) -> None:
+        self.unusable = True
         if strict:
             raise corrupt(self.root, "/" + rel, what)
         self.notes.append(f"/{printable(rel)}: {what}: ignored")
@@ -425,7 +427,11 @@ def read_raw(root: str | os.PathLike = "/") -> RawHost:
 
     lscpu_text = None
     if not any(c.has_topology for c in cpus.values()):
-        lscpu_text = run_lscpu(None if live else fs.root)
+        if fs.unusable and not live:
+            # lscpu reads with blocking calls: a FIFO in the dump would hold it to its timeout.
+            fs.notes.append("lscpu not run: the dump holds files that are not regular files")
+        else:
+            lscpu_text = run_lscpu(None if live else fs.root)
 
     return RawHost(
         cpu_online=online_text,
@@ -552,7 +558,7 @@ def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
     argv = [exe, "-p=CPU,CORE,SOCKET,NODE"] + (["--sysroot", sysroot] if sysroot else [])
     try:
         res = subprocess.run(
-            argv, capture_output=True, text=True, errors="replace", timeout=5,
+            argv, capture_output=True, text=True, errors="replace", timeout=3,
             env={**os.environ, "LC_ALL": "C"}, stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired):
