@@ -254,6 +254,7 @@ def main(argv=None) -> int:
         if args and args[0] in SUBCOMMANDS:
             from cpulaunch import subcommands
 
+            _configure_logging(1 if verbose else 0)
             code = subcommands.main(args[0], args[1:])
         else:
             code = command.main(args=args, prog_name="cpulaunch", standalone_mode=False)

@@ -55,10 +55,6 @@ def verify_command(fmt, pids):
 def main(name: str, args: list) -> int:
     """Run subcommand ``name`` with ``args``; returns its exit code (raises CpulaunchError
     and click usage errors for the CLI to map)."""
-    import logging
-    import sys
-
-    logging.basicConfig(level=logging.WARNING, format="cpulaunch: %(message)s", stream=sys.stderr)
     if name == "tune":
         from cpulaunch import tune
 
