@@ -33,7 +33,7 @@ SUBCOMMANDS = ("doctor", "verify", "tune")
 PYTHON_PROGRAM_OPTIONS = ("-m", "-c", "--module")
 
 
-def split_argv(args: list, value_opts: set, flag_opts: set) -> tuple:
+def split_argv(args: list, value_opts: set) -> tuple:
     """Split the words after ``cpulaunch`` into (cpulaunch's words, the program's words).
 
     ``["--ninstances", "2", "python", "x.py", "--ninstances"]`` -> ``(["--ninstances",
@@ -69,12 +69,11 @@ def split_argv(args: list, value_opts: set, flag_opts: set) -> tuple:
 
 class _Command(click.Command):
     def parse_args(self, ctx, args):
-        value_opts, flag_opts = set(), set()
+        value_opts = set()
         for p in self.get_params(ctx):
-            if isinstance(p, click.Option):
-                names = p.opts + p.secondary_opts
-                (flag_opts if p.is_flag or p.count else value_opts).update(names)
-        ours, program = split_argv(list(args), value_opts, flag_opts)
+            if isinstance(p, click.Option) and not (p.is_flag or p.count):
+                value_opts.update(p.opts + p.secondary_opts)
+        ours, program = split_argv(list(args), value_opts)
         return super().parse_args(ctx, ours + (["--", *program] if program else []))
 
 

@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
 from cpulaunch import cpulist
@@ -56,7 +56,6 @@ class Prepared:
     program: tuple = ()
     ddp_info: Optional[Mapping] = None
     elastic_argv: Optional[tuple] = None
-    extra_notes: tuple = field(default_factory=tuple)
 
 
 # --------------------------------------------------------------------------- steps

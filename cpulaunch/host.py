@@ -12,7 +12,6 @@ numactl is assumed there); libraries are found by looking in folders, not ``ldco
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from dataclasses import dataclass, field

@@ -275,7 +275,7 @@ def _aliases(values: Mapping, given: frozenset) -> dict:
     return v
 
 
-def _request(v: Mapping, ddp: bool) -> Request:
+def _request(v: Mapping) -> Request:
     from cpulaunch.plan import parse_index_list
 
     instance_idx = None
@@ -367,7 +367,7 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
     return opts
 
 
-def _launch(v: Mapping, output: Output, ddp: bool) -> LaunchOptions:
+def _launch(v: Mapping) -> LaunchOptions:
     grace = float(v.get("grace_period", 10.0))
     if not math.isfinite(grace) or grace < 0:
         raise OptionsError(f"--grace-period {v.get('grace_period')}: give a finite number of seconds >= 0")
@@ -417,12 +417,12 @@ def from_values(values: Mapping, given: frozenset = frozenset()) -> Options:
     alloc = str(v.get("allocator") or "auto").lower()
     if alloc not in ALLOCATOR_CHOICES:
         raise OptionsError(f"--allocator {alloc}: use one of {', '.join(ALLOCATOR_CHOICES)}")
-    launch = _launch(v, output, ddp is not None)
+    launch = _launch(v)
     return Options(
         output=output,
         fmt=fmt,
         sysroot=str(v.get("sysroot") or "/"),
-        request=_request(v, ddp is not None),
+        request=_request(v),
         omp_runtime=omp,
         allocator=alloc,
         bind=BindMode(str(v.get("bind") or "numactl").lower()),

@@ -24,7 +24,6 @@ The foreign CPU load is measured before (``benchkit.wait_quiet``) and during eac
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -38,8 +37,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 import bigtree  # noqa: E402  (tests/bigtree.py: the tree generator the tests use too)
 
 #: Variables that would change what cpulaunch plans; removed from the children's env.
-CLEAN_VARS = ("OMP_NUM_THREADS", "LD_PRELOAD", "KMP_AFFINITY", "KMP_BLOCKTIME", "MALLOC_CONF",
-              "OMP_PROC_BIND", "OMP_PLACES")
 TARGET_1K_MS = 50.0  # issue 12: probe + plan + render of 1,024 CPUs within 50 ms over pass
 TARGET_LINEAR = 8.0  # issue 12: 8,192 CPUs under 8x the 1,024 figure
 
@@ -82,27 +79,9 @@ def make_trees(base: Path, sizes: list[int]) -> dict[int, Path]:
     return trees
 
 
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in CLEAN_VARS and not k.startswith("CPULAUNCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-def time_once(argv: list[str], env: dict[str, str]) -> float:
-    """Wall seconds of one run; raises if it fails (a benchmark of a failure means nothing)."""
-    t = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    dt = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n"
-                           f"{proc.stderr.decode(errors='replace')[-2000:]}")
-    return dt
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
-    env = child_env()
+    env = benchkit.child_env()
     py = sys.executable
     base = Path(bigtree.scratch_dir("cpulaunch-bench-probe-"))
     print(f"bench_probe: {args.rounds} round(s), interleaved (rotated start); python = {py}")
@@ -119,7 +98,7 @@ def main(argv=None) -> int:
         subprocess.run([py, "-m", "compileall", "-q", str(ROOT / "cpulaunch")],
                        check=False, stdout=subprocess.DEVNULL)
         for _key, _label, cmd in cmds:  # one untimed run each: page cache, .pyc files
-            time_once(cmd, env)
+            benchkit.time_once(cmd, env)
 
         times: dict = {key: [] for key, _, _ in cmds}
         loads = []
@@ -129,7 +108,7 @@ def main(argv=None) -> int:
             window = benchkit.LoadWindow()
             order = cmds[r % len(cmds):] + cmds[:r % len(cmds)]
             for key, _label, cmd in order:
-                times[key].append(time_once(cmd, env))
+                times[key].append(benchkit.time_once(cmd, env))
             during = window.load()
             loads.append(during)
             if benchkit.busy((pre, during), args.busy_threshold):

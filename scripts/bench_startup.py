@@ -40,7 +40,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import benchkit
@@ -49,8 +48,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET_MS = 100.0
 
 #: Variables that would change what the launchers do; removed from the children's env.
-CLEAN_VARS = ("OMP_NUM_THREADS", "LD_PRELOAD", "KMP_AFFINITY", "KMP_BLOCKTIME", "MALLOC_CONF",
-              "OMP_PROC_BIND", "OMP_PLACES")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -140,23 +137,6 @@ def commands(args) -> list[tuple[str, str, list[str]]]:
     return cmds
 
 
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in CLEAN_VARS and not k.startswith("CPULAUNCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-def time_once(argv: list[str], env: dict[str, str]) -> float:
-    t = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    dt = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n"
-                           f"{proc.stderr.decode(errors='replace')[-2000:]}")
-    return dt
-
-
 def summary(xs: list[float]) -> dict:
     """Median, min and max in ms and spread in percent of seconds ``xs``."""
     return {"median_ms": benchkit.median(xs) * 1e3, "min_ms": min(xs) * 1e3,
@@ -165,7 +145,7 @@ def summary(xs: list[float]) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    env = child_env()
+    env = benchkit.child_env()
     cmds = commands(args)
     real, shim = console_scripts()
     print(f"bench_startup: {args.repeats} repeats of {len(cmds)} commands, interleaved "
@@ -185,14 +165,14 @@ def main(argv=None) -> int:
               "compileall, as pip does at install")
     # One untimed run of each: page cache, .pyc files.
     for _key, _label, cmd in cmds:
-        time_once(cmd, env)
+        benchkit.time_once(cmd, env)
 
     times: dict[str, list[float]] = {key: [] for key, _, _ in cmds}
     window = benchkit.LoadWindow()
     for rep in range(args.repeats):
         order = cmds[rep % len(cmds):] + cmds[:rep % len(cmds)]
         for key, _label, cmd in order:
-            times[key].append(time_once(cmd, env))
+            times[key].append(benchkit.time_once(cmd, env))
     load = window.load()
 
     stats = {key: summary(xs) for key, xs in times.items()}

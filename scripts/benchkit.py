@@ -34,8 +34,10 @@ import argparse
 import os
 import resource
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from collections.abc import Iterable, Sequence
 
 import psutil
@@ -209,3 +211,28 @@ def add_model_size(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("cnn", "bert"), default="cnn")
     p.add_argument("--size", choices=("full", "small"), default=None,
                    help="default full (small with --quick)")
+
+
+#: Variables a benchmark's children must not inherit from the shell that ran it.
+CLEAN_VARS = ("OMP_NUM_THREADS", "LD_PRELOAD", "KMP_AFFINITY", "KMP_BLOCKTIME", "MALLOC_CONF",
+              "OMP_PROC_BIND", "OMP_PLACES")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child_env() -> dict:
+    """This environment without CLEAN_VARS and CPULAUNCH_* variables, with the checkout
+    first on PYTHONPATH (so the children time this checkout's cpulaunch)."""
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN_VARS and not k.startswith("CPULAUNCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def time_once(argv: list, env: dict) -> float:
+    """Wall seconds of one run; raises if it fails (a benchmark of a failure means nothing)."""
+    t = time.perf_counter()
+    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n"
+                           f"{proc.stderr.decode(errors='replace')[-2000:]}")
+    return dt
