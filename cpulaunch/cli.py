@@ -14,7 +14,6 @@ the first word that is not an option, after ``--``, or at Python's ``-m MODULE``
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import click
@@ -224,9 +223,10 @@ def _load_config(ctx, path) -> None:
     ctx.default_map = {**(ctx.default_map or {}), **config_defaults(data, path, known)}
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(level=max(logging.DEBUG, logging.WARNING - 10 * verbose),
-                        format="cpulaunch: %(message)s", stream=sys.stderr)
+def _configure_logging(verbose: int, now: bool = False) -> None:
+    from cpulaunch import log
+
+    log.configure(verbose, now=now)
 
 
 def _one_line(text: str) -> str:
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
         if args and args[0] in SUBCOMMANDS:
             from cpulaunch import subcommands
 
-            _configure_logging(1 if verbose else 0)
+            _configure_logging(1 if verbose else 0, now=True)
             code = subcommands.main(args[0], args[1:])
         else:
             code = command.main(args=args, prog_name="cpulaunch", standalone_mode=False)

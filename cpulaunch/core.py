@@ -8,8 +8,6 @@ engine, a free port). Planning and rendering are pure and happen once; ``--dry-r
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import shutil
 import sys
@@ -17,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
 from cpulaunch import cpulist
+from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan, Request
@@ -25,7 +24,7 @@ from cpulaunch.topology import Topology
 
 __all__ = ["Prepared", "probe_topology", "resolve_settings", "prepare", "execute", "output_text"]
 
-log = logging.getLogger("cpulaunch")
+log = _log.get("cpulaunch")
 
 #: The variable through which ``--inference-path`` reaches cpulaunch.inference.optimize.
 INFERENCE_PATH_ENV = "CPULAUNCH_INFERENCE_PATH"
@@ -252,7 +251,7 @@ def output_text(p: Prepared) -> str:
     fmt = p.opts.fmt
     if p.opts.output is Output.SHOW_TOPOLOGY:
         if fmt is Format.JSON:
-            return json.dumps(p.topo.to_dict(), indent=2) + "\n"
+            return _json_text(p.topo.to_dict())
         return r.topology_text(p.topo)
     rendered = p.rendered
     if p.opts.output is Output.DRY_RUN:
@@ -276,8 +275,14 @@ def output_text(p: Prepared) -> str:
         doc = r.instance_dict(inst)
         doc["prefix"] = list(r.binding_prefix(inst, taskset))
         doc["notes"] = list(rendered.notes)
-        return json.dumps(doc, indent=2) + "\n"
+        return _json_text(doc)
     return r.shell_exports(inst, taskset)
+
+
+def _json_text(doc) -> str:
+    import json  # only the JSON outputs need it (issue 12: 2 ms of start-up)
+
+    return json.dumps(doc, indent=2) + "\n"
 
 
 # --------------------------------------------------------------------------- launch
@@ -294,10 +299,10 @@ def _require_program(program: tuple) -> None:
 
 
 def _specs(rendered: Rendered) -> list:
-    from cpulaunch import launch
+    from cpulaunch.spawn import ProcessSpec
 
-    return [launch.ProcessSpec(index=i.index, label=i.label or f"instance {i.index}", argv=tuple(i.argv),
-                               env=dict(i.env), affinity=i.affinity, cpus=tuple(i.cpus))
+    return [ProcessSpec(index=i.index, label=i.label or f"instance {i.index}", argv=tuple(i.argv),
+                        env=dict(i.env), affinity=i.affinity, cpus=tuple(i.cpus))
             for i in rendered.instances]
 
 
@@ -317,8 +322,6 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
     Raises:
         CpulaunchError: the program cannot be started, the log folder cannot be made.
     """
-    from cpulaunch import launch
-
     _require_program(p.program)
     for note in p.rendered.notes:
         log.warning("note: %s", note)
@@ -330,7 +333,11 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
         raise CpulaunchError(f"--stdin-instance {lopts.stdin_instance}: no such instance runs "
                              f"(instances {cpulist.format(s.index for s in specs)})")
     if len(specs) == 1 and lopts.log_dir is None and lopts.verify_after is None:
-        launch.exec_spec(specs[0], environ)
+        from cpulaunch.spawn import exec_spec  # not launch: no supervisor needed (issue 12)
+
+        exec_spec(specs[0], environ)
+    from cpulaunch import launch
+
     stdin_for = lopts.stdin_instance
     if stdin_for is None and len(specs) == 1:
         stdin_for = specs[0].index
@@ -349,6 +356,7 @@ def _verify(p: Prepared, pids: Mapping[int, int]) -> None:
     """``--verify``: what each running instance really got (its threads' CPUs, libraries,
     memory), compared with the plan; printed once and kept as verify.json in the run's log
     folder (the newest run folder under --log-dir)."""
+    import json
     from pathlib import Path
 
     from cpulaunch import verify
@@ -376,6 +384,8 @@ def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:
     """Elastic --ddp: torchrun's c10d agent starts each rank as ``python -m
     cpulaunch.rank_entry``, which runs that local rank's rendered command (passed as
     JSON in one variable, so ranks never plan again) and records its exit code."""
+    import json
+
     import tempfile
     from pathlib import Path
 

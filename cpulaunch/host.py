@@ -16,13 +16,21 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from cpulaunch import cpulist, libraries
-from cpulaunch.distributed import RankContext, detect_engine
 from cpulaunch.options import BindMode, Options
 from cpulaunch.plan import MemPolicy
 from cpulaunch.topology import Topology
+
+if TYPE_CHECKING:
+    from cpulaunch.distributed import RankContext
+
+#: Variables by which distributed.detect_engine recognises an engine (one of them is set in
+#: every process torchrun, Open MPI, MPICH, Slurm or PMIx starts). Checked here first so a
+#: plain run does not import cpulaunch.distributed (issue 12); tests/test_distributed.py
+#: holds the two lists equal.
+ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
 
 __all__ = ["Host", "gather", "numactl_check_argv", "free_port"]
 
@@ -122,7 +130,11 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
         argv = numactl_check_argv(numactl, topo, opts.request.mem_policy)
         reason = check_numactl(argv[0], [argv[:-1]]) or ""
         usable = not reason
-    engine = detect_engine(environ)
+    engine = None
+    if any(v in environ for v in ENGINE_VARIABLES):
+        from cpulaunch.distributed import detect_engine
+
+        engine = detect_engine(environ)
     port = None
     if opts.ddp is not None and engine is None and opts.ddp.master_port is None and opts.ddp.nnodes == "1" \
             and not opts.ddp.master_addr and not opts.ddp.elastic:

@@ -39,7 +39,6 @@ import datetime
 import errno
 import fcntl
 import json
-import logging
 import math
 import os
 import select
@@ -50,12 +49,16 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from cpulaunch import cpulist
-from cpulaunch.errors import CpulaunchError
+from cpulaunch import log as _log
+from cpulaunch.spawn import (  # noqa: F401 - re-exported: launch's public names stay here
+    LaunchError, ProcessSpec, _cannot_run, _child_setup, _environ, _load_prctl, _signals_to_reset,
+    exec_spec, exit_code_of, signal_name, spec_from_instance,
+)
 
 __all__ = [
     "LaunchError", "ProcessSpec", "InstanceResult", "Outcome", "ProcessGroup",
@@ -64,7 +67,7 @@ __all__ = [
     "exec_instance", "supervise",
 ]
 
-log = logging.getLogger(__name__)
+log = _log.get(__name__)
 
 #: Signals the launcher forwards to every instance's process group.
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
@@ -81,174 +84,6 @@ KILL_TIMEOUT = 5.0
 #: Seconds to wait, once every instance has exited, for the output relays to drain.
 RELAY_TIMEOUT = 2.0
 _CHUNK = 65536  # relay read size; also the longest line relayed in one piece
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-class LaunchError(CpulaunchError):
-    """A run could not start: program not runnable, log folder unusable, bad grace period."""
-
-
-def exit_code_of(returncode: int) -> int:
-    """Popen return code -> shell-style exit code: -N (killed by signal N) -> 128+N.
-
-    >>> exit_code_of(-9), exit_code_of(3)
-    (137, 3)
-    """
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def signal_name(n: int) -> str:
-    """Signal number -> name as kill -l spells it: 9 -> ``"SIGKILL"``, 36 -> ``"SIGRTMIN+2"``;
-    an unknown number -> ``"signal 99"``."""
-    if signal.SIGRTMIN < n < signal.SIGRTMAX:
-        return f"SIGRTMIN+{n - signal.SIGRTMIN}"
-    try:
-        return signal.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
-
-
-# --------------------------------------------------------------------------- the spec
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """What one process runs.
-
-    Attributes:
-        index: instance (or local rank) index; names its log folder and ``[i]`` prefix.
-        label: how messages name it, e.g. ``"instance 1"`` or ``"rank 1"``.
-        argv: the full command (binding prefix included). ``argv[0]`` is looked up on PATH.
-        env: variables set on top of the base environment. Values are ``str`` as
-            ``os.environ`` holds them: non-UTF-8 bytes as surrogate escapes, which
-            exec re-encodes to the original bytes (never decode/encode them strictly).
-        affinity: logical CPU ids (as in /sys/devices/system/cpu/cpuN) to set with
-            sched_setaffinity(2) before exec; None leaves the affinity as inherited.
-        cpus: logical CPU ids of the instance, for display and log names only.
-    """
-
-    index: int
-    label: str
-    argv: Tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    affinity: Optional[Tuple[int, ...]] = None
-    cpus: Tuple[int, ...] = ()
-
-
-def spec_from_instance(inst, label: Optional[str] = None) -> ProcessSpec:
-    """A :class:`ProcessSpec` from anything with ``.index .argv .env .affinity .cpus``
-    (``render.RenderedInstance``); ``label`` defaults to ``"instance <index>"``."""
-    return ProcessSpec(
-        index=inst.index,
-        label=label or f"instance {inst.index}",
-        argv=tuple(inst.argv),
-        env=dict(inst.env),
-        affinity=tuple(inst.affinity) if inst.affinity is not None else None,
-        cpus=tuple(inst.cpus),
-    )
-
-
-def _environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
-    env = dict(base)
-    env.update(spec.env)
-    return env
-
-
-def _cannot_run(spec: ProcessSpec, exc: BaseException) -> LaunchError:
-    if isinstance(exc, OSError):
-        cause = exc.strerror or str(exc)
-    elif isinstance(exc, ValueError):  # "embedded null byte" in argv or env
-        cause = f"{exc} in its command line or environment"
-    else:
-        cause = str(exc)
-    return LaunchError(f"cannot run {spec.argv[0]!r}: {cause}")
-
-
-# --------------------------------------------------------------------------- child set-up
-
-
-def _signals_to_reset() -> Tuple[int, ...]:
-    """Every catchable signal, less SIGHUP when it is ignored on entry (``nohup``)."""
-    keep = {signal.SIGKILL, signal.SIGSTOP}
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
-        keep.add(signal.SIGHUP)
-    return tuple(s for s in sorted(signal.valid_signals()) if s not in keep)
-
-
-def _reset_signals(signals: Sequence[int]) -> None:
-    for s in signals:
-        try:
-            signal.signal(s, signal.SIG_DFL)
-        except (OSError, ValueError, RuntimeError):
-            pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
-
-def _load_prctl() -> Optional[Callable]:
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (ImportError, OSError, AttributeError):
-        return None
-
-
-def _child_setup(signals: Tuple[int, ...], affinity, launcher_pid: int, prctl) -> Callable[[], None]:
-    """The function run in each child between fork and exec (Popen's preexec_fn; the
-    launcher has no other thread then): default dispositions, empty mask, parent-death
-    signal, affinity."""
-
-    def setup() -> None:
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != launcher_pid:  # the launcher died before prctl: prctl(2)
-                os.kill(os.getpid(), signal.SIGKILL)
-        if affinity is not None:
-            os.sched_setaffinity(0, affinity)
-        _reset_signals(signals)  # last: the mask unblocks only once all else is done
-
-    return setup
-
-
-def exec_spec(spec: ProcessSpec, base_environ: Mapping[str, str]) -> NoReturn:
-    """Replace this process with ``spec`` (a single instance needs no supervisor).
-
-    Before exec: every catchable signal back to SIG_DFL (SIGHUP stays ignored under
-    ``nohup``), an empty signal mask, ``spec.affinity`` set with sched_setaffinity(2),
-    Python's stdout/stderr flushed. stdin, stdout and stderr are the launcher's.
-
-    Args:
-        spec: what to run; ``spec.env`` is applied on top of ``base_environ``.
-        base_environ: the user's environment (``os.environ``); not modified.
-
-    Raises:
-        LaunchError: ``cannot run 'PROG': <strerror>`` when exec fails (the launcher's
-            dispositions and mask are restored first) or the affinity cannot be set.
-    """
-    env = _environ(base_environ, spec)
-    if spec.affinity is not None:
-        try:
-            os.sched_setaffinity(0, spec.affinity)
-        except OSError as exc:
-            raise LaunchError(f"cannot bind {spec.label} to CPUs {cpulist.format(spec.affinity)}: "
-                              f"{exc.strerror}") from None
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    signals = _signals_to_reset()
-    saved = {s: signal.getsignal(s) for s in signals}
-    saved_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    _reset_signals(signals)
-    try:
-        os.execvpe(spec.argv[0], list(spec.argv), env)
-    except (OSError, ValueError) as exc:
-        for s, h in saved.items():
-            if h is not None:
-                signal.signal(s, h)
-        signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
-        raise _cannot_run(spec, exc) from None
 
 
 # --------------------------------------------------------------------------- watchdog

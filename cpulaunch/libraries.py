@@ -19,7 +19,6 @@ import platform
 import re
 import shutil
 import struct
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,6 +210,8 @@ def _ldconfig() -> dict:
     exe = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
     if not exe:
         return {}
+    import subprocess  # a fallback only: off the launch path (issue 12)
+
     try:
         res = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):

@@ -29,16 +29,16 @@ The parsing of what is read is pure (``parse_*`` functions here, :func:`topology
 
 from __future__ import annotations
 
-import logging
 import os
 import re
+import signal
 import shutil
 import stat
-import subprocess
 from dataclasses import replace
 from typing import Optional
 
 from cpulaunch import cpulist
+from cpulaunch import log as _log
 from cpulaunch.cpulist import CpulistError, excerpt
 from cpulaunch.topology import (
     RawCpu,
@@ -64,7 +64,7 @@ __all__ = [
     "MAX_FILE_BYTES",
 ]
 
-log = logging.getLogger(__name__)
+log = _log.get(__name__)
 
 CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
@@ -556,6 +556,8 @@ def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
     if not exe:
         return None
     argv = [exe, "-p=CPU,CORE,SOCKET,NODE"] + (["--sysroot", sysroot] if sysroot else [])
+    import subprocess  # a fallback only: off the launch path (issue 12)
+
     try:
         res = subprocess.run(
             argv, capture_output=True, text=True, errors="replace", timeout=3,
@@ -583,12 +585,68 @@ def cpu_flags(root: str | os.PathLike = "/") -> frozenset:
                                         truncate=True))[0]
 
 
+def run_quietly(argv: list, timeout: float = 10.0) -> tuple:
+    """Run ``argv`` (looked up on PATH) with stdin from /dev/null; ``(exit code, output)``.
+
+    ``output`` is its stdout and stderr together (at most 64 KiB, decoded with errors
+    replaced); the exit code is shell-style (128+N for signal N). Uses os.posix_spawnp and a
+    pipe, not :mod:`subprocess`, whose import costs about 4 ms of start-up (issue 12) for
+    the one short exec a launch makes.
+
+    Raises:
+        OSError: the program cannot be started (ENOENT, EACCES...).
+        TimeoutError: it ran longer than ``timeout`` seconds (it is then SIGKILLed and reaped).
+    """
+    import select
+    import time
+
+    r, w = os.pipe()  # both O_CLOEXEC; dup2 makes the child's 1 and 2 inheritable
+    try:
+        pid = os.posix_spawnp(argv[0], list(argv), os.environ, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, w, 1),
+            (os.POSIX_SPAWN_DUP2, w, 2),
+        ], setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGXFSZ))
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    chunks, size = [], 0
+    deadline = time.monotonic() + timeout
+    try:
+        poller = select.poll()
+        poller.register(r, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise TimeoutError(f"timed out after {timeout:g} s")
+            data = os.read(r, 65536)
+            if not data:
+                break
+            if size < 65536:
+                chunks.append(data)
+                size += len(data)
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return _exit_code(status), b"".join(chunks)[:65536].decode(errors="replace")
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
 def check_numactl(numactl: str, prefixes: list, timeout: float = 10.0) -> Optional[str]:
     """Run each planned ``numactl ... true`` once; None if all work, else numactl's reason.
 
     Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
     CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
-    and a cpuset may refuse some CPUs.
+    and a cpuset may refuse some CPUs. One short exec per distinct prefix, through
+    :func:`run_quietly` (no subprocess import).
     """
     seen = set()
     for prefix in prefixes:
@@ -597,13 +655,10 @@ def check_numactl(numactl: str, prefixes: list, timeout: float = 10.0) -> Option
             continue
         seen.add(key)
         try:
-            res = subprocess.run(
-                list(prefix) + ["true"], capture_output=True, text=True, errors="replace",
-                timeout=timeout,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            code, output = run_quietly(list(prefix) + ["true"], timeout)
+        except (OSError, TimeoutError) as exc:
             return f"{' '.join(prefix)} could not run ({exc})"
-        if res.returncode != 0:
-            msg = (res.stderr or res.stdout).strip().splitlines()
-            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % res.returncode}"
+        if code != 0:
+            msg = output.strip().splitlines()
+            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
     return None

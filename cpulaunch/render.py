@@ -21,7 +21,6 @@ Rules and where they come from:
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -379,6 +378,8 @@ def instance_dict(inst: RenderedInstance) -> dict:
 
 def plan_json(rendered: Rendered, topology: dict, extra: Optional[dict] = None) -> str:
     """``--dry-run --format json``: ``{"instances": [...], "notes": [...], "topology": {...}}``."""
+    import json  # only this output needs it (issue 12: 2 ms of start-up)
+
     doc = {
         "instances": [instance_dict(i) for i in rendered.instances],
         "num_instances": rendered.num_instances,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import sys
 import pytest
 
 from conftest import REPO, json_records, run_cli
-from cpulaunch import cpulist
+from pathlib import Path
+
+from cpulaunch import cpulist, distributed, host
 from cpulaunch.distributed import (
     DistributedError,
     RankContext,
@@ -315,3 +318,32 @@ def test_torchruns_default_omp_threads_replaced_by_rank_cores(sysroots):
     env["CPULAUNCH_USER_OMP_NUM_THREADS"] = "1"  # cpulaunch's own torchrun: the user set it
     doc = ddp_json(sysroots[XEON], env=env)
     assert "OMP_NUM_THREADS" not in doc["instances"][0]["env"]
+
+
+
+def test_host_checks_every_engine_variable_before_importing_distributed():
+    """host.gather imports cpulaunch.distributed only when one of host.ENGINE_VARIABLES is
+    set (issue 12). Every other variable distributed.py reads, all set at once, must not
+    make detect_engine see an engine; and each of ENGINE_VARIABLES, with its engine's
+    companions, must."""
+    source = Path(distributed.__file__).read_text()
+    reads = set(re.findall(r'env(?:\.get)?\(\s*"([A-Z][A-Z0-9_]+)"', source))
+    reads |= set(re.findall(r'_get_int\(env, "([A-Z][A-Z0-9_]+)"', source))
+    reads |= {v for group in re.findall(r'_mpi\(env, "\w+", ((?:"[A-Z0-9_]+",?\s*)+)\)', source)
+              for v in re.findall(r'"([A-Z0-9_]+)"', group)}
+    assert {"RANK", "WORLD_SIZE", "SLURM_STEP_ID"} <= reads
+    others = {v: "1" for v in reads - set(host.ENGINE_VARIABLES)}
+    others["SLURM_JOB_NODELIST"] = others["SLURM_STEP_NODELIST"] = "n1"
+    assert detect_engine(others) is None
+    companions = {
+        "LOCAL_RANK": {"RANK": "0", "WORLD_SIZE": "1"},
+        "OMPI_COMM_WORLD_RANK": {"OMPI_COMM_WORLD_SIZE": "1"},
+        "PMI_RANK": {"PMI_SIZE": "1"},
+        "SLURM_PROCID": {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0",
+                         "SLURM_NODEID": "0", "SLURM_STEP_NODELIST": "n1",
+                         "SLURM_STEP_TASKS_PER_NODE": "1"},
+        "PMIX_RANK": {"PMIX_SIZE": "1"},
+    }
+    assert set(companions) == set(host.ENGINE_VARIABLES)
+    for var, extra in companions.items():
+        assert detect_engine({var: "0", **extra}) is not None, var

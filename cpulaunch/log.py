@@ -1,0 +1,94 @@
+"""Loggers for the launch path that import :mod:`logging` only when a message is emitted.
+
+Importing :mod:`logging` costs about 4 ms (it pulls in traceback, string, textwrap...), a
+tenth of what cpulaunch may add to a run's start-up (issue 12), and a plain ``cpulaunch
+PROGRAM`` usually logs nothing. :func:`get` returns a stand-in with the five methods the
+launch path uses; the first message imports :mod:`logging` and hands every call to the
+real ``logging.getLogger(name)``, so handlers, levels and pytest's ``caplog`` see the same
+records as with a plain logger.
+
+:func:`configure` is called by :mod:`cpulaunch.cli` only (the one module that sets up
+logging): it records the command line's level, and ``logging.basicConfig`` runs when the
+first message at or above it is emitted. Library use (``cpulaunch.plan_instances``) never
+calls it, so cpulaunch then adds no handler: the application's logging configuration
+decides, as the logging HOWTO asks of libraries.
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["get", "configure", "DEBUG", "INFO", "WARNING", "ERROR"]
+
+# logging's numeric levels (logging/__init__.py), without importing it.
+DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
+
+#: The level chosen by the command line, or None when cli.py did not configure logging.
+_cli_level: int | None = None
+_configured = False
+
+
+def configure(verbose: int, *, now: bool = False) -> None:
+    """Set the command line's level: WARNING, INFO with ``-v``, DEBUG with ``-vv``.
+
+    Args:
+        verbose: how many ``-v`` were given (0 or more).
+        now: configure logging at once (subcommands, which log through :mod:`logging`).
+
+    ``logging.basicConfig(format="cpulaunch: %(message)s", stream=sys.stderr)`` runs now
+    when :mod:`logging` is already imported (a subcommand uses it directly), else at the
+    first message that passes the level.
+    """
+    global _cli_level, _configured
+    _cli_level = max(DEBUG, WARNING - 10 * max(0, int(verbose)))
+    _configured = False
+    if now or "logging" in sys.modules:
+        _setup()
+
+
+def _setup():
+    """The logging module, configured for the command line when cli.py asked for it."""
+    global _configured
+    import logging
+
+    if _cli_level is not None and not _configured:
+        logging.basicConfig(level=_cli_level, format="cpulaunch: %(message)s", stream=sys.stderr)
+        _configured = True
+    return logging
+
+
+class LazyLogger:
+    """A stand-in for ``logging.getLogger(name)``; see the module docstring."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _emit(self, level: int, msg, args, kwargs) -> None:
+        if _cli_level is not None and level < _cli_level:
+            return  # below the command line's level: no need to import logging
+        kwargs.setdefault("stacklevel", 3)  # the record names our caller, not this module
+        _setup().getLogger(self.name).log(level, msg, *args, **kwargs)
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's spelling
+        if _cli_level is not None and level < _cli_level:
+            return False
+        return _setup().getLogger(self.name).isEnabledFor(level)
+
+    def debug(self, msg, *args, **kwargs) -> None:
+        self._emit(DEBUG, msg, args, kwargs)
+
+    def info(self, msg, *args, **kwargs) -> None:
+        self._emit(INFO, msg, args, kwargs)
+
+    def warning(self, msg, *args, **kwargs) -> None:
+        self._emit(WARNING, msg, args, kwargs)
+
+    def error(self, msg, *args, **kwargs) -> None:
+        self._emit(ERROR, msg, args, kwargs)
+
+
+def get(name: str) -> LazyLogger:
+    """A logger named ``name`` (``"cpulaunch.probe"``...) that imports logging lazily."""
+    return LazyLogger(name)
