@@ -367,7 +367,7 @@ def _status_list(fs: _Fs, status: Optional[str], key: str, limit: int) -> Option
 # --------------------------------------------------------------------------- the probe
 
 
-def read_raw(root: str | os.PathLike = "/") -> RawHost:
+def read_raw(root: str | os.PathLike = "/", *, core_ids: bool = True) -> RawHost:
     """Read the raw topology text of the machine at ``root`` (a real ``/`` or a dump).
 
     Allowed CPUs: with root ``/``, ``os.sched_getaffinity(0)``; otherwise the dump's cgroup
@@ -376,6 +376,10 @@ def read_raw(root: str | os.PathLike = "/") -> RawHost:
     mems, else ``Mems_allowed_list`` of ``proc/self/status``, else None (all).
     ``lscpu -p`` is run only when sysfs holds no ``cpuN/topology`` folder. Every CPU list
     is bounded by the kernel's limit (``topology.cpu_limit``).
+
+    ``core_ids=False`` skips each core's ``core_id`` file where its sibling list already
+    groups the core: the kernel's core_id is display only (``Core.core_id`` is then None)
+    and reading it is half of the per-core reads (issue 12). A launch passes False.
 
     Raises:
         TopologyError: a file is malformed, bigger than MAX_FILE_BYTES or not a regular
@@ -406,7 +410,7 @@ def read_raw(root: str | os.PathLike = "/") -> RawHost:
         online = online_from_folders(RawHost(cpus=cpus, root=fs.root, cpu_kernel_max=kernel_max,
                                              cpu_possible=possible))
     _read_cpus(fs, cpus, online, limit, need_links,
-               want_speed=hybrid_atom is None or hybrid_core is None)
+               want_speed=hybrid_atom is None or hybrid_core is None, core_ids=core_ids)
 
     cpuset, cpuset_source = read_cgroup_cpuset(fs, limit)
     status = fs.read("proc/self/status", strict=False)
@@ -480,7 +484,7 @@ def _read_nodes(fs: _Fs) -> dict[int, RawNode]:
 
 
 def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: bool,
-               want_speed: bool) -> None:
+               want_speed: bool, core_ids: bool = True) -> None:
     """Fill ``cpus`` (id -> RawCpu) for the online CPUs that have a folder, reading each
     shared fact once (see the module docstring)."""
     core_done: set[int] = set()  # named by a sibling list read so far
@@ -498,7 +502,7 @@ def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: b
         topo = base + "/topology"
         fields: dict = {}
         if cpu not in core_done:
-            fields = _read_core(fs, topo, limit, core_done)
+            fields = _read_core(fs, topo, limit, core_done, core_ids)
             for attr in list(speed):  # one value per core: SMT siblings share it
                 text = fs.read(f"{base}/{attr}", strict=False)
                 if text is None and first_core:
@@ -527,7 +531,7 @@ def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: b
         cpus[cpu] = RawCpu(online=old.online, has_topology=has_topology, **fields)
 
 
-def _read_core(fs: _Fs, topo: str, limit: int, core_done: set) -> dict:
+def _read_core(fs: _Fs, topo: str, limit: int, core_done: set, core_ids: bool = True) -> dict:
     """RawCpu fields of the first CPU of a core: its sibling list (added to ``core_done``)
     and core_id; without a list, also die_id and physical_package_id (the fallback key)."""
     fields: dict = {}
@@ -541,7 +545,8 @@ def _read_core(fs: _Fs, topo: str, limit: int, core_done: set) -> dict:
         if _clean(ts):
             sibs = _parse(fs, ts, topo + "/thread_siblings", limit, mask=True)
         fields["thread_siblings_list"], fields["thread_siblings"] = tsl, ts
-    fields["core_id"] = fs.read(topo + "/core_id")
+    if core_ids or sibs is None:
+        fields["core_id"] = fs.read(topo + "/core_id")
     if sibs is None:  # grouped by (package, die, core_id): needs all three
         fields["die_id"] = fs.read(topo + "/die_id")
         fields["package_id"] = fs.read(topo + "/physical_package_id")
@@ -568,13 +573,14 @@ def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
     return res.stdout if res.returncode == 0 else None
 
 
-def probe(root: str | os.PathLike = "/") -> Topology:
-    """The :class:`Topology` of the machine at ``root`` (see :func:`read_raw`).
+def probe(root: str | os.PathLike = "/", *, core_ids: bool = True) -> Topology:
+    """The :class:`Topology` of the machine at ``root`` (see :func:`read_raw`, which also
+    says what ``core_ids=False`` leaves out).
 
     Raises:
         topology.TopologyError: nothing usable was found under ``root``.
     """
-    return build(read_raw(root))
+    return build(read_raw(root, core_ids=core_ids))
 
 
 def cpu_flags(root: str | os.PathLike = "/") -> frozenset:

@@ -218,6 +218,20 @@ def test_smt_sibling_examples(topos):
     assert [c.cpus for c in power9.cores][-1] == (100, 101, 102, 103)
 
 
+@pytest.mark.parametrize("machine", MACHINES)
+def test_launch_probe_without_core_ids_is_the_same_machine(machine, sysroots, topos):
+    """core_ids=False (what a launch reads, issue 12) gives the same topology with
+    Core.core_id left None where a sibling list grouped the core; and reads fewer files."""
+    lean = probe.probe(sysroots[machine], core_ids=False)
+    full = topos[machine]
+    grouped_by_core_id = any("cores grouped by core_id" in n for n in full.notes)
+    expected = full if grouped_by_core_id else replace(
+        full, cores=tuple(replace(c, core_id=None) for c in full.cores))
+    assert lean == expected
+    if not grouped_by_core_id and full.source == "sysfs":
+        assert all(c.core_id is None for c in lean.cores)
+
+
 def test_amd_core_id_repeats_but_cores_stay_distinct(topos):
     """Magny-Cours: core_id is 0-3 in each package, though a package has 8 cores."""
     amd = topos["hw-32amd64-4s2n4c-cgroup2"]
