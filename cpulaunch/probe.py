@@ -34,7 +34,6 @@ import re
 import signal
 import shutil
 import stat
-from dataclasses import replace
 from typing import Optional
 
 from cpulaunch import cpulist
@@ -496,7 +495,7 @@ def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: b
         if old is None:
             continue  # online but no cpuN folder: nothing to read
         if cpu in core_done and cpu in pkg_done and not need_links:
-            cpus[cpu] = _COVERED if old is _NO_CPU else replace(old, has_topology=True)
+            cpus[cpu] = _COVERED if old is _NO_CPU else old._replace(has_topology=True)
             continue
         base = f"{CPU_DIR}/cpu{cpu}"
         topo = base + "/topology"

@@ -226,7 +226,7 @@ def test_launch_probe_without_core_ids_is_the_same_machine(machine, sysroots, to
     full = topos[machine]
     grouped_by_core_id = any("cores grouped by core_id" in n for n in full.notes)
     expected = full if grouped_by_core_id else replace(
-        full, cores=tuple(replace(c, core_id=None) for c in full.cores))
+        full, cores=tuple(c._replace(core_id=None) for c in full.cores))
     assert lean == expected
     if not grouped_by_core_id and full.source == "sysfs":
         assert all(c.core_id is None for c in lean.cores)
@@ -896,13 +896,13 @@ def test_corrupt_file_is_one_line_naming_it(case, tmp_path):
 def test_corrupt_text_handed_to_build_names_the_file_too():
     raw = _raw({0: dict(package_id="0", thread_siblings_list="0")}, {0: {0}})
     with pytest.raises(TopologyError) as info:
-        build(replace(raw, cpu_online="0,,1"))
+        build(raw._replace(cpu_online="0,,1"))
     assert str(info.value) == (
         f"/sys/devices/system/cpu/online: bad item '' in cpulist '0,,1': {BAD_ITEM}; "
         "this host's /sys or /proc is corrupt"
     )
     with pytest.raises(TopologyError) as info:
-        build(replace(raw, root="/dumps/x", cpu_kernel_max="4095\n", nodes={0: RawNode(cpulist="0-9999")}))
+        build(raw._replace(root="/dumps/x", cpu_kernel_max="4095\n", nodes={0: RawNode(cpulist="0-9999")}))
     assert str(info.value) == (
         "/sys/devices/system/node/node0/cpulist: id 9999 in cpulist '0-9999' is too large "
         "(ids must be below 4096); the tree under --sysroot /dumps/x is corrupt or not a Linux dump"
