@@ -20,16 +20,15 @@ import re
 import shutil
 import struct
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from types import MappingProxyType
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 __all__ = ["Library", "REGISTRY", "ALLOCATORS", "OPENMP", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
            "search_dirs", "find", "is_loadable_elf", "preload_entries", "identify"]
 
 
-@dataclass(frozen=True)
-class Library:
+class Library(NamedTuple):
     """A runtime library cpulaunch can choose (threadpoolctl's controller registry is the
     model: one entry per library; CLI choices, help text and render's rules come from here).
 
@@ -46,6 +45,9 @@ class Library:
         pin_style: OpenMP only: how threads are pinned to an instance's CPUs when bound:
             "kmp" (KMP_AFFINITY, Intel/LLVM runtimes) or "omp" (OMP_PLACES/OMP_PROC_BIND).
         help: one line for --help.
+
+    A NamedTuple (immutable), not a frozen dataclass: a tenth of the class-creation cost,
+    paid by every launch (issue 12).
     """
 
     name: str
@@ -54,8 +56,8 @@ class Library:
     filenames: tuple
     install: str
     marker: str
-    env: Mapping[str, str] = field(default_factory=dict)
-    idle_env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = MappingProxyType({})
+    idle_env: Mapping[str, str] = MappingProxyType({})
     pin_style: str = ""
     help: str = ""
 
