@@ -32,6 +32,7 @@ one more difference) so that two ranks do not oversubscribe this machine's 2 cor
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -289,9 +290,169 @@ def test_comm_hook_run_reports_hook_bytes_and_one_metric_line():
      "--local-sgd-period=3 applies only to --comm-hook 'post-local-sgd', not 'fp16'"),
     (["--comm-hook", "powersgd", "--start-powersgd-iter", "1"],
      "--start-powersgd-iter=1: PowerSGD needs at least 2 plain all-reduce steps first"),
+    (["--num-workers", "2"], "--num-workers applies to --data pipeline"),
+    (["--data", "pipeline", "--num-workers", "-1"], "--num-workers must be at least 0, got -1"),
 ])
 def test_option_errors_exit_2(args, message):
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=rank_env(),
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+# --------------------------------------------------------------------------- --data pipeline
+
+#: cnn small through the input pipeline: 3 steps of 8 samples, the first untimed.
+PIPELINE_ARGS = ["--model", "cnn", "--size", "small", "--steps", "3", "--global-batch-size", "8",
+                 "--seed", "5", "--data", "pipeline", "--digest"]
+
+
+def test_pipeline_same_batches_and_losses_with_0_and_2_workers():
+    """2 DataLoader workers give the very batches (sha256 of every input and target byte)
+    and the very losses and parameters of loading in the main process; the JSON says the
+    figure is end to end and which workers made the batches."""
+    main, workers = (run_single(PIPELINE_ARGS + ["--num-workers", n]) for n in ("0", "2"))
+    assert workers["batch_sha256"] == main["batch_sha256"]
+    assert len(main["batch_sha256"]) == 64
+    assert workers["step_losses"] == main["step_losses"] and len(main["step_losses"]) == 3
+    assert workers["param_sha256"] == main["param_sha256"]
+    assert (main["num_workers"], workers["num_workers"]) == (0, 2)
+    assert main["num_workers_from"] == workers["num_workers_from"] == "--num-workers"
+    assert main["loader_workers"] == []
+    assert [w["worker"] for w in workers["loader_workers"]] == [0, 1]
+    assert all(w["threads"] == 1 for w in workers["loader_workers"])
+    assert len({w["pid"] for w in workers["loader_workers"]}) == 2
+    for s in (main, workers):
+        assert s["data"] == "pipeline" and s["samples_per_s_includes_data"] is True
+        assert s["dataloader_cpus"] is None  # no cpulaunch variables: nothing pinned
+        assert s["compute_s"] > 0 and s["data_wait_s"] > 0
+        # end to end: 2 timed steps x 8 samples over compute + data waits
+        assert s["samples_per_s"] == pytest.approx(16 / (s["compute_s"] + s["data_wait_s"]),
+                                                   rel=1e-9)
+
+
+def test_synthetic_figure_excludes_generation():
+    """The default (--data synthetic) keeps today's figure: compute seconds only, with the
+    generation time reported beside it."""
+    s = run_single(["--model", "cnn", "--size", "small", "--steps", "2",
+                    "--global-batch-size", "4", "--json"])
+    assert s["data"] == "synthetic" and s["samples_per_s_includes_data"] is False
+    assert s["samples_per_s"] == pytest.approx(4 / s["compute_s"], rel=1e-9)
+    assert s["data_wait_s"] > 0
+    assert (s["num_workers"], s["num_workers_from"], s["loader_workers"]) == (None, None, [])
+    assert s["batch_sha256"] is None  # only with --digest
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs: 1 compute, 1 loader")
+def test_cpulaunch_dataloader_workers_pin_the_pipeline_worker():
+    """`cpulaunch --dataloader-workers 1`: train_ddp.py takes its worker count from
+    CPULAUNCH_DATALOADER_WORKERS (no --num-workers given), and the worker, asked from inside
+    (os.sched_getaffinity(0) in the batches it collates), runs on exactly the CPU of
+    CPULAUNCH_DATALOADER_CPUS, the one the plan set aside, with one torch thread.
+    (tests/test_torch_utils.py covers worker_init_fn's rule itself.)"""
+    from cpulaunch import cpulist
+    env = rank_env()
+    del env["OMP_NUM_THREADS"], env["CPULAUNCH_DIST_BACKEND"]
+    prefix = [sys.executable, "-m", "cpulaunch", "--dataloader-workers", "1"]
+    plan = subprocess.run([*prefix, "--dry-run", "--format", "json", "true"], env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert plan.returncode == 0, plan.stderr
+    (instance,) = json.loads(plan.stdout)["instances"]
+    reserved = instance["env"]["CPULAUNCH_DATALOADER_CPUS"]
+    cmd = [*prefix, sys.executable, str(SCRIPT), "--model", "cnn", "--size", "small",
+           "--steps", "2", "--global-batch-size", "4", "--data", "pipeline", "--json"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (s,) = _json_lines(proc.stdout)
+    assert (s["num_workers"], s["num_workers_from"]) == (1, "CPULAUNCH_DATALOADER_WORKERS")
+    assert s["dataloader_cpus"] == reserved
+    (worker,) = s["loader_workers"]
+    assert worker["cpus"] == sorted(cpulist.parse(reserved)) and len(worker["cpus"]) == 1
+    assert worker["threads"] == 1
+    assert not set(worker["cpus"]) & set(instance["cpus"])  # off the compute CPUs
+    assert s["threads"] == len(instance["cpus"])
+
+
+def test_pipeline_samples_do_not_depend_on_thread_count():
+    """A sample is a function of (seed, index) alone: the same bytes when torch uses 1 or 2
+    threads (the main process with --num-workers 0 vs a worker), and a new epoch of the same
+    stored image is augmented differently but keeps its label."""
+    import train_ddp
+    before = torch.get_num_threads()
+    items = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            ds = train_ddp.ImagePipeline(length=1000, side=64, num_classes=10, seed=5)
+            items[threads] = [ds[i] for i in (0, 1, 7, 64, 130, 999)]
+    finally:
+        torch.set_num_threads(before)
+    images = {t: [image for (image,), _ in items[t]] for t in items}
+    labels = {t: [label for _, label in items[t]] for t in items}
+    for a, b in zip(images[1], images[2]):
+        assert a.shape == (3, 64, 64) and a.dtype == torch.float32
+        assert torch.equal(a, b)
+    assert labels[1] == labels[2]
+    # indices 0 and 64: stored item 0 in epochs 0 and 1
+    assert labels[1][0] == labels[1][3] and not torch.equal(images[1][0], images[1][3])
+
+
+def test_text_pipeline_sample():
+    """bert: [CLS] + word pieces (some masked) + [SEP], padding where the text is short,
+    the attention mask 1 exactly on the non-padding ids; deterministic per index."""
+    import train_ddp
+    ds = train_ddp.TextPipeline(length=200, seq_len=32, vocab_size=1000, num_classes=2, seed=1)
+    for i in range(0, 200, 7):
+        (ids, mask), label = ds[i]
+        n = int(mask.sum())
+        assert ids.shape == mask.shape == (32,) and ids.dtype == torch.int64
+        assert ids[0] == train_ddp.CLS_ID and ids[n - 1] == train_ddp.SEP_ID
+        assert torch.equal(mask, (ids != train_ddp.PAD_ID).long())
+        assert bool((ids[1:n - 1] >= train_ddp.MASK_ID).all()) and bool((ids < 1000).all())
+        assert label in (0, 1)
+        (ids2, _), _ = ds[i]
+        assert torch.equal(ids, ids2)
+    assert ds.tokenize("Kalo, mistrion.") == ds.tokenize("kalo , mistrion .")
+    assert len(ds.tokenize("abcdefghij")) == 2  # "abcdef", "##ghij"
+
+
+@pytest.mark.parametrize("world_size, accum_steps", [(1, 1), (2, 1), (2, 2), (4, 1)])
+def test_rank_micro_batches_are_the_shards_of_the_global_batch(world_size, accum_steps):
+    """Each rank's DataLoader batches are the rows shard() keeps of step s's global batch
+    (stream samples s*G .. s*G+G-1), so any world size trains on the same global batches."""
+    import train_ddp
+    steps, g = 3, 8
+    per_rank = {r: list(train_ddp.RankMicroBatches(
+        steps=steps, global_batch_size=g, accum_steps=accum_steps, rank=r,
+        world_size=world_size)) for r in range(world_size)}
+    for r, batches in per_rank.items():
+        assert len(batches) == steps * accum_steps
+        for step in range(steps):
+            stream = torch.arange(step * g, (step + 1) * g)
+            for micro in range(accum_steps):
+                expected = train_ddp.shard(stream, micro, accum_steps, r, world_size).tolist()
+                assert batches[step * accum_steps + micro] == expected
+    every = sorted(i for batches in per_rank.values() for b in batches for i in b)
+    assert every == list(range(steps * g))
+
+
+def test_worker_count_precedence():
+    """--num-workers wins over CPULAUNCH_DATALOADER_WORKERS; cpulaunch's reserved CPUs still
+    pin the workers (worker_init_fn); without cpulaunch's variables nothing is pinned."""
+    import train_ddp
+    from cpulaunch.torch_utils import DataloaderEnvError, worker_init_fn
+    env = {"CPULAUNCH_DATALOADER_WORKERS": "1", "CPULAUNCH_DATALOADER_CPUS": "1"}
+    assert train_ddp.loader_settings(None, {}) == (
+        {"num_workers": 0, "persistent_workers": False}, "default")
+    assert train_ddp.loader_settings(2, {}) == (
+        {"num_workers": 2, "persistent_workers": True}, "--num-workers")
+    assert train_ddp.loader_settings(None, env) == (
+        {"num_workers": 1, "persistent_workers": True, "worker_init_fn": worker_init_fn},
+        "CPULAUNCH_DATALOADER_WORKERS")
+    assert train_ddp.loader_settings(3, env) == (
+        {"num_workers": 3, "persistent_workers": True, "worker_init_fn": worker_init_fn},
+        "--num-workers")
+    assert train_ddp.loader_settings(0, env) == (
+        {"num_workers": 0, "persistent_workers": False}, "--num-workers")
+    with pytest.raises(DataloaderEnvError, match="CPULAUNCH_DATALOADER_WORKERS is 'x'"):
+        train_ddp.loader_settings(None, {"CPULAUNCH_DATALOADER_WORKERS": "x"})
