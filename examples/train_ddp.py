@@ -523,6 +523,20 @@ def collate_with_origin(samples):
     return inputs, target, origin
 
 
+def next_batch(batches: Iterator) -> tuple:
+    """The next ``(inputs, targets, origin)`` of the loader. A cpulaunch error raised in a
+    worker (its reserved CPU is one this process may not use) ends the run with exit code 2
+    and the error's own one-line message (DataLoader re-raises it with the worker's
+    traceback folded into the message)."""
+    try:
+        return next(batches)
+    except CpulaunchError as exc:
+        last = str(exc).strip().splitlines()[-1]
+        prefix = f"{type(exc).__module__}.{type(exc).__qualname__}: "
+        print(f"error: {last.removeprefix(prefix)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def loader_settings(num_workers: int | None,
                     environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
     """DataLoader keyword arguments for --data pipeline, and where the worker count came from.
@@ -552,6 +566,22 @@ def loader_settings(num_workers: int | None,
     if planned and workers:
         kwargs["worker_init_fn"] = worker_init_fn
     return kwargs, ("--num-workers" if num_workers is not None else "default")
+
+
+def make_loader(args: argparse.Namespace, model: nn.Module, example_inputs, rank: int,
+                world_size: int, loader_kwargs: dict[str, Any]) -> torch.utils.data.DataLoader:
+    """This rank's DataLoader for --data pipeline: the model's pipeline dataset over the
+    whole stream (steps x global batch), one batch per micro-batch of this rank
+    (:class:`RankMicroBatches`), batches tagged with their origin
+    (:func:`collate_with_origin`), workers as ``loader_kwargs`` (:func:`loader_settings`)."""
+    dataset = make_pipeline(args.model, model, example_inputs,
+                            length=args.steps * args.global_batch_size, seed=args.seed)
+    sampler = RankMicroBatches(steps=args.steps, global_batch_size=args.global_batch_size,
+                               accum_steps=args.accum_steps, rank=rank, world_size=world_size)
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate_with_origin,
+        generator=torch.Generator(),  # the loader's base seed: not from the global RNG
+        **loader_kwargs)
 
 
 def mean_over_ranks(local_loss: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -670,15 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     num_workers = loader_kwargs.get("num_workers", 0)
     pinned_to = os.environ.get(DATALOADER_CPUS_ENV, "").strip() or None
     if args.data == "pipeline":
-        dataset = make_pipeline(args.model, model, example_inputs,
-                                length=args.steps * args.global_batch_size, seed=args.seed)
-        sampler = RankMicroBatches(steps=args.steps, global_batch_size=args.global_batch_size,
-                                   accum_steps=args.accum_steps, rank=rank,
-                                   world_size=world_size)
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_sampler=sampler, collate_fn=collate_with_origin,
-            generator=torch.Generator(),  # the loader's base seed: not from the global RNG
-            **loader_kwargs)
+        loader = make_loader(args, model, example_inputs, rank, world_size, loader_kwargs)
         batches = iter(loader)  # workers start (and begin prefetching) here, before step 1
         if rank == 0:
             where = ("in the main process" if not num_workers else
@@ -686,8 +708,8 @@ def main(argv: list[str] | None = None) -> int:
                          f" pinned to {DATALOADER_CPUS_ENV}={pinned_to}"
                          if "worker_init_fn" in loader_kwargs and pinned_to else
                          " sharing this process's CPUs"))
-            say(f"data pipeline ({type(dataset).__name__}), loaded {where} (workers from "
-                f"{workers_from}); samples/s counts end to end, data waits included")
+            say(f"data pipeline ({type(loader.dataset).__name__}), loaded {where} (workers "
+                f"from {workers_from}); samples/s counts end to end, data waits included")
     elif rank == 0 and os.environ.get(DATALOADER_WORKERS_ENV, "").strip():
         say(f"{DATALOADER_WORKERS_ENV}={os.environ[DATALOADER_WORKERS_ENV]} not used: --data "
             f"synthetic makes its batches in the main process (use --data pipeline)")
@@ -714,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                 y = shard(target, micro, args.accum_steps, rank, world_size)
             else:
                 t_wait = time.perf_counter()
-                x, y, origin = next(batches)
+                x, y, origin = next_batch(batches)
                 wait_s += time.perf_counter() - t_wait
                 origins.add(origin)
             if digest is not None:

@@ -163,7 +163,8 @@ def runs(tmp_path_factory):
 
 
 #: cpulaunch's own DDP launch of 2 ranks on this machine.
-CPULAUNCH_DDP_2 = [sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", "2", "--backend", "gloo"]
+CPULAUNCH_DDP_2 = [sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", "2",
+                   "--backend", "gloo"]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs for 2 ranks")
@@ -371,6 +372,23 @@ def test_cpulaunch_dataloader_workers_pin_the_pipeline_worker():
     assert worker["threads"] == 1
     assert not set(worker["cpus"]) & set(instance["cpus"])  # off the compute CPUs
     assert s["threads"] == len(instance["cpus"])
+
+
+def test_unusable_reserved_cpu_is_one_line_exit_2():
+    """A reserved CPU this process may not use: the worker's error reaches the user as its
+    one line (not DataLoader's folded traceback), exit code 2."""
+    from cpulaunch import cpulist
+    bad = max(os.sched_getaffinity(0)) + 4096
+    env = rank_env(CPULAUNCH_DATALOADER_CPUS=str(bad), CPULAUNCH_DATALOADER_WORKERS="1")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--size", "small", "--steps", "2",
+                           "--global-batch-size", "4", "--data", "pipeline"], env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 2
+    allowed = cpulist.format(os.sched_getaffinity(0))
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: DataLoader worker 0 cannot run on CPU {bad} (CPULAUNCH_DATALOADER_CPUS={bad}): "
+        f"Invalid argument; this process may use CPUs {allowed}")
+    assert "Traceback" not in proc.stderr
 
 
 def test_pipeline_samples_do_not_depend_on_thread_count():
