@@ -22,6 +22,8 @@ from cpulaunch import cpulist  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_dataloader.py"
 
+pytestmark = pytest.mark.slow  # three real training runs: about 15 s
+
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                     reason="needs 2 CPUs: (c) reserves one core for the DataLoader worker")
