@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass, replace
-from typing import Mapping, Optional
+from dataclasses import replace
+from typing import Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
@@ -30,8 +30,7 @@ log = _log.get("cpulaunch")
 INFERENCE_PATH_ENV = "CPULAUNCH_INFERENCE_PATH"
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     """Everything a run needs, computed once (what --dry-run prints is this value).
 
     Attributes:
@@ -228,7 +227,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
         the_plan = _plan_plain(opts, topo, host)
     settings, notes = resolve_settings(opts, host, run_environ, label, instance_env)
     rendered = render(the_plan, program, settings)
-    rendered = replace(rendered, notes=rendered.notes + tuple(notes))
+    rendered = rendered._replace(notes=rendered.notes + tuple(notes))
     prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,
                         rendered=rendered, program=program, ddp_info=ddp_info)
     if opts.ddp is not None and opts.ddp.elastic and host.engine is None:
@@ -237,8 +236,8 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
         argv = distributed.torchrun_argv(host.python, len(rendered.instances), opts.ddp.nnodes, 0, None, None,
                                          opts.ddp.rdzv_endpoint, opts.ddp.rdzv_id,
                                          [host.python, "-m", "cpulaunch.rank_entry"])
-        prepared = replace(prepared, elastic_argv=tuple(argv),
-                           ddp_info={**ddp_info, "launcher_argv": list(argv)})
+        prepared = prepared._replace(elastic_argv=tuple(argv),
+                                     ddp_info={**ddp_info, "launcher_argv": list(argv)})
     return prepared
 
 

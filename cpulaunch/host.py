@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Optional
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist, libraries
 from cpulaunch.options import BindMode, Options
@@ -35,8 +35,7 @@ ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PRO
 __all__ = ["Host", "gather", "numactl_check_argv", "free_port"]
 
 
-@dataclass(frozen=True)
-class Host:
+class Host(NamedTuple):
     """What this machine offers the run (typed; gathered by :func:`gather`).
 
     Attributes:
@@ -58,7 +57,7 @@ class Host:
     live: bool
     environ: Mapping[str, str]
     python: str = sys.executable
-    libraries: Mapping[str, Optional[Path]] = field(default_factory=dict)
+    libraries: Mapping[str, Optional[Path]] = MappingProxyType({})
     numactl: Optional[str] = None
     numactl_usable: Optional[bool] = None
     numactl_reason: str = ""

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
@@ -94,8 +93,7 @@ ALIASES: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class DdpOptions:
+class DdpOptions(NamedTuple):
     """``--ddp``: distributed training, one rank per socket by default.
 
     Attributes:
@@ -131,8 +129,7 @@ class DdpOptions:
         return bool(self.rdzv_endpoint)
 
 
-@dataclass(frozen=True)
-class LaunchOptions:
+class LaunchOptions(NamedTuple):
     """How instances are started and watched.
 
     Attributes:
@@ -153,8 +150,7 @@ class LaunchOptions:
     verify_after: Optional[float] = None
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     """Everything one invocation asked for (typed; ``None`` = not given, never -1).
 
     Attributes:
@@ -180,14 +176,14 @@ class Options:
     output: Output = Output.RUN
     fmt: Optional[Format] = None
     sysroot: str = "/"
-    request: Request = field(default_factory=Request)
+    request: Request = Request()
     omp_runtime: str = "auto"
     allocator: str = "auto"
     bind: BindMode = BindMode.NUMACTL
     override_env: bool = False
     program: tuple = ()
     no_python: bool = False
-    launch: LaunchOptions = field(default_factory=LaunchOptions)
+    launch: LaunchOptions = LaunchOptions()
     inference_path: Optional[str] = None
     ddp: Optional[DdpOptions] = None
     omp_places: bool = False

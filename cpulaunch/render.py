@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from types import MappingProxyType
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
@@ -56,8 +56,7 @@ class ProgramError(CpulaunchError, ValueError):
     """No program, or an unusable program form."""
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     """Choices resolved against the host before rendering (all typed, no strings to parse).
 
     Attributes:
@@ -86,17 +85,16 @@ class Settings:
     bind: str = "numactl"
     numactl: str = "numactl"
     override_env: bool = False
-    environ: Mapping[str, str] = field(default_factory=dict)
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    instance_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    environ: Mapping[str, str] = MappingProxyType({})
+    extra_env: Mapping[str, str] = MappingProxyType({})
+    instance_env: Mapping[int, Mapping[str, str]] = MappingProxyType({})
     omp_places: bool = False
     label: str = "instance"
     kmp_blocktime: Optional[int] = None
     dataloader_workers: int = 0
 
 
-@dataclass(frozen=True)
-class RenderedInstance:
+class RenderedInstance(NamedTuple):
     """What one instance runs.
 
     Attributes:
@@ -121,8 +119,7 @@ class RenderedInstance:
     label: str = ""
 
 
-@dataclass(frozen=True)
-class Rendered:
+class Rendered(NamedTuple):
     """The rendered plan: instances and every note (plan notes first)."""
 
     instances: tuple
