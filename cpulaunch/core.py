@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import replace
 from typing import Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
@@ -164,7 +163,7 @@ def _engine_request(topo: Topology, req: Request, engine, notes: list) -> Reques
     if topo.cpuset is not None and topo.allowed < topo.cpuset and engine.engine != "torchrun":
         notes.append(f"{engine.engine} task {engine.local_rank} bound to CPUs {cpulist.format(topo.allowed)}: "
                      "one instance on exactly those")
-        return replace(req, ninstances=None, instances_per_socket=None, instances_per_node=None,
+        return req._replace(ninstances=None, instances_per_socket=None, instances_per_node=None,
                        throughput_mode=False, latency_mode=False, ncores_per_instance=None, instance_idx=None)
     modes = (req.ninstances, req.instances_per_socket, req.instances_per_node, req.latency_mode,
              req.throughput_mode, req.ncores_per_instance)
@@ -172,10 +171,10 @@ def _engine_request(topo: Topology, req: Request, engine, notes: list) -> Reques
         raise CpulaunchError(f"--instance-idx does not apply under {engine.engine}: each task runs the "
                              "instance of its local task id")
     if not any(modes):
-        req = replace(req, ninstances=engine.local_world_size)
+        req = req._replace(ninstances=engine.local_world_size)
     notes.append(f"{engine.engine} started {engine.local_world_size} tasks here: this one "
                  f"(local id {engine.local_rank}) runs instance {engine.local_rank}")
-    return replace(req, instance_idx=(engine.local_rank,))
+    return req._replace(instance_idx=(engine.local_rank,))
 
 
 def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
@@ -190,7 +189,7 @@ def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
                 f"{host.engine.engine} started {host.engine.local_world_size} tasks on this machine but "
                 f"the options plan {result.num_instances} instance(s); make them agree"
             )
-    return replace(result, notes=tuple(notes) + result.notes)
+    return result._replace(notes=tuple(notes) + result.notes)
 
 
 def _backend(opts: Options, host) -> tuple:
@@ -221,7 +220,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
         backend, note = _backend(opts, host)
         ranks = distributed.plan_ranks(topo, opts.request, opts.ddp, environ, engine=host.engine,
                                        backend=backend, backend_note=note, free_port=host.free_port)
-        the_plan = replace(ranks.plan, notes=ranks.notes)
+        the_plan = ranks.plan._replace(notes=ranks.notes)
         ddp_info, label, instance_env, run_environ = dict(ranks.info), "rank", ranks.instance_env, ranks.environ
     else:
         the_plan = _plan_plain(opts, topo, host)

@@ -293,7 +293,6 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
     Raises:
         DistributedError: a placement mode was given with --ddp, or ``spec`` is invalid.
     """
-    from dataclasses import replace
 
     modes = [n for n, v in (("--ninstances", req.ninstances), ("--instances-per-socket",
              req.instances_per_socket), ("--instances-per-node", req.instances_per_node),
@@ -314,12 +313,12 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
             spec = str(local_size)
     spec = spec or "socket"
     if spec == "socket":
-        return replace(req, instances_per_socket=1)
+        return req._replace(instances_per_socket=1)
     if spec == "node":
-        return replace(req, instances_per_node=1)
+        return req._replace(instances_per_node=1)
     if not spec.isdigit() or int(spec) < 1:
         raise DistributedError(f"--nproc-per-node {spec!r}: use a positive number, 'socket' or 'node'")
-    return replace(req, ninstances=int(spec))
+    return req._replace(ninstances=int(spec))
 
 
 def iface_env(iface: Optional[str]) -> dict:
@@ -475,17 +474,16 @@ def _engine_bound(ctx: RankContext, topo) -> bool:
 
 
 def _plan_under_engine(topo, req, ddp, ctx: RankContext, notes: list):
-    from dataclasses import replace
 
     from cpulaunch.plan import Plan, plan
 
     if _engine_bound(ctx, topo):
-        one = plan(topo, replace(req, instance_idx=None))
+        one = plan(topo, req._replace(instance_idx=None))
         if len(one.instances) != 1:
             raise DistributedError("internal: engine-bound rank planned as several instances")
         notes.append(f"{ctx.engine} bound this rank to CPUs {_fmt(topo.allowed)}: cpulaunch uses "
                      "exactly those (never wider)")
-        inst = replace(one.instances[0], index=ctx.local_rank)
+        inst = one.instances[0]._replace(index=ctx.local_rank)
         return Plan(instances=(inst,), num_instances=ctx.local_world_size, notes=one.notes), None
     node_plan = plan(topo, rank_request(req, ddp.nproc_per_node, topo, ctx.local_world_size))
     if len(node_plan.instances) != ctx.local_world_size:
@@ -497,7 +495,7 @@ def _plan_under_engine(topo, req, ddp, ctx: RankContext, notes: list):
     if not 0 <= ctx.local_rank < ctx.local_world_size:
         raise DistributedError(f"{ctx.engine}: local rank {ctx.local_rank} outside 0-{ctx.local_world_size - 1}")
     mine = node_plan.instances[ctx.local_rank]
-    return replace(node_plan, instances=(mine,)), node_plan
+    return node_plan._replace(instances=(mine,)), node_plan
 
 
 def _fmt(ids) -> str:
@@ -524,14 +522,13 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     Raises:
         DistributedError, cpulaunch.plan.PlanError: with a one-line message.
     """
-    from dataclasses import replace
 
     from cpulaunch.plan import plan
 
     notes = [backend_note]
     environ = dict(environ)
     reserve = ddp.ccl_worker_count if backend == "ccl" else 0
-    req = replace(req, ccl_workers=reserve)
+    req = req._replace(ccl_workers=reserve)
     if engine is not None:
         notes.extend(engine.notes)
         if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(USER_OMP_ENV):

@@ -302,9 +302,7 @@ def _request(v: Mapping) -> Request:
 
 def _budgets(v: Mapping) -> dict:
     """The core budgets the planner knows about (issue 11), only those it has fields for."""
-    import dataclasses
-
-    known = {f.name for f in dataclasses.fields(Request)}
+    known = set(Request._fields)
     out = {}
     for name in ("dataloader_workers", "reserve_cores"):
         value = v.get(name)

@@ -52,7 +52,6 @@ from __future__ import annotations
 import bisect
 import enum
 import math
-from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Optional
 
 from cpulaunch import cpulist
@@ -89,8 +88,7 @@ class MemPolicy(str, enum.Enum):
     NONE = "none"  #: no memory flag: the kernel default (local allocation)
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """What the user asked for. ``None`` means "not given" (never -1).
 
     Attributes:
@@ -131,8 +129,7 @@ class Request:
     ccl_workers: int = 0
 
 
-@dataclass(frozen=True)
-class Instance:
+class Instance(NamedTuple):
     """One planned process. Every CPU tuple holds logical CPU ids, ascending.
 
     Attributes:
@@ -176,8 +173,7 @@ class Instance:
         return tuple(sorted({*self.cpus, *self.ccl_cpus, *self.dataloader_cpus, *self.reserved_cpus}))
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """The result of planning.
 
     Attributes:
@@ -188,7 +184,7 @@ class Plan:
 
     instances: tuple
     num_instances: int
-    notes: tuple = field(default_factory=tuple)
+    notes: tuple = ()
 
 
 # --------------------------------------------------------------------------- usable CPUs
@@ -872,7 +868,7 @@ def _select(result: Plan, instance_idx: Optional[tuple]) -> Plan:
             f"--instance-idx {','.join(map(str, bad))}: only {n} instance(s) "
             f"are planned (indices 0-{n - 1})"
         )
-    return replace(result, instances=tuple(result.instances[i] for i in sorted(set(instance_idx))))
+    return result._replace(instances=tuple(result.instances[i] for i in sorted(set(instance_idx))))
 
 
 def validate(p: Plan, topo: Topology) -> None:

@@ -155,16 +155,16 @@ def test_validate_checks_budget_roles(topos):
     good = plan(topos[XEON], Request(instances_per_socket=1, dataloader_workers=1))
     a, b = good.instances
     for bad, message in (
-        ((replace(a, reserved_cpus=(0,)), b), "CPU 0 in (0, 'cpus') and (0, 'reserved_cpus')"),
-        ((a, replace(b, ccl_cpus=(7,))), "CPU 7 in (0, 'dataloader_cpus') and (1, 'ccl_cpus')"),
-        ((replace(a, reserved_cpus=(23,)), b), "core of CPU 23 split"),
+        ((a._replace(reserved_cpus=(0,)), b), "CPU 0 in (0, 'cpus') and (0, 'reserved_cpus')"),
+        ((a, b._replace(ccl_cpus=(7,))), "CPU 7 in (0, 'dataloader_cpus') and (1, 'ccl_cpus')"),
+        ((a._replace(reserved_cpus=(23,)), b), "core of CPU 23 split"),
     ):
         with pytest.raises(InternalError) as info:
-            validate(replace(good, instances=bad), topos[XEON])
+            validate(good._replace(instances=bad), topos[XEON])
         assert str(info.value).startswith("internal: ") and message in str(info.value)
     narrow = replace(topos[XEON], allowed=frozenset(range(7)))
     with pytest.raises(InternalError, match="CPU 7 of instance 0 is not allowed"):
-        validate(replace(good, instances=(a,)), narrow)
+        validate(good._replace(instances=(a,)), narrow)
 
 
 # --------------------------------------------------------------------------- the real command
@@ -190,7 +190,7 @@ def check_budgets(topo, req, p) -> None:
     """Each instance is bound to exactly the cores of the same request without budgets;
     its budgets are the last cores in (socket, node, core) order: ccl last, then
     DataLoader, then reserved; the rest are its compute cores."""
-    base = plan(topo, replace(req, ccl_workers=0, dataloader_workers=0, reserve_cores=0))
+    base = plan(topo, req._replace(ccl_workers=0, dataloader_workers=0, reserve_cores=0))
     assert [i.index for i in p.instances] == [i.index for i in base.instances]
     for inst, whole in zip(p.instances, base.instances):
         assert inst.bound_cpus == whole.cpus
@@ -210,12 +210,12 @@ def test_random_budgets(data):
     topo = data.draw(machines())
     req = data.draw(requests(topo))
     ks = data.draw(st.tuples(*[st.integers(0, 3)] * 3))
-    budgeted = replace(req, ccl_workers=ks[0], dataloader_workers=ks[1], reserve_cores=ks[2])
+    budgeted = req._replace(ccl_workers=ks[0], dataloader_workers=ks[1], reserve_cores=ks[2])
     if must_fail(topo, req):
         with pytest.raises(PlanError):
             plan(topo, budgeted)
         return
-    smallest = min(len(i.cores) for i in plan(topo, replace(req, instance_idx=None)).instances)
+    smallest = min(len(i.cores) for i in plan(topo, req._replace(instance_idx=None)).instances)
     if sum(ks) and smallest <= sum(ks):
         with pytest.raises(PlanError) as info:
             plan(topo, budgeted)

@@ -94,7 +94,7 @@ def ordered_cores(topo: Topology, cores: list) -> list:
 def check_plan(topo: Topology, req: Request, p) -> None:
     """Every promise of the planner, derived from the request and the machine only."""
     if req.instance_idx is not None:
-        full = plan(topo, replace(req, instance_idx=None))
+        full = plan(topo, req._replace(instance_idx=None))
         assert p.num_instances == full.num_instances
         assert p.instances == tuple(full.instances[i] for i in sorted(set(req.instance_idx)))
         p = full
@@ -295,7 +295,7 @@ def _planned_count(topo, req, cores) -> int:
         return req.instances_per_socket * len({c.socket for c in cores})
     if req.instances_per_node or req.throughput_mode:
         return (req.instances_per_node or 1) * len({c.node for c in cores})
-    return len(plan(topo, replace(req, instance_idx=None)).instances)
+    return len(plan(topo, req._replace(instance_idx=None)).instances)
 
 
 # --------------------------------------------------------------------------- the matrix
@@ -566,7 +566,7 @@ def test_core_list_smt_siblings_are_named(topos):
         "--core-list: CPUs 16-19 are SMT siblings of cores already used and were left out "
         "(one OpenMP thread per physical core); pass --use-logical-cores to use them",
     )
-    p = plan(topos[XEON], replace(req, use_logical_cores=True))
+    p = plan(topos[XEON], req._replace(use_logical_cores=True))
     assert lists(p) == [("0-3,16-19", "0")] and p.notes == ()
     # a sibling alone (its core's first CPU not listed) is that core's CPU: no note
     p = plan(topos[XEON], Request(core_list=frozenset([0, 1, 18, 19])))
@@ -599,12 +599,12 @@ def test_validate_failures_are_ours(topos):
     good = plan(topos[XEON], Request(instances_per_socket=1))
     a, b = good.instances
     bad_plans = {
-        "CPU 7 in": replace(good, instances=(a, replace(b, cpus=(7, *b.cpus)))),
-        "core of CPU 16 split": replace(good, instances=(replace(a, ccl_cpus=(16,)), b)),
-        "memory node 5": replace(good, instances=(replace(a, mem_nodes=(5,)), b)),
-        "has no compute CPU": replace(good, instances=(replace(a, cpus=()), b)),
-        "threads": replace(good, instances=(replace(a, threads=9), b)),
-        "not allowed": replace(good, instances=(a, replace(b, reserved_cpus=(200,)))),
+        "CPU 7 in": good._replace(instances=(a, b._replace(cpus=(7, *b.cpus)))),
+        "core of CPU 16 split": good._replace(instances=(a._replace(ccl_cpus=(16,)), b)),
+        "memory node 5": good._replace(instances=(a._replace(mem_nodes=(5,)), b)),
+        "has no compute CPU": good._replace(instances=(a._replace(cpus=()), b)),
+        "threads": good._replace(instances=(a._replace(threads=9), b)),
+        "not allowed": good._replace(instances=(a, b._replace(reserved_cpus=(200,)))),
     }
     for message, bad in bad_plans.items():
         with pytest.raises(InternalError) as info:
