@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
+from types import MappingProxyType
+from typing import Callable, Dict, Mapping, NamedTuple, NoReturn, Optional, Sequence, Tuple
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
@@ -55,8 +55,7 @@ def signal_name(n: int) -> str:
 # --------------------------------------------------------------------------- the spec
 
 
-@dataclass(frozen=True)
-class ProcessSpec:
+class ProcessSpec(NamedTuple):
     """What one process runs.
 
     Attributes:
@@ -74,7 +73,7 @@ class ProcessSpec:
     index: int
     label: str
     argv: Tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = MappingProxyType({})
     affinity: Optional[Tuple[int, ...]] = None
     cpus: Tuple[int, ...] = ()
 
