@@ -48,6 +48,14 @@ not significant.
     python scripts/bench_launch.py --quick         # small CNN, 2 rounds, short runs: a smoke run
     python scripts/bench_launch.py --matrix        # 17 single-instance configurations, 3 rounds (~15 min)
     python scripts/bench_launch.py --matrix --quick
+    python scripts/bench_launch.py --tuned cpulaunch-tune/best.toml   # a, d and t below
+
+``--tuned FILE`` adds ``t``: ``python -m cpulaunch --config FILE python examples/infer.py``,
+the configuration ``cpulaunch tune`` saved (issue 10), with as many instances as FILE plans
+(asked of ``cpulaunch --config FILE --dry-run --format json``). Without ``--configs`` the
+run is then ``a,d,t``, and two more checks are printed: t at least 1.25x plain python, and t
+at least as fast as cpulaunch's default (d), the latter judged like tune judges (a
+difference within the measured spreads is not a difference).
 """
 
 from __future__ import annotations
@@ -77,6 +85,7 @@ CLEAN_VARS = ("OMP_NUM_THREADS", "LD_PRELOAD", "KMP_AFFINITY", "KMP_BLOCKTIME", 
 #: The tuning guide's jemalloc setting, as run_cpu and cpulaunch's registry use it.
 PLACES_ENV = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
 TARGET_RATIO = 1.4
+TUNED_TARGET = 1.25  # issue 10: tune's best at least 1.25x plain python on this 2-CPU machine
 
 
 @dataclass(frozen=True)
@@ -172,6 +181,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default 10; one busy thread on 2 CPUs is 50)")
     p.add_argument("--quiet-sample", type=float, default=0.5,
                    help="seconds of load sampling before each run (default 0.5)")
+    p.add_argument("--tuned", metavar="FILE", default=None,
+                   help="also run t = cpulaunch --config FILE (cpulaunch tune's best.toml); "
+                        "default configurations then a,d,t")
     p.add_argument("--json", action="store_true", help="also print all results as one JSON line")
     args = p.parse_args(argv)
     args.size = args.size or ("small" if args.quick else "full")
@@ -184,6 +196,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.batch_size < 1 or args.rounds < 1:
         p.error("--batch-size and --rounds must be >= 1")
     cat = catalog(args.n)
+    if args.tuned:
+        if args.matrix:
+            p.error("--tuned does not apply to --matrix")
+        cat["t"] = tuned_config(p, Path(args.tuned))
+        if not args.configs:
+            args.configs = "a,d,t"
+        elif "t" not in args.configs.split(","):
+            args.configs += ",t"
+    args.catalog = cat
     if args.matrix:
         if args.configs:
             p.error("--configs does not apply to --matrix")
@@ -197,6 +218,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         if any(c.ninstances > 1 for c in args.cfgs) and args.n < 2:
             p.error(f"multi-instance configurations need 2+ CPUs; this process may use {args.cpus}")
     return args
+
+
+def tuned_config(p: argparse.ArgumentParser, path: Path) -> Config:
+    """Config ``t``: cpulaunch with tune's saved configuration, its instance count read
+    from cpulaunch's own dry-run of it (so the check counts the right result lines)."""
+    if not path.is_file():
+        p.error(f"--tuned {path}: no such file (cpulaunch tune writes DIR/best.toml)")
+    res = subprocess.run([sys.executable, "-m", "cpulaunch", "--config", str(path), "--dry-run",
+                          "--format", "json", "true"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if res.returncode != 0:
+        p.error(f"--tuned {path}: cpulaunch cannot use it: {res.stderr.strip()}")
+    k = json.loads(res.stdout)["num_instances"]
+    return Config("t", f"cpulaunch --config {path.name} (tune's best, {k} instance(s))",
+                  "cpulaunch", ("--config", str(path.resolve())), ninstances=k)
 
 
 # --------------------------------------------------------------------------- running
@@ -408,6 +444,22 @@ def main_compare(args, shim, made) -> int:
               f"median of per-round ratios {benchkit.median(paired):.2f}x)"
               + ("" if target else f" [this run is {args.model}/{args.size} batch "
                  f"{args.batch_size}, not the target workload]") + tag)
+    if "t" in keys and "a" in keys:
+        ratio = st["t"]["median"] / st["a"]["median"]
+        ok = ratio >= TUNED_TARGET
+        verdicts["tuned_vs_plain"] = ok
+        print(f"{'PASS' if ok else 'FAIL'}: tune's best (t) is {ratio:.2f}x plain python "
+              f"(target >= {TUNED_TARGET}x, issue 10){significance(st['t'], st['a'])}" + tag)
+    if "t" in keys and "d" in keys:
+        ratio = st["t"]["median"] / st["d"]["median"]
+        sig = significance(st["t"], st["d"])
+        within = (min(st["t"]["n"], st["d"]["n"]) >= 2
+                  and abs(ratio - 1) * 100 < max(st["t"]["spread_pct"], st["d"]["spread_pct"]))
+        ok = ratio >= 1.0 or within
+        verdicts["tuned_vs_default"] = ok
+        print(f"{'PASS' if ok else 'FAIL'}: tune's best (t) vs cpulaunch's default (d): "
+              f"{ratio:.3f}x{sig}" + ("" if ratio >= 1.0 or not ok else
+                                     " (slower by less than the spreads: as fast, as tune judges)") + tag)
     rc = [c for c in args.cfgs if c.launcher == "run_cpu"]
     pairs = []
     if "b" in keys and "d" in keys:
@@ -496,7 +548,7 @@ def main_matrix(args, shim) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.list:
-        for c in catalog(args.n).values():
+        for c in args.catalog.values():
             print(f"{c.key:>3}  {c.label}: {c.launcher} {' '.join(c.flags)}"
                   + (" [libraries made findable]" if c.libs_shim else "")
                   + (" [default set]" if c.key in DEFAULT_CONFIGS.split(",") else ""))
