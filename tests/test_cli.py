@@ -232,7 +232,9 @@ def test_config_file_precedence(tmp_path, sysroots):
 @need2
 def test_verbose_prints_commands(tmp_path):
     proc = run_cli("-v", "--ninstances", "2", "--allocator", "default", "true")
-    assert "instance 0: " in proc.stderr and "instance 1: " in proc.stderr
+    assert "cpulaunch: instance 0: " in proc.stderr and "cpulaunch: instance 1: " in proc.stderr
+    quiet = run_cli("--ninstances", "2", "--allocator", "default", "true")
+    assert quiet.stderr == ""  # INFO lines only with -v (cpulaunch.log's level from cli.py)
 
 
 @need2

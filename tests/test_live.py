@@ -190,6 +190,22 @@ def test_launch_path_does_not_import_torch_or_cpuinfo():
     assert out.strip().splitlines()[-1] == "[]"
 
 
+def test_plain_launch_path_imports_only_what_it_needs():
+    """Issue 12: a one-instance run logs nothing, prints text and execs one process, so it
+    imports no logging (cpulaunch.log imports it at the first message), json, subprocess
+    (numactl's check is a posix_spawn), supervisor (cpulaunch.launch) or distributed code
+    (no engine variable set)."""
+    code = ("import sys, runpy; sys.argv=['cpulaunch','--dry-run','true'];\n"
+            "try:\n runpy.run_module('cpulaunch', run_name='__main__')\nexcept SystemExit: pass\n"
+            "print(sorted(m for m in sys.modules if m in ('logging', 'json', 'subprocess', "
+            "'cpulaunch.launch', 'cpulaunch.distributed')))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")}
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    assert proc.stderr == ""
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_NUMACTL, reason="numactl not installed")
 def test_main_job_instances_per_socket_runs_infer(tmp_path):
