@@ -79,6 +79,31 @@ def make_trees(base: Path, sizes: list[int]) -> dict[int, Path]:
     return trees
 
 
+def tree_verdicts(over: dict, flag: str = "") -> tuple[dict, float | None]:
+    """Print issue 12's verdicts on trees: ``over`` maps logical CPUs to ms over ``python -c
+    pass`` (difference of medians). Returns ({verdict: passed}, the largest tree's overhead
+    over the smallest's, or None with one tree). Shared with bench_startup.py."""
+    verdicts = {}
+    if 1024 in over:
+        ok = over[1024] <= TARGET_1K_MS
+        verdicts["1k_within_50ms"] = ok
+        print(f"{'PASS' if ok else 'FAIL'}: 1,024 CPUs take {over[1024]:.1f} ms over "
+              f"python -c pass (target {TARGET_1K_MS:.0f} ms){flag}")
+    lo, hi = min(over), max(over)
+    linear = None
+    if hi > lo:
+        linear = over[hi] / over[lo] if over[lo] > 0 else float("inf")
+        ok = linear < TARGET_LINEAR * (hi / lo) / 8
+        verdicts["linear"] = ok
+        print(f"{'PASS' if ok else 'FAIL'}: {hi:,} CPUs cost {linear:.2f}x the overhead of "
+              f"{lo:,} CPUs ({hi // lo}x the CPUs; target under {TARGET_LINEAR * (hi / lo) / 8:g}x)"
+              f"{flag}")
+        for n in sorted(over):
+            print(f"  {n:5d} CPUs: {over[n]:7.1f} ms over pass, "
+                  f"{over[n] / n * 1e3:6.1f} us per CPU")
+    return verdicts, linear
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = benchkit.child_env()
@@ -141,26 +166,9 @@ def main(argv=None) -> int:
     busy = bool(busy_rounds)
     flag = " [busy machine: do not quote]" if busy else ""
 
-    verdicts = {}
     print()
     over = {n: med[n] - floor for n in trees}
-    if 1024 in over:
-        ok = over[1024] <= TARGET_1K_MS
-        verdicts["1k_within_50ms"] = ok
-        print(f"{'PASS' if ok else 'FAIL'}: 1,024 CPUs take {over[1024]:.1f} ms over "
-              f"python -c pass (target {TARGET_1K_MS:.0f} ms){flag}")
-    lo, hi = min(trees), max(trees)
-    linear = None
-    if hi > lo:
-        linear = over[hi] / over[lo] if over[lo] > 0 else float("inf")
-        ok = linear < TARGET_LINEAR * (hi / lo) / 8
-        verdicts["linear"] = ok
-        print(f"{'PASS' if ok else 'FAIL'}: {hi:,} CPUs cost {linear:.2f}x the overhead of "
-              f"{lo:,} CPUs ({hi // lo}x the CPUs; target under {TARGET_LINEAR * (hi / lo) / 8:g}x)"
-              f"{flag}")
-        for n in sorted(trees):
-            print(f"  {n:5d} CPUs: {over[n]:7.1f} ms over pass, "
-                  f"{over[n] / n * 1e3:6.1f} us per CPU")
+    verdicts, linear = tree_verdicts(over, flag)
     if args.json:
         print(json.dumps({
             "rounds": args.rounds, "python": py,

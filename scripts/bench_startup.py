@@ -50,10 +50,7 @@ import benchkit
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MS = 50.0  # issue 12: cpulaunch true / --dry-run true add at most 50 ms to python -c pass
-TARGET_1K_MS = 50.0  # issue 12: a 1,024-CPU tree within 50 ms over python -c pass
-TARGET_LINEAR = 8.0  # issue 12: 8,192 CPUs under 8x the 1,024 figure
-sys.path.insert(0, str(ROOT / "tests"))
-import bigtree  # noqa: E402  (tests/bigtree.py: the tree generator the tests use too)
+import bench_probe  # noqa: E402  (the trees and their verdicts, shared with bench_probe.py)
 
 #: Variables that would change what the launchers do; removed from the children's env.
 
@@ -167,11 +164,9 @@ def summary(xs: list[float]) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = benchkit.child_env()
-    base = Path(bigtree.scratch_dir("cpulaunch-bench-startup-")) if args.trees else None
+    base = Path(bench_probe.bigtree.scratch_dir("cpulaunch-bench-startup-")) if args.trees else None
     try:
-        trees = {n: bigtree.make_tree(base / f"cpus{n}", sockets=8, nodes_per_socket=1,
-                                      cores_per_node=n // 16, threads_per_core=2)
-                 for n in args.trees}
+        trees = bench_probe.make_trees(base, args.trees) if args.trees else {}
         return _measure(args, env, trees)
     finally:
         if base is not None:
@@ -243,22 +238,10 @@ def _measure(args, env, trees) -> int:
         verdicts[key] = added <= TARGET_MS
         print(f"{'PASS' if verdicts[key] else 'FAIL'}: {name} adds {added:.1f} ms to python -c pass "
               f"({stats[key]['median_ms'] - bare:.1f} ms to running `true` directly){tag}")
-    small, large = (f"tree{min(args.trees)}", f"tree{max(args.trees)}") if args.trees else (None, None)
-    if "tree1024" in stats:
-        added = stats["tree1024"]["median_ms"] - base
-        verdicts["tree1024"] = added <= TARGET_1K_MS
-        print(f"{'PASS' if verdicts['tree1024'] else 'FAIL'}: the 1,024-CPU tree adds {added:.1f} ms "
-              f"to python -c pass (target {TARGET_1K_MS:.0f}){tag}")
-    if small and large and small != large:
-        ns, nl = min(args.trees), max(args.trees)
-        over_s = stats[small]["median_ms"] - base
-        over_l = stats[large]["median_ms"] - base
-        ratio = over_l / over_s if over_s > 0 else float("inf")
-        limit = TARGET_LINEAR * nl / ns / 8
-        verdicts["linear"] = ratio < limit
-        print(f"{'PASS' if verdicts['linear'] else 'FAIL'}: {nl:,} CPUs add {over_l:.1f} ms, "
-              f"{ratio:.2f}x the {ns:,}-CPU overhead ({over_s:.1f} ms) for {nl / ns:g}x the CPUs "
-              f"(linear: under {limit:g}x){tag}")
+    if args.trees:
+        tree_v, _ = bench_probe.tree_verdicts(
+            {n: stats[f"tree{n}"]["median_ms"] - base for n in args.trees}, tag)
+        verdicts.update(tree_v)
     if "run_cpu" in stats:
         ref = stats.get("cs_exec", stats["m_exec"])["median_ms"]
         print(f"run_cpu takes {stats['run_cpu']['median_ms'] / ref:.1f}x as long as cpulaunch "
