@@ -224,9 +224,17 @@ def _load_config(ctx, path) -> None:
 
 
 def _configure_logging(verbose: int, now: bool = False) -> None:
+    """The command line's logging: ``cpulaunch: MESSAGE`` on stderr at WARNING (INFO with
+    -v, DEBUG with -vv); logging itself is imported at the first message (cpulaunch.log)."""
     from cpulaunch import log
 
-    log.configure(verbose, now=now)
+    log.configure(verbose, _basic_config, now=now)
+
+
+def _basic_config(level: int) -> None:
+    import logging
+
+    logging.basicConfig(level=level, format="cpulaunch: %(message)s", stream=sys.stderr)
 
 
 def _one_line(text: str) -> str:

@@ -8,8 +8,9 @@ real ``logging.getLogger(name)``, so handlers, levels and pytest's ``caplog`` se
 records as with a plain logger.
 
 :func:`configure` is called by :mod:`cpulaunch.cli` only (the one module that sets up
-logging): it records the command line's level, and ``logging.basicConfig`` runs when the
-first message at or above it is emitted. Library use (``cpulaunch.plan_instances``) never
+logging): it records the command line's level and cli's set-up function (which calls
+``logging.basicConfig``), and that function runs when the first message at or above the
+level is emitted. Library use (``cpulaunch.plan_instances``) never
 calls it, so cpulaunch then adds no handler: the application's logging configuration
 decides, as the logging HOWTO asks of libraries.
 """
@@ -17,6 +18,7 @@ decides, as the logging HOWTO asks of libraries.
 from __future__ import annotations
 
 import sys
+from typing import Callable, Optional
 
 __all__ = ["get", "configure", "DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -24,36 +26,37 @@ __all__ = ["get", "configure", "DEBUG", "INFO", "WARNING", "ERROR"]
 DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
 
 #: The level chosen by the command line, or None when cli.py did not configure logging.
-_cli_level: int | None = None
-_configured = False
+_cli_level: Optional[int] = None
+#: cli.py's set-up, called once with the level before the first message; None once done.
+_pending: Optional[Callable[[int], None]] = None
 
 
-def configure(verbose: int, *, now: bool = False) -> None:
-    """Set the command line's level: WARNING, INFO with ``-v``, DEBUG with ``-vv``.
+def configure(verbose: int, setup: Callable[[int], None], *, now: bool = False) -> None:
+    """Record the command line's level (WARNING, INFO with ``-v``, DEBUG with ``-vv``) and
+    the function that sets logging up for it.
 
     Args:
         verbose: how many ``-v`` were given (0 or more).
-        now: configure logging at once (subcommands, which log through :mod:`logging`).
-
-    ``logging.basicConfig(format="cpulaunch: %(message)s", stream=sys.stderr)`` runs now
-    when :mod:`logging` is already imported (a subcommand uses it directly), else at the
-    first message that passes the level.
+        setup: called with the level (logging's number) before the first message that
+            passes it; cli.py's, which calls ``logging.basicConfig``.
+        now: call ``setup`` at once (subcommands, which log through :mod:`logging`); it is
+            also called at once when :mod:`logging` is already imported.
     """
-    global _cli_level, _configured
+    global _cli_level, _pending
     _cli_level = max(DEBUG, WARNING - 10 * max(0, int(verbose)))
-    _configured = False
+    _pending = setup
     if now or "logging" in sys.modules:
         _setup()
 
 
 def _setup():
-    """The logging module, configured for the command line when cli.py asked for it."""
-    global _configured
+    """The logging module, after cli.py's set-up has run (when it asked for one)."""
+    global _pending
     import logging
 
-    if _cli_level is not None and not _configured:
-        logging.basicConfig(level=_cli_level, format="cpulaunch: %(message)s", stream=sys.stderr)
-        _configured = True
+    if _pending is not None and _cli_level is not None:
+        setup, _pending = _pending, None
+        setup(_cli_level)
     return logging
 
 
