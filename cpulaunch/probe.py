@@ -366,6 +366,30 @@ def _status_list(fs: _Fs, status: Optional[str], key: str, limit: int) -> Option
 # --------------------------------------------------------------------------- the probe
 
 
+def _read_limits(fs: "_Fs", live: bool, limit: int) -> dict:
+    """The process's limits as RawHost fields: allowed CPUs and where that comes from, the
+    cgroup cpuset, allowed memory nodes and the CPU quota (rules in :func:`read_raw`)."""
+    cpuset, cpuset_source = read_cgroup_cpuset(fs, limit)
+    status = fs.read("proc/self/status", strict=False)
+    if live:
+        allowed: Optional[frozenset] = frozenset(os.sched_getaffinity(0))
+        allowed_source = "the affinity mask of this process"
+    else:
+        allowed, allowed_source = cpuset, cpuset_source
+        if allowed is None:
+            allowed = _status_list(fs, status, "Cpus_allowed_list", limit)
+            allowed_source = ("Cpus_allowed_list of proc/self/status" if allowed is not None
+                              else "all online CPUs (no cpuset in the dump)")
+    mems, mems_source = read_cgroup_mems(fs)
+    if mems is None:
+        mems = _status_list(fs, status, "Mems_allowed_list", cpulist.MAX_NODE_IDS)
+        mems_source = "Mems_allowed_list of proc/self/status" if mems is not None else ""
+    quota, quota_where = read_cpu_quota(fs)
+    return {"allowed": allowed, "allowed_source": allowed_source, "cpuset": cpuset,
+            "quota_cpus": quota, "quota_source": quota_where, "allowed_mems": mems,
+            "allowed_mems_source": mems_source}
+
+
 def read_raw(root: str | os.PathLike = "/", *, core_ids: bool = True) -> RawHost:
     """Read the raw topology text of the machine at ``root`` (a real ``/`` or a dump).
 
@@ -411,23 +435,7 @@ def read_raw(root: str | os.PathLike = "/", *, core_ids: bool = True) -> RawHost
     _read_cpus(fs, cpus, online, limit, need_links,
                want_speed=hybrid_atom is None or hybrid_core is None, core_ids=core_ids)
 
-    cpuset, cpuset_source = read_cgroup_cpuset(fs, limit)
-    status = fs.read("proc/self/status", strict=False)
-    if live:
-        allowed: Optional[frozenset] = frozenset(os.sched_getaffinity(0))
-        allowed_source = "the affinity mask of this process"
-    else:
-        allowed, allowed_source = cpuset, cpuset_source
-        if allowed is None:
-            allowed = _status_list(fs, status, "Cpus_allowed_list", limit)
-            allowed_source = ("Cpus_allowed_list of proc/self/status" if allowed is not None
-                              else "all online CPUs (no cpuset in the dump)")
-    mems, mems_source = read_cgroup_mems(fs)
-    if mems is None:
-        mems = _status_list(fs, status, "Mems_allowed_list", cpulist.MAX_NODE_IDS)
-        mems_source = "Mems_allowed_list of proc/self/status" if mems is not None else ""
-    quota, quota_where = read_cpu_quota(fs)
-
+    limits = _read_limits(fs, live, limit)
     lscpu_text = None
     if not any(c.has_topology for c in cpus.values()):
         if fs.unusable and not live:
@@ -445,17 +453,11 @@ def read_raw(root: str | os.PathLike = "/", *, core_ids: bool = True) -> RawHost
         hybrid_core_cpus=hybrid_core,
         hybrid_atom_cpus=hybrid_atom,
         cpuinfo=fs.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES, truncate=True),
-        allowed=allowed,
-        allowed_source=allowed_source,
-        cpuset=cpuset,
-        quota_cpus=quota,
-        quota_source=quota_where,
         lscpu=lscpu_text,
         cpu_possible=possible,
         cpu_kernel_max=kernel_max,
-        allowed_mems=mems,
-        allowed_mems_source=mems_source,
         root=fs.root,
+        **limits,
         notes=tuple(fs.notes),
     )
 
