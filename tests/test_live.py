@@ -206,6 +206,32 @@ def test_plain_launch_path_imports_only_what_it_needs():
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_collector_paused_while_preparing_and_frozen_at_exit():
+    """Issue 12: the garbage collector does not run while the plan is prepared and printed
+    (core.run restores it afterwards), and the entry point freezes every object before the
+    interpreter's last collection at exit. Seen from a real run: a gc callback counts the
+    collections made during core.prepare, and an atexit hook reads the freeze count."""
+    code = ("import sys, gc, atexit, runpy\n"
+            "from cpulaunch import core\n"
+            "seen = []\n"
+            "real = core.prepare\n"
+            "def prepare(*a, **k):\n"
+            "    gc.callbacks.append(lambda phase, info: seen.append(phase))\n"
+            "    try:\n"
+            "        return real(*a, **k), seen.append(('enabled', gc.isenabled()))\n"
+            "    finally:\n"
+            "        gc.callbacks.pop()\n"
+            "def unpack(*a, **k):\n"
+            "    return prepare(*a, **k)[0]\n"
+            "core.prepare = unpack\n"
+            "atexit.register(lambda: print(seen, gc.isenabled(), gc.get_freeze_count() > 0))\n"
+            "sys.argv = ['cpulaunch', '--dry-run', '--format', 'json', 'true']\n"
+            "runpy.run_module('cpulaunch', run_name='__main__')\n")
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[('enabled', False)] True True"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_NUMACTL, reason="numactl not installed")
 def test_main_job_instances_per_socket_runs_infer(tmp_path):
