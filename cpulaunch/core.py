@@ -280,9 +280,9 @@ def output_text(p: Prepared) -> str:
 
 
 def _json_text(doc) -> str:
-    import json  # only the JSON outputs need it (issue 12: 2 ms of start-up)
+    from cpulaunch.render import json_text
 
-    return json.dumps(doc, indent=2) + "\n"
+    return json_text(doc) + "\n"
 
 
 # --------------------------------------------------------------------------- launch
@@ -356,7 +356,6 @@ def _verify(p: Prepared, pids: Mapping[int, int]) -> None:
     """``--verify``: what each running instance really got (its threads' CPUs, libraries,
     memory), compared with the plan; printed once and kept as verify.json in the run's log
     folder (the newest run folder under --log-dir)."""
-    import json
     from pathlib import Path
 
     from cpulaunch import verify
@@ -375,7 +374,7 @@ def _verify(p: Prepared, pids: Mapping[int, int]) -> None:
                       key=lambda d: d.stat().st_mtime)
         if runs:
             try:
-                (runs[-1] / "verify.json").write_text(json.dumps(verify.report_json(report), indent=2))
+                (runs[-1] / "verify.json").write_text(_json_text(verify.report_json(report)))
             except OSError as exc:
                 log.warning("cannot write verify.json: %s", exc.strerror or exc)
 

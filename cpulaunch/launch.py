@@ -38,7 +38,6 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
-import json
 import math
 import os
 import select
@@ -55,6 +54,7 @@ from typing import IO, Callable, Dict, List, Mapping, NoReturn, Optional, Sequen
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
+from cpulaunch.render import json_text
 from cpulaunch.spawn import (  # noqa: F401 - re-exported: launch's public names stay here
     LaunchError, ProcessSpec, _cannot_run, _child_setup, _environ, _load_prctl, _signals_to_reset,
     exec_spec, exit_code_of, signal_name, spec_from_instance,
@@ -967,7 +967,7 @@ def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec]) -> str:
         "description": describe_failure(outcome, specs),
         "instances": instances,
     }
-    return json.dumps(doc, indent=2) + "\n"
+    return json_text(doc) + "\n"
 
 
 def run_group(

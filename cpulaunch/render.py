@@ -39,6 +39,7 @@ __all__ = [
     "ProgramError",
     "resolve_program",
     "numactl_prefix",
+    "json_text",
     "render",
     "shell_exports",
     "dotenv_lines",
@@ -374,9 +375,8 @@ def instance_dict(inst: RenderedInstance) -> dict:
 
 
 def plan_json(rendered: Rendered, topology: dict, extra: Optional[dict] = None) -> str:
-    """``--dry-run --format json``: ``{"instances": [...], "notes": [...], "topology": {...}}``."""
-    import json  # only this output needs it (issue 12: 2 ms of start-up)
-
+    """``--dry-run --format json``: ``{"instances": [...], "notes": [...], "topology": {...}}``,
+    laid out by :func:`json_text`."""
     doc = {
         "instances": [instance_dict(i) for i in rendered.instances],
         "num_instances": rendered.num_instances,
@@ -385,7 +385,50 @@ def plan_json(rendered: Rendered, topology: dict, extra: Optional[dict] = None) 
     }
     if extra:
         doc.update(extra)
-    return json.dumps(doc, indent=2)
+    return json_text(doc)
+
+
+def json_text(doc) -> str:
+    """``doc`` (JSON-ready dicts, lists and scalars) as JSON laid out for reading, no final
+    newline: every member of an object and every record of a list of records on its own
+    line, indented by two spaces; a value that holds no object or list of them (a number, a
+    string, a list of CPU ids, a flat record such as one core) on one line::
+
+        {
+          "instances": [
+            {
+              "index": 0,
+              "cpus": [0, 1, 2, 3],
+              "env": {"OMP_NUM_THREADS": "4"}
+            }
+          ],
+          "topology": {
+            "cores": [
+              {"id": 0, "cpus": [0, 4], "socket": 0, "node": 0, "efficiency": false},
+
+    Each one-line value is written by the json module's C encoder (``indent=2`` uses its
+    pure-Python one): 100 KB of plan on 1,024 CPUs take a fifth of the time and half the
+    bytes (issue 12). Any JSON parser reads the same document as ``json.dumps(doc)``.
+    """
+    import json  # only the JSON outputs need it (issue 12: 2 ms of start-up)
+
+    return _laid_out(doc, "", json.JSONEncoder().encode)
+
+
+_NESTED = (dict, list)
+
+
+def _laid_out(value, pad: str, encode) -> str:
+    if type(value) is dict:
+        if any(type(v) is dict or (type(v) is list and v and type(v[0]) in _NESTED)
+               for v in value.values()):
+            inner = pad + "  "
+            return "{\n" + ",\n".join(f"{inner}{encode(k)}: {_laid_out(v, inner, encode)}"
+                                      for k, v in value.items()) + f"\n{pad}}}"
+    elif type(value) is list and value and type(value[0]) in _NESTED:
+        inner = pad + "  "
+        return "[\n" + ",\n".join(inner + _laid_out(v, inner, encode) for v in value) + f"\n{pad}]"
+    return encode(value)
 
 
 def one_line(text: str) -> str:

@@ -7,12 +7,12 @@ Errors propagate to :func:`cpulaunch.cli.main`, the one place that maps them to 
 
 from __future__ import annotations
 
-import json
 import os
 
 import click
 
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.render import json_text
 
 __all__ = ["main"]
 
@@ -32,7 +32,7 @@ def doctor_command(sysroot, fmt):
     if not os.path.isdir(sysroot):
         raise CpulaunchError(f"--sysroot {sysroot}: no such folder")
     report = doctor.diagnose(sysroot, os.environ, live=Path(sysroot).resolve() == Path("/"))
-    text = json.dumps(doctor.to_json(report), indent=2) + "\n" if fmt == "json" else doctor.render_text(report)
+    text = json_text(doctor.to_json(report)) + "\n" if fmt == "json" else doctor.render_text(report)
     core.write_text(text)
     return 0
 
@@ -48,7 +48,7 @@ def verify_command(fmt, pids):
 
     report = verify.verify([(pid, None) for pid in pids])
     doc = verify.report_json(report)
-    core.write_text(json.dumps(doc, indent=2) + "\n" if fmt == "json" else verify.render_text(report))
+    core.write_text(json_text(doc) + "\n" if fmt == "json" else verify.render_text(report))
     return 0 if report.ok else 1
 
 

@@ -213,3 +213,56 @@ def test_is_loadable_elf(tmp_path):
     junk = tmp_path / "libjunk.so"
     junk.write_bytes(b"not an elf at all, just text")
     assert not is_loadable_elf(junk)
+
+
+def test_json_text_layout_is_exact_and_reads_back_as_the_document():
+    """Issue 12: JSON outputs put each member and each record on its own line, and any value
+    holding no object or list of them on one line (the json module's C encoder)."""
+    from cpulaunch.render import json_text
+
+    doc = {"instances": [{"index": 0, "cpus": [0, 1], "env": {"A": "1", "Ü": "x\n"}, "argv": []}],
+           "notes": [], "empty": {}, "topology": {"cores": [{"id": 0, "cpus": [0, 4]}], "hybrid": False},
+           "grid": [[1, 2], [3]], "none": None}
+    assert json_text(doc) == (
+        '{\n'
+        '  "instances": [\n'
+        '    {\n'
+        '      "index": 0,\n'
+        '      "cpus": [0, 1],\n'
+        '      "env": {"A": "1", "\\u00dc": "x\\n"},\n'
+        '      "argv": []\n'
+        '    }\n'
+        '  ],\n'
+        '  "notes": [],\n'
+        '  "empty": {},\n'
+        '  "topology": {\n'
+        '    "cores": [\n'
+        '      {"id": 0, "cpus": [0, 4]}\n'
+        '    ],\n'
+        '    "hybrid": false\n'
+        '  },\n'
+        '  "grid": [\n'
+        '    [1, 2],\n'
+        '    [3]\n'
+        '  ],\n'
+        '  "none": null\n'
+        '}'
+    )
+    assert json.loads(json_text(doc)) == doc
+
+
+def test_dry_run_json_of_every_fixture_reads_back_as_json_dumps_would(sysroots):
+    """The laid-out plan of every fixture machine parses to the very document json.dumps
+    writes (only the layout differs), one core record per line."""
+    from cpulaunch import core
+    from cpulaunch.options import Options, Output, Format
+
+    for name, root in sorted(sysroots.items()):
+        opts = Options(sysroot=str(root), output=Output.SHOW_TOPOLOGY, fmt=Format.JSON)
+        p = core.prepare(opts, {})
+        text = core.output_text(p)
+        doc = p.topo.to_dict()
+        assert json.loads(text) == json.loads(json.dumps(doc)), name
+        core_lines = [line for line in text.splitlines()
+                      if line.startswith('    {"id": ') and '"socket": ' in line]
+        assert len(core_lines) == len(p.topo.cores), name
