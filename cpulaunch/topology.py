@@ -45,7 +45,6 @@ the root (``/sys/devices/system/cpu/online: bad item '' in cpulist '1,,2'; ...``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional
 
@@ -152,6 +151,8 @@ def _clean(text: str) -> str:
 # but a class costs about 0.1 ms to create instead of about 1 ms (dataclasses exec the
 # source of six methods per class), which is start-up every launch pays (issue 12), and an
 # instance is faster to make (the probe makes one per core). Change one with ._replace().
+# Topology too: it builds its CPU -> core / node maps at their first use instead of in a
+# dataclass __post_init__, which also keeps the dataclasses module off the launch path.
 
 _EMPTY: Mapping = MappingProxyType({})
 
@@ -254,8 +255,29 @@ class Socket(NamedTuple):
     nodes: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Topology:
+class _TopologyFields(NamedTuple):
+    """The fields of :class:`Topology` (documented there)."""
+
+    online: frozenset
+    offline: frozenset
+    allowed: frozenset
+    allowed_source: str
+    quota_cpus: Optional[float]
+    cores: tuple[Core, ...]
+    nodes: Mapping[int, Node]
+    sockets: tuple[Socket, ...]
+    cpuset: Optional[frozenset] = None
+    flags: frozenset = frozenset()
+    model: str = ""
+    hybrid: bool = False
+    source: str = "sysfs"
+    notes: tuple[str, ...] = ()
+    allowed_mems: Optional[frozenset] = None
+    allowed_mems_source: str = ""
+    cpu_limit: int = cpulist.MAX_IDS
+
+
+class Topology(_TopologyFields):
     """The machine as cpulaunch sees it. All CPU sets hold logical CPU ids.
 
     Attributes:
@@ -282,45 +304,28 @@ class Topology:
             see :func:`cpu_limit`); bound user CPU lists with
             ``cpulist.parse(text, limit=topo.cpu_limit)``.
 
-    ``core_of`` and ``node_of`` are O(1) (maps built once, not compared or shown).
+    A NamedTuple like the other records (immutable; change one with ``._replace()``;
+    equal when the fields are). ``core_of`` and ``node_of`` are O(1): each builds its map
+    at its first call and keeps it on the instance (not compared, not shown).
     """
-
-    online: frozenset
-    offline: frozenset
-    allowed: frozenset
-    allowed_source: str
-    quota_cpus: Optional[float]
-    cores: tuple[Core, ...]
-    nodes: Mapping[int, Node]
-    sockets: tuple[Socket, ...]
-    cpuset: Optional[frozenset] = None
-    flags: frozenset = frozenset()
-    model: str = ""
-    hybrid: bool = False
-    source: str = "sysfs"
-    notes: tuple[str, ...] = ()
-    allowed_mems: Optional[frozenset] = None
-    allowed_mems_source: str = ""
-    cpu_limit: int = cpulist.MAX_IDS
-    _core_by_cpu: Mapping[int, Core] = field(init=False, repr=False, compare=False)
-    _node_by_cpu: Mapping[int, int] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        core_by_cpu = {c: core for core in self.cores for c in core.cpus}
-        node_by_cpu: dict[int, int] = {}
-        for nid in sorted(self.nodes):
-            for c in self.nodes[nid].cpus:
-                node_by_cpu.setdefault(c, nid)
-        object.__setattr__(self, "_core_by_cpu", core_by_cpu)
-        object.__setattr__(self, "_node_by_cpu", node_by_cpu)
 
     def core_of(self, cpu: int) -> Core:
         """The core holding logical CPU ``cpu``. Raises KeyError if it is not online."""
-        return self._core_by_cpu[cpu]
+        index = self.__dict__.get("core_by_cpu")
+        if index is None:
+            index = self.__dict__["core_by_cpu"] = {c: core for core in self.cores for c in core.cpus}
+        return index[cpu]
 
     def node_of(self, cpu: int) -> Optional[int]:
         """NUMA node id of logical CPU ``cpu`` (the lowest, should two name it), or None."""
-        return self._node_by_cpu.get(cpu)
+        index = self.__dict__.get("node_by_cpu")
+        if index is None:
+            index = {}
+            for nid in sorted(self.nodes):
+                for c in self.nodes[nid].cpus:
+                    index.setdefault(c, nid)
+            self.__dict__["node_by_cpu"] = index
+        return index.get(cpu)
 
     @property
     def memory_nodes(self) -> frozenset:
@@ -887,4 +892,4 @@ def _build_from_lscpu(raw: RawHost) -> Topology:
         notes=raw.notes,
     )
     topo = build(derived)
-    return replace(topo, notes=topo.notes + ("sysfs has no CPU topology: read from lscpu -p",))
+    return topo._replace(notes=topo.notes + ("sysfs has no CPU topology: read from lscpu -p",))

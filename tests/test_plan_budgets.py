@@ -13,7 +13,6 @@ reserved cores, taken as whole cores from the end of each instance's cores.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -96,13 +95,13 @@ def test_budget_nodes_and_memory(topos):
 
 def test_budgets_compose_with_a_quota():
     """The quota is split over instances and counts compute CPUs only."""
-    topo = replace(synthetic(1, 2, 4, smt=2), quota_cpus=5.0)
+    topo = synthetic(1, 2, 4, smt=2)._replace(quota_cpus=5.0)
     p = plan(topo, Request(instances_per_node=1, dataloader_workers=1))
     assert roles(p) == [("0-2", "", "3", "", 2), ("4-6", "", "7", "", 2)]
     p = plan(topo, Request(instances_per_node=1, dataloader_workers=1, use_logical_cores=True))
     assert roles(p) == [("0-2,8-10", "", "3,11", "", 2), ("4-6,12-14", "", "7,15", "", 2)]
     assert p.notes == ("a CPU quota of 5 CPUs applies (cgroup cpu.max): OpenMP threads lowered to fit it",)
-    p = plan(replace(topo, quota_cpus=64.0), Request(instances_per_node=1, reserve_cores=3))
+    p = plan(topo._replace(quota_cpus=64.0), Request(instances_per_node=1, reserve_cores=3))
     assert roles(p) == [("0", "", "", "1-3", 1), ("4", "", "", "5-7", 1)] and p.notes == ()
 
 
@@ -162,7 +161,7 @@ def test_validate_checks_budget_roles(topos):
         with pytest.raises(InternalError) as info:
             validate(good._replace(instances=bad), topos[XEON])
         assert str(info.value).startswith("internal: ") and message in str(info.value)
-    narrow = replace(topos[XEON], allowed=frozenset(range(7)))
+    narrow = topos[XEON]._replace(allowed=frozenset(range(7)))
     with pytest.raises(InternalError, match="CPU 7 of instance 0 is not allowed"):
         validate(good._replace(instances=(a,)), narrow)
 

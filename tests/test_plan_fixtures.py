@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -540,19 +539,19 @@ def test_fixed_sizes_still_leave_cores_idle():
 
 def test_quota_is_split_evenly_over_instances():
     """Issue 8: a 4-CPU quota over a 16-CPU and an 8-CPU instance gave 2 + 1 threads."""
-    topo = replace(synthetic(2, 1, 8, smt=2), quota_cpus=4.0)
+    topo = synthetic(2, 1, 8, smt=2)._replace(quota_cpus=4.0)
     p = plan(topo, Request(instances_per_socket=1, use_logical_cores=True,
                            core_list=frozenset([*range(0, 12), *range(16, 28)])))
     assert [len(i.cpus) for i in p.instances] == [16, 8]
     assert [i.threads for i in p.instances] == [2, 2]
     assert p.notes == ("a CPU quota of 4 CPUs applies (cgroup cpu.max): OpenMP threads lowered to fit it",)
     # never fewer than 1, never more than the instance's CPUs; no note when nothing is lowered
-    p = plan(replace(topo, quota_cpus=1.5), Request(ninstances=3))
+    p = plan(topo._replace(quota_cpus=1.5), Request(ninstances=3))
     assert [i.threads for i in p.instances] == [1, 1, 1]
-    p = plan(replace(topo, quota_cpus=7.9), Request(ninstances=2, core_list=frozenset({0, 1, 2, 8, 9, 10})))
+    p = plan(topo._replace(quota_cpus=7.9), Request(ninstances=2, core_list=frozenset({0, 1, 2, 8, 9, 10})))
     assert [(len(i.cpus), i.threads) for i in p.instances] == [(3, 3), (3, 3)]
     assert p.notes == ()
-    p = plan(replace(topo, quota_cpus=7.9), Request(ninstances=2))
+    p = plan(topo._replace(quota_cpus=7.9), Request(ninstances=2))
     assert [i.threads for i in p.instances] == [3, 3]
 
 
@@ -576,7 +575,7 @@ def test_core_list_smt_siblings_are_named(topos):
 def test_memory_nodes_the_cgroup_allows(topos):
     """Memory goes to the instance's nodes that the cgroup's cpuset.mems allows; none of
     them allowed: no binding (MemPolicy NONE) and a note."""
-    topo = replace(topos[XEON], allowed_mems=frozenset({1}), allowed_mems_source="test mems")
+    topo = topos[XEON]._replace(allowed_mems=frozenset({1}), allowed_mems_source="test mems")
     p = plan(topo, Request(instances_per_socket=1))
     assert [(i.mem_policy, i.mem_nodes) for i in p.instances] == [(MemPolicy.NONE, ()), (MemPolicy.BIND, (1,))]
     assert p.notes == (
@@ -612,7 +611,7 @@ def test_validate_failures_are_ours(topos):
         assert str(info.value).startswith("internal: ") and message in str(info.value)
         assert not isinstance(info.value, PlanError)
     with pytest.raises(InternalError, match="memory node 1 of instance 1 not allowed"):
-        validate(good, replace(topos[XEON], allowed_mems=frozenset({0})))
+        validate(good, topos[XEON]._replace(allowed_mems=frozenset({0})))
 
 
 def test_greedy_fallback_uses_every_core(topos, monkeypatch):
