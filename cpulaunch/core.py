@@ -6,8 +6,6 @@ engine, a free port). Planning and rendering are pure and happen once; ``--dry-r
 ``--print-env`` print the very :class:`Prepared` value a run launches.
 """
 
-from __future__ import annotations
-
 import gc
 import os
 import shutil

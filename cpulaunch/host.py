@@ -10,8 +10,6 @@ on this machine (none under ``--sysroot``, where the plan describes the dumped m
 numactl is assumed there); libraries are found by looking in folders, not ``ldconfig -p``.
 """
 
-from __future__ import annotations
-
 import shutil
 import sys
 from pathlib import Path
@@ -62,7 +60,7 @@ class Host(NamedTuple):
     numactl_usable: Optional[bool] = None
     numactl_reason: str = ""
     taskset: Optional[str] = None
-    engine: Optional[RankContext] = None
+    engine: Optional["RankContext"] = None
     free_port: Optional[int] = None
     ccl_found: bool = False
 

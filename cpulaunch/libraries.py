@@ -12,8 +12,6 @@ for this machine (class and ``e_machine`` checked), so a 32-bit or foreign-arch 
 is passed over.
 """
 
-from __future__ import annotations
-
 import os
 import platform
 import re

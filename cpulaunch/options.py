@@ -7,8 +7,6 @@ exit code 2) for anything that would otherwise be ignored or misread. Nothing he
 the host; the core (``core.py``) takes an :class:`Options` and does the rest.
 """
 
-from __future__ import annotations
-
 import enum
 import math
 from pathlib import Path

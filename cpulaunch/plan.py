@@ -47,8 +47,6 @@ The rules, in the order they are applied:
    A failed check is a bug of ours (:class:`~cpulaunch.errors.InternalError`).
 """
 
-from __future__ import annotations
-
 import bisect
 import enum
 import math

@@ -19,8 +19,6 @@ Rules and where they come from:
 - jemalloc's ``MALLOC_CONF`` comes from the library registry (tuning guide value).
 """
 
-from __future__ import annotations
-
 import shlex
 import sys
 from pathlib import Path

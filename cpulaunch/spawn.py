@@ -11,8 +11,6 @@ SIGINT; ignored dispositions survive exec), SIGHUP kept ignored under ``nohup``,
 PR_SET_PDEATHSIG=SIGKILL for supervised children (prctl(2)).
 """
 
-from __future__ import annotations
-
 import os
 import signal
 import sys

@@ -42,8 +42,6 @@ the root (``/sys/devices/system/cpu/online: bad item '' in cpulist '1,,2'; ...``
   root).
 """
 
-from __future__ import annotations
-
 import re
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional
