@@ -130,12 +130,12 @@ def _parse(text: str, limit: int) -> frozenset:
     if not body:
         return frozenset()
     if _PLAIN.fullmatch(body):  # "5", "0,512": most sibling lists, parsed in one go
-        ids = [int(x) for x in body.split(",")]
+        ids = frozenset(map(int, body.split(",")))
         top = max(ids)
         if top >= limit:
             raise CpulistError(f"id {top} in cpulist {excerpt(body)} is too large "
                                f"(ids must be below {limit})")
-        return frozenset(ids)
+        return ids
     out: set[int] = set()
     for item in body.split(","):
         m = _ITEM.fullmatch(item)
