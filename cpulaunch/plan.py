@@ -282,7 +282,7 @@ def _pick_cores(topo: Topology, usable: frozenset, logical: bool, e_cores: bool)
     """(picked (Core, cpus) pairs, E-cores skipped, usable SMT siblings left out)."""
     picked, skipped_e, siblings = [], [], []
     for core in topo.cores:
-        cpus = tuple(c for c in core.cpus if c in usable)
+        cpus = core.cpus if usable.issuperset(core.cpus) else tuple(c for c in core.cpus if c in usable)
         if not cpus:
             continue
         if core.efficiency and not e_cores:

@@ -506,7 +506,7 @@ def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: b
         fields: dict = {}
         if cpu not in core_done:
             fields = _read_core(fs, topo, limit, core_done, core_ids)
-            for attr in list(speed):  # one value per core: SMT siblings share it
+            for attr in list(speed) if speed else ():  # one value per core: SMT siblings share it
                 text = fs.read(f"{base}/{attr}", strict=False)
                 if text is None and first_core:
                     speed.remove(attr)  # build needs every core's value or none
@@ -539,9 +539,10 @@ def _read_core(fs: _Fs, topo: str, limit: int, core_done: set, core_ids: bool = 
     and core_id; without a list, also die_id and physical_package_id (the fallback key)."""
     fields: dict = {}
     sibs = None
-    tsl = fs.read(topo + "/thread_siblings_list")
+    rel = topo + "/thread_siblings_list"
+    tsl = fs.read(rel)
     if _clean(tsl):
-        sibs = _parse(fs, tsl, topo + "/thread_siblings_list", limit)
+        sibs = _parse(fs, tsl, rel, limit)
         fields["thread_siblings_list"] = tsl
     else:
         ts = fs.read(topo + "/thread_siblings")
