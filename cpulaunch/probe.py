@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import shutil
 import stat
 from typing import Optional
@@ -608,6 +607,7 @@ def run_quietly(argv: list, timeout: float = 10.0) -> tuple:
         TimeoutError: it ran longer than ``timeout`` seconds (it is then SIGKILLed and reaped).
     """
     import select
+    import signal  # only live runs check numactl: a --sysroot dry-run does not need it
     import time
 
     r, w = os.pipe()  # both O_CLOEXEC; dup2 makes the child's 1 and 2 inheritable
