@@ -19,7 +19,6 @@ Rules and where they come from:
 - jemalloc's ``MALLOC_CONF`` comes from the library registry (tuning guide value).
 """
 
-import shlex
 import sys
 from pathlib import Path
 from types import MappingProxyType
@@ -312,6 +311,8 @@ def binding_prefix(inst: RenderedInstance, taskset: Optional[str] = "taskset") -
 
 
 def _print_prefix(inst: RenderedInstance, taskset: Optional[str]) -> str:
+    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
+
     return shlex.join(binding_prefix(inst, taskset))
 
 
@@ -319,6 +320,8 @@ def shell_exports(inst: RenderedInstance, taskset: Optional[str] = "taskset") ->
     """POSIX ``export NAME='value'`` lines, safe to ``eval`` whatever the values hold
     (every value single-quoted by shlex.quote), and ``CPULAUNCH_PREFIX``: the binding
     command to put in front of the program (``$CPULAUNCH_PREFIX python x.py``)."""
+    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
+
     lines = [f"export {k}={shlex.quote(v)}" for k, v in inst.env.items()]
     lines.append(f"export CPULAUNCH_PREFIX={shlex.quote(_print_prefix(inst, taskset))}")
     return "\n".join(lines) + "\n"
@@ -328,6 +331,8 @@ def dotenv_lines(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> 
     """``NAME='value'`` lines for POSIX sh's ``set -a; . ./FILE; set +a`` (the target this
     format is written for: every value single-quoted by shlex.quote, so ``$``, backticks,
     backslashes and newlines come back exactly as they are)."""
+    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
+
     env = dict(inst.env)
     env["CPULAUNCH_PREFIX"] = _print_prefix(inst, taskset)
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
@@ -348,6 +353,8 @@ def bind_lines(rendered: "Rendered", stack: str) -> str:
     printed with explicit lists). SGLang (CPU backend): ``SGLANG_CPU_OMP_THREADS_BIND``.
     Values are shell-quoted; docs/integrations.md has the versions checked.
     """
+    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
+
     bind = omp_bind_string(rendered)
     if stack == "vllm":
         lines = [f"VLLM_CPU_OMP_THREADS_BIND={shlex.quote(bind)}"]
@@ -390,7 +397,8 @@ def json_text(doc) -> str:
     """``doc`` (JSON-ready dicts, lists and scalars) as JSON laid out for reading, no final
     newline: every member of an object and every record of a list of records on its own
     line, indented by two spaces; a value that holds no object or list of them (a number, a
-    string, a list of CPU ids, a flat record such as one core) on one line::
+    string, a list of CPU ids, a flat record such as one core) on one line. A list whose
+    first item is such a flat record is taken to be a list of records, one a line::
 
         {
           "instances": [
@@ -418,15 +426,21 @@ _NESTED = (dict, list)
 
 def _laid_out(value, pad: str, encode) -> str:
     if type(value) is dict:
-        if any(type(v) is dict or (type(v) is list and v and type(v[0]) in _NESTED)
-               for v in value.values()):
+        if _holds_nested(value):
             inner = pad + "  "
             return "{\n" + ",\n".join(f"{inner}{encode(k)}: {_laid_out(v, inner, encode)}"
                                       for k, v in value.items()) + f"\n{pad}}}"
     elif type(value) is list and value and type(value[0]) in _NESTED:
         inner = pad + "  "
+        if type(value[0]) is dict and not _holds_nested(value[0]):  # records: one a line
+            return "[\n" + inner + f",\n{inner}".join(map(encode, value)) + f"\n{pad}]"
         return "[\n" + ",\n".join(inner + _laid_out(v, inner, encode) for v in value) + f"\n{pad}]"
     return encode(value)
+
+
+def _holds_nested(record: dict) -> bool:
+    return any(type(v) is dict or (type(v) is list and v and type(v[0]) in _NESTED)
+               for v in record.values())
 
 
 def one_line(text: str) -> str:
@@ -447,6 +461,8 @@ def command_text(env: Mapping[str, str], argv: Sequence[str]) -> str:
     """One shell command that runs ``argv`` with ``env`` added: ``env NAME=VALUE ... prog
     args``, every word quoted (shlex.quote). A program whose name holds ``=`` would be read
     by env(1) as one more assignment, so it is run through ``sh -c 'exec "$0" "$@"'``."""
+    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
+
     words = ["env"] + [f"{k}={v}" for k, v in env.items()]
     argv = list(argv)
     if argv and "=" in argv[0]:
