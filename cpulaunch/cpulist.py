@@ -105,27 +105,7 @@ def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
 
     Raises:
         CpulistError: on anything else (negative ids, reversed ranges, junk, ids >= limit).
-
-    A short text (at most :data:`_MEMO_CHARS` characters) is parsed once per process: the
-    probe parses each core's sibling list to skip the CPUs it names, and
-    ``topology.build`` parses it again to group the cores (issue 12: 512 parses saved on
-    1,024 CPUs). Long texts are not kept, so a dump's huge lists are not held in memory.
     """
-    key = (text, limit)
-    got = _MEMO.get(key)
-    if got is None:
-        got = _parse(text, limit)
-        if len(text) <= _MEMO_CHARS and len(_MEMO) < _MEMO_SIZE:
-            _MEMO[key] = got
-    return got
-
-
-_MEMO: dict = {}  # (text, limit) -> parsed ids; see parse
-_MEMO_CHARS = 256
-_MEMO_SIZE = 1 << 16
-
-
-def _parse(text: str, limit: int) -> frozenset:
     body = _clean(text)
     if not body:
         return frozenset()

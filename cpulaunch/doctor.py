@@ -462,7 +462,7 @@ def _topology(root: Path, findings: list) -> tuple:
     from cpulaunch import probe as probe_mod
     from cpulaunch.topology import build
 
-    raw = probe_mod.read_raw(root)
+    raw = probe_mod.read_facts(root)
     topo = build(raw)
     limits = []
     if topo.cpuset is not None and topo.cpuset != topo.online:

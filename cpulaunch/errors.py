@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CpulaunchError", "InternalError", "USAGE_EXIT", "INTERNAL_EXIT"]
+__all__ = ["CpulaunchError", "InternalError", "USAGE_EXIT", "INTERNAL_EXIT", "printable"]
 
 #: Exit code for a mistake the user can fix (bad option, bad sysfs file, missing program).
 USAGE_EXIT = 2
@@ -24,3 +24,10 @@ class CpulaunchError(Exception):
 class InternalError(Exception):
     """A fault of cpulaunch's own (e.g. a plan that fails its own validation); reported
     as ours, never as the user's, with exit code :data:`INTERNAL_EXIT`."""
+
+
+def printable(text: str) -> str:
+    """``text`` unchanged if printable, else with control/non-UTF-8 characters escaped
+    (``'/x/\\udcff\\n'`` -> ``'/x/\\\\udcff\\\\n'``): messages stay one safe line, and text
+    taken from a file or a process never reaches a terminal as control bytes."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")

@@ -8,8 +8,35 @@ stands in for it.
 
 Files are read with plain ``os`` calls, regular files only (``O_NONBLOCK``, then
 ``fstat``: a FIFO or device in place of a sysfs file never blocks) and at most
-:data:`MAX_FILE_BYTES` each. What a malformed file leads to (an error naming it, or a
-note) is listed in ``topology``'s module docstring.
+:data:`MAX_FILE_BYTES` each, and each is parsed where it is read, into
+:class:`topology.HostFacts`; :func:`topology.build` is then set algebra over those facts.
+
+Corrupt input (what each file may hold, and what happens otherwise). Every malformed
+file gives a :class:`topology.TopologyError` whose one-line message names the file as read
+under the root (``/sys/devices/system/cpu/online: bad item '' in cpulist '1,,2'; ...``):
+
+- fatal when malformed: every CPU or node list (``cpu/online``, ``cpu/present``,
+  ``nodeN/cpulist``, ``nodeN/cpumap``, ``node/has_memory``, ``thread_siblings_list``,
+  ``thread_siblings``, ``package_cpus_list``, ``cpu_atom/cpus``, the cgroup's cpuset
+  files, ``Cpus_allowed_list``/``Mems_allowed_list``), the numeric ids
+  (``physical_package_id``, ``die_id``, ``core_id``, ``cpuN/online``) where they are read,
+  ``cpu.max`` and the cfs quota files, any id at or above the bound (CPU ids below
+  :func:`cpu_limit`, node ids below ``cpulist.MAX_NODE_IDS``), and a non-regular file
+  (FIFO, device, folder) or a file over 1 MiB where one of those is read;
+- tolerated as the kernel writes them: a trailing newline and NUL bytes; an empty
+  ``cpu/online`` (online CPUs then come from per-CPU folders), an empty node cpulist
+  (a memory-only node), an empty sibling list (cores then grouped by ``core_id``), an
+  empty numeric id file (as if absent);
+- ignored with a note, in the order the files are read (they refine, they do not decide):
+  ``cpu/kernel_max`` and ``cpu/possible`` that do not parse (the bound falls back to
+  ``cpulist.MAX_IDS``), ``nodeN/meminfo`` without a ``MemTotal`` line, ``cpu_capacity``
+  and ``cpuinfo_max_freq`` that are not numbers (no E-core detection from them),
+  ``proc/cpuinfo`` (free text; only its first 64 KiB are read), and these files or
+  ``proc/self/{status,cgroup,mounts}`` when unreadable (permission denied, not a regular
+  file, over the size bound): then they count as absent;
+- ignored silently: lines of ``proc/self/cgroup`` / ``proc/mounts`` that are not in the
+  kernel's format, and a cgroup path with a ``..`` component (never followed out of the
+  root).
 
 Cost (issue 12): a fact shared by several CPUs is read once. The probe walks the online
 CPUs upwards and reads ``thread_siblings_list`` and ``core_id`` only for a CPU that no
@@ -24,7 +51,7 @@ take about 1,060 small reads (a sibling list and a core_id per core, an id and a
 package, the node and cgroup files): twice the CPUs, twice the reads, nothing per CPU that
 scans all CPUs.
 
-The parsing of what is read is pure (``parse_*`` functions here, :func:`topology.build`).
+The parsers of whole files are pure functions of text (``parse_*`` here).
 """
 
 from __future__ import annotations
@@ -38,25 +65,27 @@ from typing import Optional
 from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.cpulist import CpulistError, excerpt
+from cpulaunch.errors import printable
 from cpulaunch.topology import (
-    RawCpu,
-    RawHost,
-    RawNode,
+    CpuFacts,
+    HostFacts,
+    NodeFacts,
     Topology,
+    TopologyError,
     build,
-    corrupt,
-    cpu_limit,
     online_from_folders,
-    printable,
 )
 
 __all__ = [
     "probe",
-    "read_raw",
+    "read_facts",
+    "corrupt",
+    "cpu_limit",
     "parse_proc_cgroup",
     "parse_mounts",
     "parse_cpu_max",
-    "cpu_flags",
+    "parse_cpuinfo",
+    "parse_lscpu",
     "run_lscpu",
     "check_numactl",
     "MAX_FILE_BYTES",
@@ -66,6 +95,9 @@ log = _log.get(__name__)
 
 CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
+#: Where the files live, as shown in messages (below the root).
+CPU_PATH = "/" + CPU_DIR
+NODE_PATH = "/" + NODE_DIR
 
 #: Largest file the probe reads (sysfs attributes are at most a page; a cpulist of 8,192
 #: CPUs is under 40 KiB). A bigger file is an error where it matters, else a note.
@@ -186,6 +218,134 @@ def _parse(fs: _Fs, text: str, rel: str, limit: int, mask: bool = False) -> froz
         return (cpulist.parse_mask if mask else cpulist.parse)(text, limit)
     except CpulistError as exc:
         raise corrupt(fs.root, "/" + rel, str(exc)) from None
+
+
+# --------------------------------------------------------------------------- parsing where read
+
+_INT = re.compile(r"-?[0-9]{1,10}")
+
+
+def corrupt(root: str, path: str, what: str) -> TopologyError:
+    """The error for a malformed file: ``"<path>: <what>; <which tree is corrupt>"``.
+
+    Args:
+        root: the root the probe read below ("/" for this host, else the --sysroot folder).
+        path: the file as read below the root, e.g. "/sys/devices/system/cpu/online".
+        what: what was wrong, one line (quote file contents with ``cpulist.excerpt``).
+    """
+    if root in ("/", ""):
+        where = "this host's /sys or /proc is corrupt"
+    else:
+        where = f"the tree under --sysroot {printable(root)} is corrupt or not a Linux dump"
+    return TopologyError(f"{printable(path)}: {what}; {where}")
+
+
+def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
+              notes: Optional[list] = None) -> int:
+    """Exclusive bound on logical CPU ids: ``cpu/kernel_max`` + 1 (the kernel's NR_CPUS),
+    else the highest id of ``cpu/possible`` + 1, else ``cpulist.MAX_IDS``; never above
+    ``cpulist.MAX_IDS``. ``("8191\\n", None)`` -> 8192; ``(None, "0-111")`` -> 112.
+
+    A file that does not parse is skipped with a note appended to ``notes`` (Documentation/
+    ABI/testing/sysfs-devices-system-cpu: kernel_max is "the maximum CPU index allowed by
+    the kernel configuration", possible the CPUs that could ever be brought online).
+    """
+    notes = notes if notes is not None else []
+    if kernel_max is not None and _clean(kernel_max):
+        text = _clean(kernel_max)
+        if _INT.fullmatch(text) and int(text) >= 0:
+            if int(text) < cpulist.MAX_IDS:
+                return int(text) + 1
+            notes.append(f"{CPU_PATH}/kernel_max says {text}: CPU ids bounded at "
+                         f"{cpulist.MAX_IDS} instead")
+            return cpulist.MAX_IDS
+        notes.append(f"{CPU_PATH}/kernel_max is not a CPU index ({excerpt(text)}): ignored")
+    if possible is not None and _clean(possible):
+        try:
+            ids = cpulist.parse(possible, cpulist.MAX_IDS)
+        except CpulistError as exc:
+            notes.append(f"{CPU_PATH}/possible ignored: {exc}")
+        else:
+            if ids:
+                return max(ids) + 1
+    return cpulist.MAX_IDS
+
+
+def _number(fs: "_Fs", text: Optional[str], rel: str) -> Optional[int]:
+    """``text`` of the numeric id file ``rel`` (``physical_package_id``: ``"36\\n"`` -> 36,
+    ``"-1"`` -> -1); None when absent or empty.
+
+    Raises:
+        TopologyError: anything but an integer (the message names the file).
+    """
+    body = _clean(text)
+    if not body:
+        return None
+    if _INT.fullmatch(body) is None:
+        raise corrupt(fs.root, "/" + rel, f"expected an integer, found {excerpt(body)}")
+    return int(body)
+
+
+def _measure(fs: "_Fs", text: Optional[str], rel: str) -> Optional[int]:
+    """``text`` of an optional non-negative number file (cpu_capacity, cpuinfo_max_freq);
+    None when absent; anything else is None plus a note (these refine, they do not decide)."""
+    if text is None:
+        return None
+    body = _clean(text)
+    if body.isdigit() and body.isascii() and len(body) <= 18:
+        return int(body)
+    fs.notes.append(f"/{printable(rel)}: not a number ({excerpt(body)}): ignored")
+    return None
+
+
+def _meminfo_total_kb(text: Optional[str]) -> Optional[int]:
+    """``MemTotal`` of a node's meminfo in KiB (``"Node 0 MemTotal:  16775084 kB"``)."""
+    if not text:
+        return None
+    m = re.search(r"MemTotal:[ \t]+([0-9]{1,18})[ \t]*kB", text)
+    return int(m.group(1)) if m else None
+
+
+def parse_cpuinfo(text: Optional[str]) -> tuple[frozenset, str]:
+    """Feature flags and model name of the first processor in /proc/cpuinfo text.
+
+    x86 calls them ``flags`` / ``model name``; arm64 ``Features`` / ``CPU part``; POWER ``cpu``.
+    """
+    if not text:
+        return frozenset(), ""
+    flags: frozenset = frozenset()
+    model = ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip().lower()
+        if key in ("flags", "features") and not flags:
+            flags = frozenset(value.split())
+        elif key in ("model name", "cpu") and not model:
+            model = value.strip()
+        if flags and model:
+            break
+    return flags, model
+
+
+def parse_lscpu(text: str) -> tuple[tuple[int, Optional[int], Optional[int], Optional[int]], ...]:
+    """Parse ``LC_ALL=C lscpu -p=CPU,CORE,SOCKET,NODE`` output.
+
+    Example line ``"3,1,0,0"`` -> ``(3, 1, 0, 0)``: (logical CPU, core, socket, node);
+    empty fields (no NUMA) become None. Comment lines start with ``#``.
+    """
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = (line.split(",") + ["", "", "", ""])[:4]
+        vals = [int(f.strip()) if _INT.fullmatch(f.strip()) else None for f in fields]
+        if vals[0] is None or vals[0] < 0:
+            continue
+        rows.append((vals[0], vals[1], vals[2], vals[3]))
+    return tuple(rows)
 
 
 # --------------------------------------------------------------------------- cgroups (pure)
@@ -368,8 +528,8 @@ def _status_list(fs: _Fs, status: Optional[str], key: str, limit: int) -> Option
 
 
 def _read_limits(fs: "_Fs", live: bool, limit: int) -> dict:
-    """The process's limits as RawHost fields: allowed CPUs and where that comes from, the
-    cgroup cpuset, allowed memory nodes and the CPU quota (rules in :func:`read_raw`)."""
+    """The process's limits as HostFacts fields: allowed CPUs and where that comes from, the
+    cgroup cpuset, allowed memory nodes and the CPU quota (rules in :func:`read_facts`)."""
     cpuset, cpuset_source = read_cgroup_cpuset(fs, limit)
     status = fs.read("proc/self/status", strict=False)
     if live:
@@ -391,15 +551,48 @@ def _read_limits(fs: "_Fs", live: bool, limit: int) -> dict:
             "allowed_mems_source": mems_source}
 
 
-def read_raw(root: str | os.PathLike = "/", *, core_ids: bool = True) -> RawHost:
-    """Read the raw topology text of the machine at ``root`` (a real ``/`` or a dump).
+def _read_online(fs: "_Fs", text: Optional[str], folders: list[int],
+                 limit: int) -> tuple[Optional[frozenset], dict[int, CpuFacts], frozenset]:
+    """(``cpu/online`` parsed from ``text``, or None; {folder id: CpuFacts so far}; the
+    online CPUs): without ``cpu/online``, each folder's ``online`` file and ``topology/``
+    decide (:func:`topology.online_from_folders`).
+
+    Raises:
+        TopologyError: ``cpu/online`` malformed, or a ``cpuN/online`` holding anything but 0/1.
+    """
+    if _clean(text):
+        online = _parse(fs, text, f"{CPU_DIR}/online", limit)
+        return online, dict.fromkeys(folders, _NO_CPU), online
+    cpus = {}
+    for n in folders:
+        rel = f"{CPU_DIR}/cpu{n}/online"
+        state = _number(fs, fs.read(rel), rel)
+        if state not in (None, 0, 1):
+            raise corrupt(fs.root, "/" + rel, f"expected 0 or 1, found {state}")
+        cpus[n] = CpuFacts(online=state, has_topology=fs.isdir(f"{CPU_DIR}/cpu{n}/topology"))
+    return None, cpus, online_from_folders(HostFacts(cpus=cpus))
+
+
+def _read_hybrid(fs: "_Fs", limit: int) -> tuple[Optional[frozenset], bool]:
+    """(E-core CPUs of ``cpu_atom/cpus`` where ``cpu_core/cpus`` exists too, else None;
+    whether either file is absent, so that E-cores may come from capacity or frequency)."""
+    core = fs.read("sys/devices/cpu_core/cpus")
+    atom = fs.read("sys/devices/cpu_atom/cpus")
+    if core is None or atom is None:
+        return None, True
+    return _parse(fs, atom, "sys/devices/cpu_atom/cpus", limit), False
+
+
+def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True) -> HostFacts:
+    """Read and parse what the topology needs of the machine at ``root`` (a real ``/`` or a
+    dump): each file is parsed where it is read, so an error names it.
 
     Allowed CPUs: with root ``/``, ``os.sched_getaffinity(0)``; otherwise the dump's cgroup
     cpuset, else ``Cpus_allowed_list`` of ``proc/self/status``, else every online CPU.
-    Allowed memory nodes (``RawHost.allowed_mems``), under any root: the cgroup's cpuset
+    Allowed memory nodes (``HostFacts.allowed_mems``), under any root: the cgroup's cpuset
     mems, else ``Mems_allowed_list`` of ``proc/self/status``, else None (all).
     ``lscpu -p`` is run only when sysfs holds no ``cpuN/topology`` folder. Every CPU list
-    is bounded by the kernel's limit (``topology.cpu_limit``).
+    is bounded by the kernel's limit (:func:`cpu_limit`).
 
     ``core_ids=False`` skips each core's ``core_id`` file where its sibling list already
     groups the core: the kernel's core_id is display only (``Core.core_id`` is then None)
@@ -412,82 +605,90 @@ def read_raw(root: str | os.PathLike = "/", *, core_ids: bool = True) -> RawHost
     """
     fs = _Fs(root)
     live = os.path.realpath(fs.root) == "/"
-    kernel_max = fs.read(f"{CPU_DIR}/kernel_max", strict=False)
-    possible = fs.read(f"{CPU_DIR}/possible", strict=False)
-    limit = cpu_limit(kernel_max, possible)
+    limit = cpu_limit(fs.read(f"{CPU_DIR}/kernel_max", strict=False),
+                      fs.read(f"{CPU_DIR}/possible", strict=False), fs.notes)
     online_text = fs.read(f"{CPU_DIR}/online")
     folders = _numbered(fs.listdir(CPU_DIR), "cpu")
     if folders and folders[-1] >= limit:
         raise corrupt(fs.root, f"/{CPU_DIR}/cpu{folders[-1]}",
                       f"CPU id beyond the kernel's limit (ids must be below {limit})")
-    nodes = _read_nodes(fs)
-    need_links = any(rn.cpulist is None and rn.cpumap is None for rn in nodes.values())
-    hybrid_core = fs.read("sys/devices/cpu_core/cpus")
-    hybrid_atom = fs.read("sys/devices/cpu_atom/cpus")
-
-    if _clean(online_text):
-        online = _parse(fs, online_text, f"{CPU_DIR}/online", limit)
-        cpus = {n: _NO_CPU for n in folders}
-    else:  # no cpu/online: every folder's online file and topology/ decide
-        cpus = {n: RawCpu(online=fs.read(f"{CPU_DIR}/cpu{n}/online"),
-                          has_topology=fs.isdir(f"{CPU_DIR}/cpu{n}/topology")) for n in folders}
-        online = online_from_folders(RawHost(cpus=cpus, root=fs.root, cpu_kernel_max=kernel_max,
-                                             cpu_possible=possible))
-    _read_cpus(fs, cpus, online, limit, need_links,
-               want_speed=hybrid_atom is None or hybrid_core is None, core_ids=core_ids)
-
+    nodes = _read_nodes(fs, limit)
+    online_file, cpus, online = _read_online(fs, online_text, folders, limit)
+    hybrid_atom, want_speed = _read_hybrid(fs, limit)
+    _read_cpus(fs, cpus, online, limit, need_links=any(nf.cpus is None for nf in nodes.values()),
+               want_speed=want_speed, core_ids=core_ids)
     limits = _read_limits(fs, live, limit)
-    lscpu_text = None
+    lscpu = None
     if not any(c.has_topology for c in cpus.values()):
         if fs.unusable and not live:
             # lscpu reads with blocking calls: a FIFO in the dump would hold it to its timeout.
             fs.notes.append("lscpu not run: the dump holds files that are not regular files")
         else:
-            lscpu_text = run_lscpu(None if live else fs.root)
-
-    return RawHost(
-        cpu_online=online_text,
-        cpu_present=fs.read(f"{CPU_DIR}/present"),
-        cpus=cpus,
-        nodes=nodes,
-        node_has_memory=fs.read(f"{NODE_DIR}/has_memory"),
-        hybrid_core_cpus=hybrid_core,
-        hybrid_atom_cpus=hybrid_atom,
-        cpuinfo=fs.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES, truncate=True),
-        lscpu=lscpu_text,
-        cpu_possible=possible,
-        cpu_kernel_max=kernel_max,
-        root=fs.root,
-        **limits,
-        notes=tuple(fs.notes),
+            text = run_lscpu(None if live else fs.root)
+            lscpu = parse_lscpu(text) if text is not None else None
+    present = fs.read(f"{CPU_DIR}/present")
+    has_memory = fs.read(f"{NODE_DIR}/has_memory")
+    flags, model = parse_cpuinfo(fs.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES, truncate=True))
+    return HostFacts(
+        online=online_file, cpus=cpus, nodes=nodes, hybrid_atom=hybrid_atom, lscpu=lscpu,
+        present=None if present is None else _parse(fs, present, f"{CPU_DIR}/present", limit),
+        has_memory=(None if has_memory is None
+                    else _parse(fs, has_memory, f"{NODE_DIR}/has_memory", cpulist.MAX_NODE_IDS)),
+        flags=flags, model=model, cpu_limit=limit, root=fs.root, **limits, notes=tuple(fs.notes),
     )
 
 
-_NO_CPU = RawCpu()
-_COVERED = RawCpu(has_topology=True)  # a CPU whose facts other CPUs' lists gave
+_NO_CPU = CpuFacts()
+_COVERED = CpuFacts(has_topology=True)  # a CPU whose facts other CPUs' lists gave
 
 
-def _read_nodes(fs: _Fs) -> dict[int, RawNode]:
-    """Each ``nodeN`` folder's cpulist (else cpumap) and meminfo."""
-    nodes: dict[int, RawNode] = {}
+def _read_nodes(fs: "_Fs", limit: int) -> dict[int, NodeFacts]:
+    """Each ``nodeN`` folder's CPUs (cpulist, else cpumap) and MemTotal (meminfo)."""
+    nodes: dict[int, NodeFacts] = {}
     ids = _numbered(fs.listdir(NODE_DIR), "node")
     if ids and ids[-1] >= cpulist.MAX_NODE_IDS:
         raise corrupt(fs.root, f"/{NODE_DIR}/node{ids[-1]}",
                       f"node id beyond {cpulist.MAX_NODE_IDS - 1}")
     for n in ids:
         base = f"{NODE_DIR}/node{n}"
-        text = fs.read(f"{base}/cpulist")
-        nodes[n] = RawNode(
-            cpulist=text,
-            cpumap=fs.read(f"{base}/cpumap") if text is None else None,
-            meminfo=fs.read(f"{base}/meminfo", strict=False),
-        )
+        cpus, text = None, fs.read(f"{base}/cpulist")
+        if text is not None:
+            cpus = _parse(fs, text, f"{base}/cpulist", limit)
+        else:
+            text = fs.read(f"{base}/cpumap")
+            if text is not None:
+                cpus = _parse(fs, text, f"{base}/cpumap", limit, mask=True)
+        meminfo = fs.read(f"{base}/meminfo", strict=False)
+        total = _meminfo_total_kb(meminfo)
+        if meminfo is not None and total is None:
+            fs.notes.append(f"{NODE_PATH}/node{n}/meminfo: no 'MemTotal: N kB' line; "
+                            f"memory size of node {n} unknown")
+        nodes[n] = NodeFacts(cpus=cpus, mem_total_kb=total, meminfo_read=meminfo is not None)
     return nodes
 
 
-def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: bool,
+def _read_speed(fs: "_Fs", base: str, speed: list[str], first_core: bool) -> dict:
+    """CpuFacts fields ``capacity``/``max_freq_khz`` of one core's first CPU; ``speed``
+    (the attributes still worth reading) shrinks on the first core: an attribute it lacks
+    is never read again (build needs every core's value or none), and cpu_capacity, when
+    there, is the only one read."""
+    fields: dict = {}
+    for attr in list(speed):
+        text = fs.read(f"{base}/{attr}", strict=False)
+        if text is None and first_core:
+            speed.remove(attr)
+        elif text is not None:
+            fields["capacity" if attr == "cpu_capacity" else "max_freq_khz"] = _measure(
+                fs, text, f"{base}/{attr}")
+            if first_core and attr == "cpu_capacity":
+                speed[:] = [attr]  # capacity wins; the frequency is not needed
+                break
+    return fields
+
+
+def _read_cpus(fs: "_Fs", cpus: dict, online: frozenset, limit: int, need_links: bool,
                want_speed: bool, core_ids: bool = True) -> None:
-    """Fill ``cpus`` (id -> RawCpu) for the online CPUs that have a folder, reading each
+    """Fill ``cpus`` (id -> CpuFacts) for the online CPUs that have a folder, reading each
     shared fact once (see the module docstring)."""
     core_done: set[int] = set()  # named by a sibling list read so far
     pkg_done: set[int] = set()  # named by a package_cpus_list read so far
@@ -503,59 +704,63 @@ def _read_cpus(fs: _Fs, cpus: dict, online: frozenset, limit: int, need_links: b
         base = f"{CPU_DIR}/cpu{cpu}"
         topo = base + "/topology"
         fields: dict = {}
+        found: set[str] = set()  # topology files that exist
         if cpu not in core_done:
-            fields = _read_core(fs, topo, limit, core_done, core_ids)
-            for attr in list(speed) if speed else ():  # one value per core: SMT siblings share it
-                text = fs.read(f"{base}/{attr}", strict=False)
-                if text is None and first_core:
-                    speed.remove(attr)  # build needs every core's value or none
-                elif text is not None:
-                    fields["cpu_capacity" if attr == "cpu_capacity" else "max_freq_khz"] = text
-                    if first_core and attr == "cpu_capacity":
-                        speed = [attr]  # capacity wins; the frequency is not needed
-                        break
+            fields, found = _read_core(fs, topo, limit, core_done, core_ids)
+            if speed:  # one value per core: SMT siblings share it
+                fields.update(_read_speed(fs, base, speed, first_core))
             first_core = False
         if cpu not in pkg_done:
-            if "package_id" not in fields:
-                fields["package_id"] = fs.read(topo + "/physical_package_id")
-            if fields["package_id"] is not None:
-                pcl = fs.read(topo + "/package_cpus_list")
-                if _clean(pcl):
-                    pkg_done.update(_parse(fs, pcl, topo + "/package_cpus_list", limit))
-                    fields["package_cpus_list"] = pcl
+            _read_package(fs, topo, limit, fields, found, pkg_done)
         if need_links:
             fields["node_links"] = tuple(_numbered(fs.listdir(base), "node"))
-        has_topology = old.has_topology or cpu in core_done or any(
-            fields.get(k) is not None for k in (
-                "thread_siblings_list", "thread_siblings", "core_id", "package_id"))
-        if not has_topology:
-            has_topology = fs.isdir(topo)
-        cpus[cpu] = RawCpu(online=old.online, has_topology=has_topology, **fields)
+        has_topology = old.has_topology or cpu in core_done or bool(found) or fs.isdir(topo)
+        cpus[cpu] = CpuFacts(online=old.online, has_topology=has_topology, **fields)
 
 
-def _read_core(fs: _Fs, topo: str, limit: int, core_done: set, core_ids: bool = True) -> dict:
-    """RawCpu fields of the first CPU of a core: its sibling list (added to ``core_done``)
-    and core_id; without a list, also die_id and physical_package_id (the fallback key)."""
+def _read_package(fs: "_Fs", topo: str, limit: int, fields: dict, found: set[str],
+                  pkg_done: set[int]) -> None:
+    """Add ``package_id`` (unless read already) and, where the id file exists,
+    ``package_cpus`` to ``fields``, its CPUs to ``pkg_done``, the files found to ``found``."""
+    rel = topo + "/physical_package_id"
+    if "package_id" not in fields:
+        text = fs.read(rel)
+        if text is not None:
+            found.add("physical_package_id")
+        fields["package_id"] = _number(fs, text, rel)
+    if "physical_package_id" in found:
+        pcl = fs.read(topo + "/package_cpus_list")
+        if _clean(pcl):
+            fields["package_cpus"] = _parse(fs, pcl, topo + "/package_cpus_list", limit)
+            pkg_done.update(fields["package_cpus"])
+
+
+def _read_core(fs: "_Fs", topo: str, limit: int, core_done: set[int],
+               core_ids: bool = True) -> tuple[dict, set[str]]:
+    """(CpuFacts fields of the first CPU of a core, the topology files that exist): its
+    sibling list (added to ``core_done``) and core_id; without a list, also die_id and
+    physical_package_id (the fallback key)."""
     fields: dict = {}
+    found: set[str] = set()
     sibs = None
-    rel = topo + "/thread_siblings_list"
-    tsl = fs.read(rel)
-    if _clean(tsl):
-        sibs = _parse(fs, tsl, rel, limit)
-        fields["thread_siblings_list"] = tsl
-    else:
-        ts = fs.read(topo + "/thread_siblings")
-        if _clean(ts):
-            sibs = _parse(fs, ts, topo + "/thread_siblings", limit, mask=True)
-        fields["thread_siblings_list"], fields["thread_siblings"] = tsl, ts
-    if core_ids or sibs is None:
-        fields["core_id"] = fs.read(topo + "/core_id")
-    if sibs is None:  # grouped by (package, die, core_id): needs all three
-        fields["die_id"] = fs.read(topo + "/die_id")
-        fields["package_id"] = fs.read(topo + "/physical_package_id")
-    else:
+    for name, mask in (("thread_siblings_list", False), ("thread_siblings", True)):
+        text = fs.read(f"{topo}/{name}")
+        if text is not None:
+            found.add(name)
+        if _clean(text):
+            sibs = _parse(fs, text, f"{topo}/{name}", limit, mask=mask)
+            break
+    fields["siblings"] = sibs or None
+    names = (["core_id"] if core_ids or sibs is None else []) + (
+        ["die_id", "physical_package_id"] if sibs is None else [])
+    for name in names:  # grouped by (package, die, core_id) only without a sibling list
+        text = fs.read(f"{topo}/{name}")
+        if text is not None and name != "die_id":
+            found.add(name)
+        fields["package_id" if name == "physical_package_id" else name] = _number(fs, text, f"{topo}/{name}")
+    if sibs is not None:
         core_done.update(sibs)
-    return fields
+    return fields, found
 
 
 def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
@@ -577,21 +782,13 @@ def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
 
 
 def probe(root: str | os.PathLike = "/", *, core_ids: bool = True) -> Topology:
-    """The :class:`Topology` of the machine at ``root`` (see :func:`read_raw`, which also
+    """The :class:`Topology` of the machine at ``root`` (see :func:`read_facts`, which also
     says what ``core_ids=False`` leaves out).
 
     Raises:
-        topology.TopologyError: nothing usable was found under ``root``.
+        topology.TopologyError: nothing usable was found under ``root``, or a file is malformed.
     """
-    return build(read_raw(root, core_ids=core_ids))
-
-
-def cpu_flags(root: str | os.PathLike = "/") -> frozenset:
-    """CPU feature flags from ``proc/cpuinfo`` under ``root`` (fast: no py-cpuinfo)."""
-    from cpulaunch.topology import parse_cpuinfo
-
-    return parse_cpuinfo(_Fs(root).read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES,
-                                        truncate=True))[0]
+    return build(read_facts(root, core_ids=core_ids))
 
 
 def run_quietly(argv: list, timeout: float = 10.0) -> tuple:

@@ -313,19 +313,3 @@ def test_stride_matches_its_definition(lo, width, used, group):
     hi = lo + width
     got = cpulist.parse(f"{lo}-{hi}:{used}/{group}")
     assert got == {i for i in range(lo, hi + 1) if (i - lo) % group < used}
-
-
-def test_parse_memo_keeps_short_texts_only_and_never_an_error():
-    """Issue 12: a short text is parsed once per process (the probe and topology.build both
-    parse each sibling list); a bad text raises each time and a long one is not kept."""
-    cpulist._MEMO.clear()
-    assert cpulist.parse("0,512\n", 1024) == frozenset({0, 512})
-    assert cpulist.parse("0,512\n", 1024) is cpulist.parse("0,512\n", 1024)
-    for _ in range(2):
-        with pytest.raises(CpulistError):
-            cpulist.parse("0,512\n", 512)  # the same text under a tighter limit
-        with pytest.raises(CpulistError):
-            cpulist.parse("1,,2")
-    long_text = ",".join(str(i) for i in range(0, 2000, 2))
-    assert cpulist.parse(long_text) == frozenset(range(0, 2000, 2))
-    assert set(cpulist._MEMO) == {("0,512\n", 1024)}

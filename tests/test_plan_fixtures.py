@@ -30,7 +30,7 @@ from cpulaunch import cpulist, probe
 from cpulaunch import plan as plan_module
 from cpulaunch.errors import InternalError
 from cpulaunch.plan import LATENCY_CORES, MemPolicy, PlanError, Request, plan, validate
-from cpulaunch.topology import RawCpu, RawHost, RawNode, Topology, build
+from cpulaunch.topology import CpuFacts, HostFacts, NodeFacts, Topology, build
 
 XEON = "hw-32intel64-2p8co2t+8ve"  # 2x Xeon Silver 4108, SMT siblings 0,16
 GOLD = "hw-memorysidecaches"  # 2x Xeon Gold 6230, SNC2: 4 nodes, CPUs interleaved
@@ -467,21 +467,21 @@ def test_lists_and_index_selection(topos):
 def synthetic(sockets: int, nodes_per_socket: int, cores_per_node: int, smt: int = 1, **raw) -> Topology:
     """A machine as sysfs would describe it (built by topology.build): sockets x nodes x
     cores, node ids 0.., SMT siblings numbered as on Intel (core k: CPUs k, k + cores,
-    ...); ``raw``: more RawHost fields (allowed, quota_cpus, allowed_mems, ...)."""
+    ...); ``raw``: more HostFacts fields (allowed, quota_cpus, allowed_mems, ...)."""
     total = sockets * nodes_per_socket * cores_per_node
     cpus, nodes = {}, {}
     for k in range(total):
         node = k // cores_per_node
         sib = [k + t * total for t in range(smt)]
         for c in sib:
-            cpus[c] = RawCpu(has_topology=True, package_id=str(node // nodes_per_socket),
-                             core_id=str(k % cores_per_node), thread_siblings_list=cpulist.format(sib))
+            cpus[c] = CpuFacts(has_topology=True, package_id=node // nodes_per_socket,
+                               core_id=k % cores_per_node, siblings=frozenset(sib))
         nodes.setdefault(node, []).extend(sib)
-    return build(RawHost(
-        cpu_online=cpulist.format(cpus),
+    return build(HostFacts(
+        online=frozenset(cpus),
         cpus=cpus,
-        nodes={n: RawNode(cpulist=cpulist.format(v)) for n, v in nodes.items()},
-        node_has_memory=cpulist.format(nodes),
+        nodes={n: NodeFacts(cpus=frozenset(v)) for n, v in nodes.items()},
+        has_memory=frozenset(nodes),
         allowed_source="test",
         **raw,
     ))
@@ -853,28 +853,28 @@ def machines(draw) -> Topology:
     firsts = sorted({min(sib) for _, sib in cpus.values()})
     e_cores = draw(st.sets(st.sampled_from(firsts))) if draw(st.booleans()) else set()
     raw_cpus = {
-        c: RawCpu(
+        c: CpuFacts(
             has_topology=True,
-            package_id="-1" if no_package else str(100 * s + 36),
-            core_id="0",  # repeated on purpose: cores are sibling sets
-            thread_siblings_list=cpulist.format(sib),
-            max_freq_khz="2000000" if min(sib) in e_cores else "4000000",
+            package_id=-1 if no_package else 100 * s + 36,
+            core_id=0,  # repeated on purpose: cores are sibling sets
+            siblings=frozenset(sib),
+            max_freq_khz=2000000 if min(sib) in e_cores else 4000000,
         )
         for c, (s, sib) in cpus.items()
     }
-    raw_nodes = {nid: RawNode(cpulist=cpulist.format(v)) for nid, v in nodes.items()}
+    raw_nodes = {nid: NodeFacts(cpus=frozenset(v)) for nid, v in nodes.items()}
     if len(raw_nodes) > 1 and draw(st.integers(0, 5)) == 0:
         del raw_nodes[layout[-1][1]]  # the last node's CPUs belong to no node
-    raw_nodes.update({nid: RawNode(cpulist="\n") for nid in memory_only})
+    raw_nodes.update({nid: NodeFacts(cpus=frozenset()) for nid in memory_only})
     has_memory = draw(st.sets(st.sampled_from(node_ids)))
     allowed = draw(st.one_of(st.none(), st.frozensets(st.sampled_from(sorted(cpus)), min_size=1)))
     quota = draw(st.one_of(st.none(), st.floats(0.5, 6), st.floats(0.5, 40)))  # small ones bite
     mems = draw(st.one_of(st.none(), st.frozensets(st.sampled_from(node_ids))))  # cpuset.mems
-    return build(RawHost(
-        cpu_online=cpulist.format(cpus),
+    return build(HostFacts(
+        online=frozenset(cpus),
         cpus=raw_cpus,
         nodes=raw_nodes,
-        node_has_memory=cpulist.format(has_memory),
+        has_memory=frozenset(has_memory),
         allowed=allowed,
         allowed_source="test",
         quota_cpus=quota,

@@ -24,14 +24,13 @@ from hypothesis import strategies as st
 import bigtree
 from conftest import FACTS, FIXTURES, MACHINES, plan_json, run_cli
 from cpulaunch import cpulist, probe
+from cpulaunch.probe import parse_cpuinfo, parse_lscpu
 from cpulaunch.topology import (
-    RawCpu,
-    RawHost,
-    RawNode,
+    CpuFacts,
+    HostFacts,
+    NodeFacts,
     TopologyError,
     build,
-    parse_cpuinfo,
-    parse_lscpu,
 )
 
 # --------------------------------------------------------------------------- truth
@@ -422,12 +421,12 @@ def test_parse_lscpu():
     assert len(rows) == 32
     assert rows[0] == (0, 0, 0, 0) and rows[16] == (88, 4, 1, 8) and rows[-1] == (103, 7, 1, 8)
     # no NUMA: an empty NODE field is None; blank and comment lines are skipped
-    assert parse_lscpu("# CPU,Core,Socket,Node\n\n0,0,0,\n1,1,0,\n") == [(0, 0, 0, None), (1, 1, 0, None)]
-    assert parse_lscpu("") == []
+    assert parse_lscpu("# CPU,Core,Socket,Node\n\n0,0,0,\n1,1,0,\n") == ((0, 0, 0, None), (1, 1, 0, None))
+    assert parse_lscpu("") == ()
 
 
 def test_build_from_lscpu_power9():
-    topo = build(RawHost(lscpu=LSCPU_POWER9, allowed=frozenset(range(16)), allowed_source="test"))
+    topo = build(HostFacts(lscpu=parse_lscpu(LSCPU_POWER9), allowed=frozenset(range(16)), allowed_source="test"))
     assert topo.source == "lscpu"
     assert "sysfs has no CPU topology: read from lscpu -p" in topo.notes
     assert cpulist.format(topo.online) == "0-15,88-103"
@@ -445,7 +444,7 @@ def test_build_from_lscpu_power9():
 
 def test_lscpu_fallback_agrees_with_sysfs(topos):
     sysfs = topos["hw-nvidiagpunumanodes"]
-    fallback = build(RawHost(lscpu=LSCPU_POWER9))
+    fallback = build(HostFacts(lscpu=parse_lscpu(LSCPU_POWER9)))
     assert {c.cpus for c in fallback.cores} == {c.cpus for c in sysfs.cores}
     assert {n.id: n.cpus for n in fallback.nodes.values()} == {
         n.id: n.cpus for n in sysfs.nodes.values() if n.cpus
@@ -454,16 +453,16 @@ def test_lscpu_fallback_agrees_with_sysfs(topos):
 
 
 def test_build_from_lscpu_without_numa():
-    topo = build(RawHost(lscpu="# CPU,Core,Socket,Node\n0,0,0,\n1,0,0,\n2,1,0,\n3,1,0,\n"))
+    topo = build(HostFacts(lscpu=parse_lscpu("# CPU,Core,Socket,Node\n0,0,0,\n1,0,0,\n2,1,0,\n3,1,0,\n")))
     assert [c.cpus for c in topo.cores] == [(0, 1), (2, 3)]
     assert list(topo.nodes) == [0] and topo.nodes[0].cpus == frozenset(range(4))
 
 
 def test_build_from_empty_lscpu_is_an_error():
     with pytest.raises(TopologyError):
-        build(RawHost(lscpu="# CPU,Core,Socket,Node\n"))
+        build(HostFacts(lscpu=parse_lscpu("# CPU,Core,Socket,Node\n")))
     with pytest.raises(TopologyError):
-        build(RawHost())
+        build(HostFacts())
 
 
 @pytest.mark.skipif(shutil.which("lscpu") is None, reason="lscpu (util-linux) not installed")
@@ -563,7 +562,7 @@ def test_cgroup_v2_cpu_quota_caps_omp_threads(tmp_path):
         "sys/fs/cgroup/job/step/cpu.max": "300000 100000\n",  # looser below: the job wins
         "sys/fs/cgroup/job/step/cpuset.cpus.effective": "0-3\n",
     }))
-    raw = probe.read_raw(root)
+    raw = probe.read_facts(root)
     assert raw.quota_cpus == 2.0 and raw.quota_source == "/sys/fs/cgroup/job"
     topo = build(raw)
     assert topo.quota_cpus == 2.0
@@ -656,11 +655,13 @@ def test_sysroot_without_cpus_is_a_usage_error(tmp_path):
 # --------------------------------------------------------------------------- pure builder
 
 
-def _raw(cpus: dict, nodes: dict, **kw) -> RawHost:
-    return RawHost(
-        cpu_online=cpulist.format(cpus),
-        cpus={c: RawCpu(has_topology=True, **v) for c, v in cpus.items()},
-        nodes={n: RawNode(cpulist=cpulist.format(v)) for n, v in nodes.items()},
+def _raw(cpus: dict, nodes: dict, **kw) -> HostFacts:
+    """Facts of a machine as the probe would give them: ``cpus`` {cpu: CpuFacts fields},
+    ``nodes`` {node id: its CPUs}."""
+    return HostFacts(
+        online=frozenset(cpus),
+        cpus={c: CpuFacts(has_topology=True, **v) for c, v in cpus.items()},
+        nodes={n: NodeFacts(cpus=frozenset(v)) for n, v in nodes.items()},
         **kw,
     )
 
@@ -668,10 +669,10 @@ def _raw(cpus: dict, nodes: dict, **kw) -> RawHost:
 def test_siblings_from_mask_then_core_id():
     topo = build(_raw(
         {
-            0: dict(package_id="0", core_id="0", thread_siblings="00000005\n"),
-            2: dict(package_id="0", core_id="0", thread_siblings="00000005\n"),
-            1: dict(package_id="0", core_id="1"),  # no sibling files: grouped by core_id
-            3: dict(package_id="0", core_id="1"),
+            0: dict(package_id=0, core_id=0, siblings=cpulist.parse_mask("00000005\n")),
+            2: dict(package_id=0, core_id=0, siblings=cpulist.parse_mask("00000005\n")),
+            1: dict(package_id=0, core_id=1),  # no sibling files: grouped by core_id
+            3: dict(package_id=0, core_id=1),
         },
         {0: {0, 1, 2, 3}},
     ))
@@ -681,7 +682,7 @@ def test_siblings_from_mask_then_core_id():
 
 def test_package_minus_one_groups_by_node_and_cpus_without_node():
     topo = build(_raw(
-        {c: dict(package_id="-1", core_id=str(c), thread_siblings_list=str(c)) for c in range(6)},
+        {c: dict(package_id=-1, core_id=c, siblings=frozenset({c})) for c in range(6)},
         {4: {0, 1}, 10: {2, 3}},
     ))
     assert [(s.package_id, cpulist.format(s.cpus), s.nodes) for s in topo.sockets] == [
@@ -694,7 +695,7 @@ def test_package_minus_one_groups_by_node_and_cpus_without_node():
 
 
 def test_no_node_folders_means_one_node():
-    topo = build(_raw({c: dict(package_id="0", thread_siblings_list=str(c)) for c in range(2)}, {}))
+    topo = build(_raw({c: dict(package_id=0, siblings=frozenset({c})) for c in range(2)}, {}))
     assert list(topo.nodes) == [0] and topo.nodes[0].cpus == {0, 1} and topo.nodes[0].has_memory
 
 
@@ -707,7 +708,7 @@ def test_parse_cpuinfo():
 def test_inconsistent_sibling_lists_still_give_disjoint_cores():
     # cpu3 claims 2-3 while cpu1 claims 1,3 and cpu0/cpu2 claim 0,2: one core of all four
     sibs = {0: "0,2", 2: "0,2", 1: "1,3", 3: "2-3"}
-    topo = build(_raw({c: dict(package_id="0", thread_siblings_list=v) for c, v in sibs.items()}, {0: {0, 1, 2, 3}}))
+    topo = build(_raw({c: dict(package_id=0, siblings=cpulist.parse(v)) for c, v in sibs.items()}, {0: {0, 1, 2, 3}}))
     assert [c.cpus for c in topo.cores] == [(0, 1, 2, 3)]
 
 
@@ -715,7 +716,7 @@ def test_inconsistent_sibling_lists_still_give_disjoint_cores():
 @given(st.dictionaries(st.integers(0, 15), st.frozensets(st.integers(0, 15), max_size=4), min_size=1))
 def test_cores_partition_the_online_cpus_whatever_the_sibling_lists(sibs):
     topo = build(_raw(
-        {c: dict(package_id="0", thread_siblings_list=cpulist.format(s)) for c, s in sibs.items()},
+        {c: dict(package_id=0, siblings=s) for c, s in sibs.items()},
         {0: set(sibs)},
     ))
     cpus = [x for c in topo.cores for x in c.cpus]
@@ -892,22 +893,6 @@ def test_corrupt_file_is_one_line_naming_it(case, tmp_path):
     assert str(info.value) == corrupt_message(root, path, what)
 
 
-def test_corrupt_text_handed_to_build_names_the_file_too():
-    raw = _raw({0: dict(package_id="0", thread_siblings_list="0")}, {0: {0}})
-    with pytest.raises(TopologyError) as info:
-        build(raw._replace(cpu_online="0,,1"))
-    assert str(info.value) == (
-        f"/sys/devices/system/cpu/online: bad item '' in cpulist '0,,1': {BAD_ITEM}; "
-        "this host's /sys or /proc is corrupt"
-    )
-    with pytest.raises(TopologyError) as info:
-        build(raw._replace(root="/dumps/x", cpu_kernel_max="4095\n", nodes={0: RawNode(cpulist="0-9999")}))
-    assert str(info.value) == (
-        "/sys/devices/system/node/node0/cpulist: id 9999 in cpulist '0-9999' is too large "
-        "(ids must be below 4096); the tree under --sysroot /dumps/x is corrupt or not a Linux dump"
-    )
-
-
 # --------------------------------------------------------------------------- unusable files
 
 
@@ -958,11 +943,11 @@ def test_optional_files_that_are_unusable_become_notes(tmp_path):
     root = make_root(tmp_path, files)
     _fifo(root / "proc/cpuinfo")
     topo = probe.probe(root)
-    assert topo.notes == (
-        "/proc/cpuinfo: not a regular file (a FIFO): ignored",
+    assert topo.notes == (  # in the order the files are read
         "/sys/devices/system/cpu/kernel_max is not a CPU index ('lots'): ignored",
         "/sys/devices/system/node/node0/meminfo: no 'MemTotal: N kB' line; memory size of node 0 unknown",
         "/sys/devices/system/cpu/cpu0/cpu_capacity: not a number ('fast'): ignored",
+        "/proc/cpuinfo: not a regular file (a FIFO): ignored",
     )
     assert topo.cpu_limit == cpulist.MAX_IDS  # no possible file either
     assert topo.nodes[0].mem_total_kb is None and topo.nodes[0].has_memory  # has_memory says so
@@ -1001,7 +986,7 @@ def test_what_kernels_write_is_tolerated(tmp_path):
 
 
 def test_cpu_limit_rules():
-    from cpulaunch.topology import cpu_limit
+    from cpulaunch.probe import cpu_limit
 
     assert cpu_limit("8191\n", "0-19\n") == 8192  # kernel_max wins (NR_CPUS)
     assert cpu_limit(None, "0-111\n") == 112
@@ -1135,16 +1120,17 @@ def test_twenty_thousand_online_cpus_are_linear(tmp_path):
 
 
 def test_overlapping_sibling_sets_merge_in_linear_time():
-    """Every CPU naming every CPU (a corrupt dump) is one core, parsed once."""
+    """Every CPU naming every CPU (a corrupt dump, whose list the probe parsed once) is one
+    core, built in linear time."""
     n = 8192
-    every = f"0-{n - 1}"
-    raw = _raw({c: dict(package_id="0", thread_siblings_list=every) for c in range(n)}, {0: set(range(n))})
+    every = frozenset(range(n))
+    raw = _raw({c: dict(package_id=0, siblings=every) for c in range(n)}, {0: set(range(n))})
     start = time.process_time()
     topo = build(raw)
     assert time.process_time() - start < 2.0
     assert len(topo.cores) == 1 and topo.cores[0].cpus == tuple(range(n))
     # a chain 0-1, 1-2, 2-3, ... merges into one core too (union-find, not pairwise scans)
-    chain = _raw({c: dict(package_id="0", thread_siblings_list=f"{c}-{c + 1}" if c + 1 < n else str(c))
+    chain = _raw({c: dict(package_id=0, siblings=frozenset({c, c + 1} if c + 1 < n else {c}))
                   for c in range(n)}, {0: set(range(n))})
     start = time.process_time()
     topo = build(chain)
