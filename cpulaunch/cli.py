@@ -20,7 +20,7 @@ import click
 
 from cpulaunch import __version__
 from cpulaunch.errors import INTERNAL_EXIT, USAGE_EXIT, CpulaunchError
-from cpulaunch.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
+from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
 from cpulaunch.options import ALIASES, Format
 
 #: Options whose count is optional: a bare flag means 1 (``--instances-per-socket

@@ -1,7 +1,7 @@
 """The core of one invocation: Options -> probe -> host facts -> plan -> render -> print or launch.
 
 Data flows one way. The host is read twice, both before planning: the topology
-(:mod:`cpulaunch.probe`) and the other facts (:mod:`cpulaunch.host`: libraries, numactl,
+(:mod:`cpulaunch.machine.probe`) and the other facts (:mod:`cpulaunch.machine.host`: libraries, numactl,
 engine, a free port). Planning and rendering are pure and happen once; ``--dry-run`` and
 ``--print-env`` print the very :class:`Prepared` value a run launches.
 """
@@ -18,7 +18,7 @@ from cpulaunch.errors import CpulaunchError
 from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan, Request
 from cpulaunch.render import Rendered, Settings
-from cpulaunch.topology import Topology
+from cpulaunch.machine.topology import Topology
 
 __all__ = ["Prepared", "probe_topology", "resolve_settings", "prepare", "execute", "output_text"]
 
@@ -61,7 +61,7 @@ def probe_topology(opts: Options) -> Topology:
     """Read the machine at ``opts.sysroot``. Raises CpulaunchError for a missing folder
     or an unusable tree (one line naming the file). Each core's core_id (display only) is
     not read: half the per-core reads on a big machine (issue 12)."""
-    from cpulaunch import probe
+    from cpulaunch.machine import probe
 
     if not os.path.isdir(opts.sysroot):
         raise CpulaunchError(f"--sysroot {opts.sysroot}: no such folder")
@@ -69,7 +69,7 @@ def probe_topology(opts: Options) -> Topology:
 
 
 def _library_path(host, name: str, option: str, fallback: str) -> object:
-    from cpulaunch import libraries
+    from cpulaunch.machine import libraries
 
     path = host.libraries.get(name)
     if path is None:
@@ -95,7 +95,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
     Raises:
         CpulaunchError: a library asked for by name is not installed.
     """
-    from cpulaunch import libraries
+    from cpulaunch.machine import libraries
 
     notes = []
     omp = "gnu" if opts.omp_runtime == "auto" else opts.omp_runtime
@@ -204,7 +204,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
     Raises:
         CpulaunchError: anything the user can fix (one line).
     """
-    from cpulaunch import host as host_mod
+    from cpulaunch.machine import host as host_mod
     from cpulaunch.render import render
 
     topo = probe_topology(opts)

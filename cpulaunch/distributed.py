@@ -509,7 +509,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     """Plan this machine's DDP ranks and each one's identity variables (pure).
 
     Args:
-        topo: the machine (:class:`cpulaunch.topology.Topology`).
+        topo: the machine (:class:`cpulaunch.machine.topology.Topology`).
         req: the user's :class:`cpulaunch.plan.Request` (placement modes must be unset).
         ddp: :class:`cpulaunch.options.DdpOptions`.
         environ: the user's environment.

@@ -169,7 +169,7 @@ class NumactlStatus:
 
 @dataclass(frozen=True)
 class LibraryStatus:
-    """One library of the registry (cpulaunch.libraries.REGISTRY).
+    """One library of the registry (cpulaunch.machine.libraries.REGISTRY).
 
     Attributes:
         name: registry name ("tcmalloc", "jemalloc", "iomp5").
@@ -459,8 +459,8 @@ def read_elf_needed(path: os.PathLike) -> tuple:
 
 def _topology(root: Path, findings: list) -> tuple:
     """(TopologySummary, Topology) of the machine at ``root``."""
-    from cpulaunch import probe as probe_mod
-    from cpulaunch.topology import build
+    from cpulaunch.machine import probe as probe_mod
+    from cpulaunch.machine.topology import build
 
     raw = probe_mod.read_facts(root)
     topo = build(raw)
@@ -557,7 +557,7 @@ def _mems_allowed(root: Path) -> Optional[frozenset]:
 
 def _numactl(root: Path, topo, environ: Mapping[str, str], live: bool, findings: list) -> NumactlStatus:
     """numactl installed? usable on the allowed CPUs and their memory nodes (live only)?"""
-    from cpulaunch import probe as probe_mod
+    from cpulaunch.machine import probe as probe_mod
 
     path = shutil.which("numactl", path=environ.get("PATH", os.defpath))
     if not live:
@@ -642,7 +642,7 @@ def _package_of(real: str, install: str) -> Optional[str]:
 
 
 def _libraries(environ: Mapping[str, str], findings: list) -> tuple:
-    from cpulaunch import libraries
+    from cpulaunch.machine import libraries
 
     out = []
     for lib in libraries.REGISTRY.values():
@@ -864,7 +864,7 @@ def _settings(root: Path, topo, live: bool, findings: list) -> SystemSettings:
 
 
 def _environment(environ: Mapping[str, str], findings: list) -> EnvironmentStatus:
-    from cpulaunch.libraries import REGISTRY, identify
+    from cpulaunch.machine.libraries import REGISTRY, identify
 
     shown = {k: environ[k] for k in SHOWN_VARS if k in environ}
     entries = tuple(e for e in environ.get("LD_PRELOAD", "").replace(":", " ").split() if e)

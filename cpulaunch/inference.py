@@ -57,7 +57,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from cpulaunch.errors import CpulaunchError
-from cpulaunch.probe import parse_cpuinfo
+from cpulaunch.machine.probe import parse_cpuinfo
 
 #: Environment variable naming the path ``optimize(path=None)`` takes; ``cpulaunch
 #: --inference-path`` sets it for the program it launches.
@@ -148,7 +148,7 @@ class Bf16Support(str, enum.Enum):
 def bf16_support(cpuinfo_text: Optional[str]) -> Bf16Support:
     """Classify the CPU's bf16 support for oneDNN from the text of /proc/cpuinfo (pure).
 
-    Flags are read with :func:`cpulaunch.probe.parse_cpuinfo` (x86 ``flags``, aarch64
+    Flags are read with :func:`cpulaunch.machine.probe.parse_cpuinfo` (x86 ``flags``, aarch64
     ``Features``, first processor). x86 is recognised by ``sse2``, aarch64 by ``asimd``.
 
     Examples: ``"flags : sse2 avx2 fma"`` -> ``NONE``; ``"flags : sse2 avx512f avx512bw

@@ -93,5 +93,5 @@ class LazyLogger:
 
 
 def get(name: str) -> LazyLogger:
-    """A logger named ``name`` (``"cpulaunch.probe"``...) that imports logging lazily."""
+    """A logger named ``name`` (``"cpulaunch.machine.probe"``...) that imports logging lazily."""
     return LazyLogger(name)

@@ -14,7 +14,7 @@ from typing import Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
-from cpulaunch.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES
+from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES
 from cpulaunch.plan import MemPolicy, Request
 
 __all__ = [

@@ -54,7 +54,7 @@ from typing import NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, InternalError
-from cpulaunch.topology import Topology
+from cpulaunch.machine.topology import Topology
 
 __all__ = [
     "MemPolicy",
@@ -820,7 +820,7 @@ def plan(topo: Topology, req: Request) -> Plan:
     docstring.
 
     Args:
-        topo: the machine (see :mod:`cpulaunch.topology` for id conventions).
+        topo: the machine (see :mod:`cpulaunch.machine.topology` for id conventions).
         req: the request.
 
     Returns:

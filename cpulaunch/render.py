@@ -26,7 +26,7 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
-from cpulaunch.libraries import REGISTRY, by_choice, identify, preload_entries
+from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
 from cpulaunch.plan import Instance, MemPolicy, Plan
 
 __all__ = [

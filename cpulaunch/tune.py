@@ -237,7 +237,7 @@ def instance_choices(topo) -> list:
     planner refuses.
 
     Args:
-        topo: a :class:`cpulaunch.topology.Topology` (from ``probe.probe(root)``).
+        topo: a :class:`cpulaunch.machine.topology.Topology` (from ``probe.probe(root)``).
 
     Returns:
         :class:`InstanceChoice` list, "1" first.
@@ -278,8 +278,8 @@ def instance_choices(topo) -> list:
 
 def available_libraries(environ: Optional[Mapping[str, str]] = None) -> frozenset:
     """Registry names of the preloadable libraries installed here ("tcmalloc", "jemalloc",
-    "iomp5"), found as cpulaunch finds them (:func:`cpulaunch.libraries.find`)."""
-    from cpulaunch import libraries
+    "iomp5"), found as cpulaunch finds them (:func:`cpulaunch.machine.libraries.find`)."""
+    from cpulaunch.machine import libraries
 
     return frozenset(name for name, lib in libraries.REGISTRY.items()
                      if lib.filenames and libraries.find(lib, environ) is not None)
@@ -289,7 +289,7 @@ def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
     """The search space for ``axes`` on ``topo`` with the libraries ``available`` (pure).
 
     Args:
-        topo: the machine (:class:`cpulaunch.topology.Topology`).
+        topo: the machine (:class:`cpulaunch.machine.topology.Topology`).
         axes: axes asked for (:func:`parse_axes`).
         available: registry names of the libraries installed ("tcmalloc", "jemalloc", "iomp5").
 
@@ -300,7 +300,7 @@ def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
     Raises:
         TuneError: no axis is left with two values (nothing to compare).
     """
-    from cpulaunch import libraries
+    from cpulaunch.machine import libraries
 
     available = frozenset(available)
     wanted = [a for a in AXES if a in axes]
@@ -1729,7 +1729,7 @@ def plan_text(settings: Settings, space: Space) -> str:
 
 
 def _topology(sysroot: str):
-    from cpulaunch import probe
+    from cpulaunch.machine import probe
 
     if not os.path.isdir(sysroot):
         raise TuneError(f"--sysroot {sysroot}: no such folder")

@@ -162,7 +162,7 @@ class Expected:
         """
         if "CPULAUNCH_CPUS" not in env:
             return None
-        from cpulaunch.libraries import REGISTRY, identify
+        from cpulaunch.machine.libraries import REGISTRY, identify
 
         try:
             cpus = tuple(sorted(cpulist.parse(env["CPULAUNCH_CPUS"])))
@@ -271,7 +271,7 @@ class ProcessView:
     @property
     def allocators(self) -> tuple:
         """Registry names of allocators mapped ("tcmalloc", "jemalloc"), in address order."""
-        from cpulaunch.libraries import REGISTRY, identify
+        from cpulaunch.machine.libraries import REGISTRY, identify
 
         out = []
         for path in self.libraries:

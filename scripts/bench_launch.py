@@ -241,7 +241,7 @@ def tuned_config(p: argparse.ArgumentParser, path: Path) -> Config:
 def libs_shim_dir() -> tuple[Path, dict[str, str]]:
     """A temporary prefix whose lib/ holds run_cpu's expected names as symlinks to the
     libraries cpulaunch finds: {name: target} of those made."""
-    from cpulaunch import libraries
+    from cpulaunch.machine import libraries
 
     d = Path(tempfile.mkdtemp(prefix="bench-launch-libs-"))
     (d / "lib").mkdir()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch import cpulist, doctor, libraries
+from cpulaunch import cpulist, doctor
+from cpulaunch.machine import libraries
 from tests.conftest import MACHINES
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cpulaunch import cpulist
-from cpulaunch.libraries import REGISTRY, find
+from cpulaunch.machine.libraries import REGISTRY, find
 
 pytest.importorskip("torch")
 

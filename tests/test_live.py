@@ -18,7 +18,8 @@ import sys
 import pytest
 
 from conftest import REPO, json_records, run_cli
-from cpulaunch import cpulist, libraries
+from cpulaunch import cpulist
+from cpulaunch.machine import libraries
 
 PY = sys.executable
 NCORES = len(os.sched_getaffinity(0))
@@ -214,7 +215,8 @@ def test_launch_path_records_are_not_built_from_string_annotations():
     import typing
 
     records = []
-    for name in ("topology", "options", "plan", "render", "core", "host", "libraries", "spawn"):
+    for name in ("machine.topology", "options", "plan", "render", "core", "machine.host",
+                 "machine.libraries", "spawn"):
         mod = importlib.import_module(f"cpulaunch.{name}")
         for obj in vars(mod).values():
             if isinstance(obj, type) and issubclass(obj, tuple) and obj.__module__ == mod.__name__:

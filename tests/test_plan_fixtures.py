@@ -26,11 +26,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import MACHINES, plan_json, run_cli
-from cpulaunch import cpulist, probe
+from cpulaunch import cpulist
+from cpulaunch.machine import probe
 from cpulaunch import plan as plan_module
 from cpulaunch.errors import InternalError
 from cpulaunch.plan import LATENCY_CORES, MemPolicy, PlanError, Request, plan, validate
-from cpulaunch.topology import CpuFacts, HostFacts, NodeFacts, Topology, build
+from cpulaunch.machine.topology import CpuFacts, HostFacts, NodeFacts, Topology, build
 
 XEON = "hw-32intel64-2p8co2t+8ve"  # 2x Xeon Silver 4108, SMT siblings 0,16
 GOLD = "hw-memorysidecaches"  # 2x Xeon Gold 6230, SNC2: 4 nodes, CPUs interleaved

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import bigtree
 from conftest import run_cli
 from cpulaunch import plan as plan_mod
-from cpulaunch import probe
+from cpulaunch.machine import probe
 from cpulaunch.errors import CpulaunchError
 
 #: The dumps fuzzed: SMT + cgroup v1 (Xeon), cgroup v2 Slurm job with cpuset mems (AMD),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch.libraries import REGISTRY, identify, is_loadable_elf, parse_ldconfig, preload_entries
+from cpulaunch.machine.libraries import REGISTRY, identify, is_loadable_elf, parse_ldconfig, preload_entries
 from cpulaunch.plan import Instance, MemPolicy, Plan
 from cpulaunch.render import (
     ProgramError,

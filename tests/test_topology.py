@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 import bigtree
 from conftest import FACTS, FIXTURES, MACHINES, plan_json, run_cli
-from cpulaunch import cpulist, probe
-from cpulaunch.probe import parse_cpuinfo, parse_lscpu
-from cpulaunch.topology import (
+from cpulaunch import cpulist
+from cpulaunch.machine import probe
+from cpulaunch.machine.probe import parse_cpuinfo, parse_lscpu
+from cpulaunch.machine.topology import (
     CpuFacts,
     HostFacts,
     NodeFacts,
@@ -986,7 +987,7 @@ def test_what_kernels_write_is_tolerated(tmp_path):
 
 
 def test_cpu_limit_rules():
-    from cpulaunch.probe import cpu_limit
+    from cpulaunch.machine.probe import cpu_limit
 
     assert cpu_limit("8191\n", "0-19\n") == 8192  # kernel_max wins (NR_CPUS)
     assert cpu_limit(None, "0-111\n") == 112

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch import probe, tune
+from cpulaunch import tune
+from cpulaunch.machine import probe
 from cpulaunch.tune import (
     Outcome,
     RunResult,

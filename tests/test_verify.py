@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch import cpulist, libraries, verify
+from cpulaunch import cpulist, verify
+from cpulaunch.machine import libraries
 from cpulaunch.verify import Expected
 
 ALLOWED = sorted(os.sched_getaffinity(0))

@@ -66,7 +66,7 @@ from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.cpulist import CpulistError, excerpt
 from cpulaunch.errors import printable
-from cpulaunch.topology import (
+from cpulaunch.machine.topology import (
     CpuFacts,
     HostFacts,
     NodeFacts,

@@ -16,10 +16,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
 
-from cpulaunch import cpulist, libraries
+from cpulaunch import cpulist
+from cpulaunch.machine import libraries
 from cpulaunch.options import BindMode, Options
 from cpulaunch.plan import MemPolicy
-from cpulaunch.topology import Topology
+from cpulaunch.machine.topology import Topology
 
 if TYPE_CHECKING:
     from cpulaunch.distributed import RankContext
@@ -117,7 +118,7 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     """
     import importlib.util
 
-    from cpulaunch.probe import check_numactl
+    from cpulaunch.machine.probe import check_numactl
 
     live = opts.live
     found = {name: libraries.find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
