@@ -24,7 +24,7 @@ __all__ = ["Prepared", "probe_topology", "resolve_settings", "prepare", "execute
 
 log = _log.get("cpulaunch")
 
-#: The variable through which ``--inference-path`` reaches cpulaunch.inference.optimize.
+#: The variable through which ``--inference-path`` reaches cpulaunch.runtime.inference.optimize.
 INFERENCE_PATH_ENV = "CPULAUNCH_INFERENCE_PATH"
 
 

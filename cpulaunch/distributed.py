@@ -404,39 +404,6 @@ def torchrun_argv(
 BACKEND_ENV = "CPULAUNCH_DIST_BACKEND"
 
 
-def init_process_group(backend: str | None = None, **kwargs):
-    """Initialise ``torch.distributed`` for a rank started by cpulaunch (or torchrun, mpirun, srun).
-
-    Args:
-        backend: "gloo" or "ccl"; default: ``$CPULAUNCH_DIST_BACKEND``, else "gloo".
-        **kwargs: passed on to ``torch.distributed.init_process_group`` (e.g. ``timeout``).
-
-    The rendezvous is ``env://``: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set
-    (cpulaunch --ddp sets them for every engine it supports). With "ccl" the
-    ``oneccl_bindings_for_pytorch`` module is imported first, which registers the backend.
-
-    Returns the backend name used.
-
-    Raises:
-        RuntimeError: backend "ccl" asked for but ``oneccl_bindings_for_pytorch`` cannot be
-            imported (install it from Intel's index, or use gloo).
-    """
-    import torch.distributed as dist
-
-    backend = backend or os.environ.get(BACKEND_ENV) or "gloo"
-    if backend == "ccl":
-        try:
-            import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
-        except ImportError as exc:  # pragma: no cover - not installable here
-            raise RuntimeError(
-                "backend 'ccl' needs oneccl_bindings_for_pytorch, which failed to import "
-                f"({exc}); install it from Intel's index or run with --backend gloo"
-            ) from exc
-    kwargs.setdefault("init_method", "env://")
-    dist.init_process_group(backend=backend, **kwargs)
-    return backend
-
-
 # --------------------------------------------------------------------------- rank plans
 
 
@@ -616,9 +583,12 @@ def _ccl_for(ctx: RankContext, inst, all_helpers, notes: list) -> dict:
     return env
 
 
-def wrap_ddp(model, **kwargs):
-    """DistributedDataParallel with the optimizations users read about, one call away:
-    see :func:`cpulaunch.ddp_wrap.wrap_ddp` (imports torch when called; docs/training.md)."""
-    from cpulaunch.ddp_wrap import wrap_ddp as _wrap
+def __getattr__(name: str):
+    """The documented runtime names (``cpulaunch.distributed.init_process_group``,
+    ``wrap_ddp``) live in :mod:`cpulaunch.runtime.ddp`; loaded on first use, so the launcher,
+    which imports this module, never imports the runtime (nor torch)."""
+    if name in ("init_process_group", "wrap_ddp"):
+        from cpulaunch.runtime import ddp
 
-    return _wrap(model, **kwargs)
+        return getattr(ddp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
