@@ -460,7 +460,7 @@ class Kind(NamedTuple):
     choices: tuple = ()
 
 
-_EXPECTED = {"flag": "true or false", "count": "a whole number >= 0", "integer": "an integer (e.g. 4)",
+_EXPECTED = {"flag": "true or false (a bool)", "count": "a whole number >= 0", "integer": "an integer (e.g. 4)",
              "number": "a number of seconds (e.g. 2.5)", "string": "a string", "path": "a path (a string)"}
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
                dict: "a table", tuple: "a tuple", bytes: "bytes", type(None): "None"}
