@@ -89,6 +89,8 @@ __all__ = [
     "run_lscpu",
     "check_numactl",
     "MAX_FILE_BYTES",
+    "read_regular",
+    "UnusableFileError",
 ]
 
 log = _log.get(__name__)
@@ -109,6 +111,56 @@ _FIRST_READ = 65536
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a link"}
+
+
+class UnusableFileError(Exception):
+    """A file that opened but cannot be used: ``str(exc)`` says why, without the path
+    (``"not a regular file (a FIFO)"``, ``"larger than 1048576 bytes"``, ``"cannot read
+    (Input/output error)"``); the caller names the file."""
+
+
+def read_regular(path: str, cap: int = MAX_FILE_BYTES, truncate: bool = False) -> bytes:
+    """The bytes of the regular file ``path``, at most ``cap`` of them; never blocks.
+
+    Opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a FIFO, a
+    device (``/dev/zero``), a socket or a folder is refused at once instead of hanging or
+    growing without bound. ``truncate``: keep the first ``cap`` bytes of a longer file
+    instead of refusing it. The one bounded reader of the project: the probe's sysfs and
+    procfs reads and ``cpulaunch --config`` both use it.
+
+    Raises:
+        OSError: the file cannot be opened (FileNotFoundError, PermissionError, ...).
+        ValueError: ``path`` holds a NUL byte.
+        UnusableFileError: not a regular file, over ``cap`` bytes, or a read failed.
+    """
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o170000 != stat.S_IFREG:
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "special")
+            raise UnusableFileError(f"not a regular file ({kind})")
+        data = os.read(fd, _FIRST_READ if cap >= _FIRST_READ else cap + 1)
+        # A file on disk is whole when its size is read; sysfs (4096) and procfs (0)
+        # sizes say nothing, so read on to the end there.
+        if data and len(data) != st.st_size:
+            chunks = [data]
+            size = len(data)
+            while size <= cap:
+                chunk = os.read(fd, min(_FIRST_READ, cap + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+    except OSError as exc:
+        raise UnusableFileError(f"cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        if not truncate:
+            raise UnusableFileError(f"larger than {cap} bytes")
+        data = data[:cap]
+    return data
 
 
 class _Fs:
@@ -141,7 +193,7 @@ class _Fs:
         """The text of ``root/rel``, or None (see the class). ``truncate``: keep the first
         ``cap`` bytes of a longer file instead of refusing it."""
         try:
-            fd = os.open(self.prefix + "/" + rel, _OPEN_FLAGS)
+            data = read_regular(self.prefix + "/" + rel, cap, truncate)
         except (FileNotFoundError, NotADirectoryError, ValueError):
             return None  # ValueError: a NUL byte in a path taken from a dump
         except PermissionError:
@@ -150,35 +202,9 @@ class _Fs:
         except OSError as exc:
             self._bad(rel, f"cannot open ({exc.strerror})", strict)
             return None
-        try:
-            st = os.fstat(fd)
-            if st.st_mode & 0o170000 != stat.S_IFREG:
-                kind = _KINDS.get(stat.S_IFMT(st.st_mode), "special")
-                self._bad(rel, f"not a regular file ({kind})", strict)
-                return None
-            data = os.read(fd, _FIRST_READ if cap >= _FIRST_READ else cap + 1)
-            # A file on disk is whole when its size is read; sysfs (4096) and procfs (0)
-            # sizes say nothing, so read on to the end there.
-            if data and len(data) != st.st_size:
-                chunks = [data]
-                size = len(data)
-                while size <= cap:
-                    chunk = os.read(fd, min(_FIRST_READ, cap + 1 - size))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    size += len(chunk)
-                data = b"".join(chunks)
-            if len(data) > cap:
-                if not truncate:
-                    self._bad(rel, f"larger than {cap} bytes", strict)
-                    return None
-                data = data[:cap]
-        except OSError as exc:
-            self._bad(rel, f"cannot read ({exc.strerror})", strict)
+        except UnusableFileError as exc:
+            self._bad(rel, str(exc), strict)
             return None
-        finally:
-            os.close(fd)
         return data.decode("utf-8", "replace")
 
     def listdir(self, rel: str) -> list[str]:
