@@ -14,13 +14,14 @@ What comes from where:
   launch from here would use): libraries found, torch and its OpenMP runtime, oneCCL
   bindings, environment variables;
 - numactl is run only when ``live``, with the launcher's own check
-  (:func:`cpulaunch.machine.host.numactl_check_argv`: ``numactl -C <allowed CPUs> -m <their memory
-  nodes> true`` for ``--mem-policy bind``); on a dump it is "not checked: another machine".
+  (:func:`cpulaunch.machine.host.numactl_check_argv`: ``numactl -C <allowed CPUs> -m
+  <their memory nodes> true`` for ``--mem-policy bind``); on a dump it is "not checked:
+  another machine".
 
-Every file is read through the probe's bounded reader (:class:`cpulaunch.machine.probe.FileReader`:
-regular files only, never blocking, at most 1 MiB of a sysfs or procfs file): a FIFO, a
-device or an oversized file in place of one becomes a ``file-not-read:<path>`` finding
-naming it, never a hang.
+Every file is read through the probe's bounded reader
+(:class:`cpulaunch.machine.probe.FileReader`: regular files only, never blocking, at most
+1 MiB of a sysfs or procfs file): a FIFO, a device or an oversized file in place of one
+becomes a ``file-not-read:<path>`` finding naming it, never a hang.
 
 Cost: no torch import, no py-cpuinfo (about 1 s per call here: PLATFORM.md), at most one
 ``numactl`` run and the library search; well under 2 s. torch's ``libtorch_cpu.so``
@@ -48,8 +49,8 @@ from typing import Callable, Mapping, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, printable
-from cpulaunch.plan import MemPolicy
 from cpulaunch.machine.probe import CPUINFO_BYTES, FileReader
+from cpulaunch.plan import MemPolicy
 from cpulaunch.render import ISA_FLAGS
 from cpulaunch.verify import openmp_runtime_of
 
@@ -558,9 +559,10 @@ def _arm_model(cpuinfo: Optional[str]) -> str:
 def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
              findings: list) -> NumactlStatus:
     """numactl installed? usable here (live only)? Checked with the launcher's own command
-    (:func:`cpulaunch.machine.host.numactl_check_argv` run by :func:`cpulaunch.machine.probe.check_numactl`,
-    as ``cpulaunch --bind numactl --mem-policy POLICY`` does before a launch), so the
-    verdict is about the command a launch runs."""
+    (:func:`cpulaunch.machine.host.numactl_check_argv`, run by
+    :func:`cpulaunch.machine.probe.check_numactl`, as ``cpulaunch --bind numactl
+    --mem-policy POLICY`` does before a launch), so the verdict is about the command a
+    launch runs."""
     from cpulaunch.machine.host import numactl_check_argv
     from cpulaunch.machine.probe import check_numactl
 
