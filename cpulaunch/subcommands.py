@@ -12,6 +12,7 @@ import os
 import click
 
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.plan import MemPolicy
 from cpulaunch.render import json_text
 
 __all__ = ["main"]
@@ -23,18 +24,26 @@ _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @click.option("--sysroot", type=click.Path(file_okay=False), default="/", show_default=True,
               help="Examine a dump of another machine (numactl is then not run).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def doctor_command(sysroot, fmt):
-    """What to know before trusting a pinned run on this machine, each finding with its fix."""
+@click.option("--mem-policy", type=click.Choice([p.value for p in MemPolicy]),
+              default="bind", show_default=True,
+              help="The --mem-policy of the launch to check numactl for (the launcher's own check).")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
+def doctor_command(sysroot, fmt, mem_policy, strict):
+    """What to know before trusting a pinned run on this machine, each finding with its fix.
+
+    Exit status: 0 when no finding is an error (with --strict: no error and no warning),
+    1 when one is (the report is printed either way), 2 on a usage error."""
     from pathlib import Path
 
     from cpulaunch import core, doctor
 
     if not os.path.isdir(sysroot):
         raise CpulaunchError(f"--sysroot {sysroot}: no such folder")
-    report = doctor.diagnose(sysroot, os.environ, live=Path(sysroot).resolve() == Path("/"))
+    report = doctor.diagnose(sysroot, os.environ, live=Path(sysroot).resolve() == Path("/"),
+                             mem_policy=MemPolicy(mem_policy))
     text = json_text(doctor.to_json(report)) + "\n" if fmt == "json" else doctor.render_text(report)
     core.write_text(text)
-    return 0
+    return doctor.exit_code(report, strict=strict)
 
 
 @click.command("verify", context_settings=_CONTEXT)

@@ -77,6 +77,7 @@ from cpulaunch.machine.topology import (
 )
 
 __all__ = [
+    "FileReader",
     "probe",
     "read_facts",
     "corrupt",
@@ -163,20 +164,34 @@ def read_regular(path: str, cap: int = MAX_FILE_BYTES, truncate: bool = False) -
     return data
 
 
-class _Fs:
-    """Reads text below ``root`` with plain ``os`` calls.
+class FileReader:
+    """Reads text files below ``root`` with plain ``os`` calls: the one bounded reader of
+    host files (the probe and ``cpulaunch doctor`` read through it).
 
     ``read`` returns None for an absent file (ENOENT, ENOTDIR) and for one this user may
     not read (a note). A file that is present but unusable (not a regular file, over
     ``cap`` bytes, an I/O error) raises a TopologyError naming it when ``strict``, else
-    reads as None with a note. Bytes that are not UTF-8 become U+FFFD.
+    reads as None with a note. Bytes that are not UTF-8 become U+FFFD. It never blocks:
+    the file is opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a
+    FIFO or a device (``/dev/zero`` linked in place of a file) is refused unread.
+
+    Attributes:
+        root: the root given (``/`` or a ``--sysroot`` dump).
+        notes: one line per file not read, for messages ("/proc/cpuinfo: not a regular
+            file (a FIFO): ignored"), and the probe's other notes.
+        skipped: the files not read as data, in read order: ``(path below root with a
+            leading "/", why it was not read)``, e.g. ``("/proc/cpuinfo", "not a regular
+            file (a FIFO)")``. Files refused with ``strict`` are not listed: the error
+            raised names them.
+        unusable: some file was not a regular file, too big or failed to read.
     """
 
     def __init__(self, root: str | os.PathLike = "/"):
         self.root = os.fspath(root)
         self.prefix = self.root.rstrip("/")
         self.notes: list[str] = []
-        self.unusable = False  # some file was not a regular file, too big or failed to read
+        self.skipped: list[tuple[str, str]] = []
+        self.unusable = False
 
     def path(self, rel: str) -> str:
         """``rel`` (relative, no leading slash) below the root."""
@@ -186,7 +201,11 @@ class _Fs:
         self.unusable = True
         if strict:
             raise corrupt(self.root, "/" + rel, what)
+        self._skip(rel, what)
+
+    def _skip(self, rel: str, what: str) -> None:
         self.notes.append(f"/{printable(rel)}: {what}: ignored")
+        self.skipped.append(("/" + rel, what))
 
     def read(self, rel: str, strict: bool = True, cap: int = MAX_FILE_BYTES,
              truncate: bool = False) -> Optional[str]:
@@ -197,7 +216,7 @@ class _Fs:
         except (FileNotFoundError, NotADirectoryError, ValueError):
             return None  # ValueError: a NUL byte in a path taken from a dump
         except PermissionError:
-            self.notes.append(f"/{printable(rel)}: permission denied: ignored")
+            self._skip(rel, "permission denied")
             return None
         except OSError as exc:
             self._bad(rel, f"cannot open ({exc.strerror})", strict)
@@ -208,12 +227,14 @@ class _Fs:
         return data.decode("utf-8", "replace")
 
     def listdir(self, rel: str) -> list[str]:
+        """Names in the folder ``root/rel``; [] when it is absent or not a folder."""
         try:
             return os.listdir(self.path(rel))
         except (OSError, ValueError):
             return []
 
     def isdir(self, rel: str) -> bool:
+        """``root/rel`` is a folder (links followed)."""
         try:
             return stat.S_ISDIR(os.stat(self.path(rel)).st_mode)
         except (OSError, ValueError):
@@ -238,7 +259,7 @@ def _clean(text: Optional[str]) -> str:
     return "" if text is None else text.replace("\x00", "").strip(" \t\n")
 
 
-def _parse(fs: _Fs, text: str, rel: str, limit: int, mask: bool = False) -> frozenset:
+def _parse(fs: FileReader, text: str, rel: str, limit: int, mask: bool = False) -> frozenset:
     """``text`` of ``rel`` as a cpulist (or mask) bounded by ``limit``; errors name the file."""
     try:
         return (cpulist.parse_mask if mask else cpulist.parse)(text, limit)
@@ -297,7 +318,7 @@ def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
     return cpulist.MAX_IDS
 
 
-def _number(fs: "_Fs", text: Optional[str], rel: str) -> Optional[int]:
+def _number(fs: "FileReader", text: Optional[str], rel: str) -> Optional[int]:
     """``text`` of the numeric id file ``rel`` (``physical_package_id``: ``"36\\n"`` -> 36,
     ``"-1"`` -> -1); None when absent or empty.
 
@@ -312,7 +333,7 @@ def _number(fs: "_Fs", text: Optional[str], rel: str) -> Optional[int]:
     return int(body)
 
 
-def _measure(fs: "_Fs", text: Optional[str], rel: str) -> Optional[int]:
+def _measure(fs: "FileReader", text: Optional[str], rel: str) -> Optional[int]:
     """``text`` of an optional non-negative number file (cpu_capacity, cpuinfo_max_freq);
     None when absent; anything else is None plus a note (these refine, they do not decide)."""
     if text is None:
@@ -431,7 +452,7 @@ def parse_cpu_max(text: str) -> Optional[float]:
     return _count(f[0]) / period
 
 
-def _cgroup_dirs(fs: _Fs, controller: str) -> list[str]:
+def _cgroup_dirs(fs: FileReader, controller: str) -> list[str]:
     """Candidate folders (relative to root) of this process's cgroup for ``controller``,
     deepest first, walking up to the mount point. Tries cgroup v2, then v1. A path with
     a ``..`` component (a corrupt dump) is not followed."""
@@ -460,7 +481,7 @@ def _cgroup_dirs(fs: _Fs, controller: str) -> list[str]:
     return dirs
 
 
-def _read_cgroup_list(fs: _Fs, names: tuple, limit: int) -> tuple[Optional[frozenset], str]:
+def _read_cgroup_list(fs: FileReader, names: tuple, limit: int) -> tuple[Optional[frozenset], str]:
     """The first non-empty file of ``names`` in the deepest cgroup folder that has one."""
     for d in _cgroup_dirs(fs, "cpuset"):
         for name in names:
@@ -471,7 +492,7 @@ def _read_cgroup_list(fs: _Fs, names: tuple, limit: int) -> tuple[Optional[froze
     return None, ""
 
 
-def read_cgroup_cpuset(fs: _Fs, limit: int = cpulist.MAX_IDS) -> tuple[Optional[frozenset], str]:
+def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Optional[frozenset], str]:
     """The cgroup cpuset of the process: ``cpuset.cpus.effective`` (v2) or
     ``cpuset.effective_cpus`` / ``cpuset.cpus`` (v1) of the deepest cgroup that has one.
     Returns (logical CPU ids, "cgroup cpuset /PATH") or (None, "").
@@ -483,7 +504,7 @@ def read_cgroup_cpuset(fs: _Fs, limit: int = cpulist.MAX_IDS) -> tuple[Optional[
         fs, ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"), limit)
 
 
-def read_cgroup_mems(fs: _Fs) -> tuple[Optional[frozenset], str]:
+def read_cgroup_mems(fs: FileReader) -> tuple[Optional[frozenset], str]:
     """The NUMA nodes the process's cgroup lets it allocate on: ``cpuset.mems.effective``
     (v2) or ``cpuset.effective_mems`` / ``cpuset.mems`` (v1) of the deepest cgroup that has
     one (Documentation/admin-guide/cgroup-v2.rst, "Cpuset Interface Files"). Returns
@@ -496,7 +517,7 @@ def read_cgroup_mems(fs: _Fs) -> tuple[Optional[frozenset], str]:
         fs, ("cpuset.mems.effective", "cpuset.effective_mems", "cpuset.mems"), cpulist.MAX_NODE_IDS)
 
 
-def read_cpu_quota(fs: _Fs) -> tuple[Optional[float], str]:
+def read_cpu_quota(fs: FileReader) -> tuple[Optional[float], str]:
     """CPU bandwidth limit in CPUs: the smallest ``cpu.max`` (v2) or
     ``cpu.cfs_quota_us / cpu.cfs_period_us`` (v1, quota -1: none) on the way up from the
     process's cgroup (Documentation/admin-guide/cgroup-v2.rst, "CPU Interface Files").
@@ -522,7 +543,7 @@ def read_cpu_quota(fs: _Fs) -> tuple[Optional[float], str]:
     return best, where
 
 
-def _read_cfs_quota(fs: _Fs, d: str) -> Optional[float]:
+def _read_cfs_quota(fs: FileReader, d: str) -> Optional[float]:
     """cgroup v1 ``cpu.cfs_quota_us / cpu.cfs_period_us`` in CPUs; None: no quota."""
     qrel, prel = f"{d}/cpu.cfs_quota_us".lstrip("/"), f"{d}/cpu.cfs_period_us".lstrip("/")
     quota, period = _clean(fs.read(qrel)), _clean(fs.read(prel))
@@ -539,7 +560,7 @@ def _read_cfs_quota(fs: _Fs, d: str) -> Optional[float]:
     return _count(quota) / _count(period)
 
 
-def _status_list(fs: _Fs, status: Optional[str], key: str, limit: int) -> Optional[frozenset]:
+def _status_list(fs: FileReader, status: Optional[str], key: str, limit: int) -> Optional[frozenset]:
     """``key`` (e.g. Cpus_allowed_list) of proc/self/status text, parsed; None if absent."""
     m = re.search(rf"^{key}:[ \t]*([^\n]*)$", status or "", re.M)
     if m is None:
@@ -553,7 +574,7 @@ def _status_list(fs: _Fs, status: Optional[str], key: str, limit: int) -> Option
 # --------------------------------------------------------------------------- the probe
 
 
-def _read_limits(fs: "_Fs", live: bool, limit: int) -> dict:
+def _read_limits(fs: "FileReader", live: bool, limit: int) -> dict:
     """The process's limits as HostFacts fields: allowed CPUs and where that comes from, the
     cgroup cpuset, allowed memory nodes and the CPU quota (rules in :func:`read_facts`)."""
     cpuset, cpuset_source = read_cgroup_cpuset(fs, limit)
@@ -577,7 +598,7 @@ def _read_limits(fs: "_Fs", live: bool, limit: int) -> dict:
             "allowed_mems_source": mems_source}
 
 
-def _read_online(fs: "_Fs", text: Optional[str], folders: list[int],
+def _read_online(fs: "FileReader", text: Optional[str], folders: list[int],
                  limit: int) -> tuple[Optional[frozenset], dict[int, CpuFacts], frozenset]:
     """(``cpu/online`` parsed from ``text``, or None; {folder id: CpuFacts so far}; the
     online CPUs): without ``cpu/online``, each folder's ``online`` file and ``topology/``
@@ -599,7 +620,7 @@ def _read_online(fs: "_Fs", text: Optional[str], folders: list[int],
     return None, cpus, online_from_folders(HostFacts(cpus=cpus))
 
 
-def _read_hybrid(fs: "_Fs", limit: int) -> tuple[Optional[frozenset], bool]:
+def _read_hybrid(fs: "FileReader", limit: int) -> tuple[Optional[frozenset], bool]:
     """(E-core CPUs of ``cpu_atom/cpus`` where ``cpu_core/cpus`` exists too, else None;
     whether either file is absent, so that E-cores may come from capacity or frequency)."""
     core = fs.read("sys/devices/cpu_core/cpus")
@@ -609,7 +630,8 @@ def _read_hybrid(fs: "_Fs", limit: int) -> tuple[Optional[frozenset], bool]:
     return _parse(fs, atom, "sys/devices/cpu_atom/cpus", limit), False
 
 
-def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True) -> HostFacts:
+def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
+               files: Optional[FileReader] = None) -> HostFacts:
     """Read and parse what the topology needs of the machine at ``root`` (a real ``/`` or a
     dump): each file is parsed where it is read, so an error names it.
 
@@ -624,12 +646,16 @@ def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True) -> HostF
     groups the core: the kernel's core_id is display only (``Core.core_id`` is then None)
     and reading it is half of the per-core reads (issue 12). A launch passes False.
 
+    ``files``: the reader to read through (default a new ``FileReader(root)``; ``root`` is
+    then ignored). A caller that passes its own sees afterwards, in ``files.skipped``, every
+    file that was present but not read (``cpulaunch doctor`` reports them).
+
     Raises:
         TopologyError: a file is malformed, bigger than MAX_FILE_BYTES or not a regular
             file where one is needed (the message names it), or a cpuN/nodeN folder's id is
             beyond the limit.
     """
-    fs = _Fs(root)
+    fs = FileReader(root) if files is None else files
     live = os.path.realpath(fs.root) == "/"
     limit = cpu_limit(fs.read(f"{CPU_DIR}/kernel_max", strict=False),
                       fs.read(f"{CPU_DIR}/possible", strict=False), fs.notes)
@@ -668,7 +694,7 @@ _NO_CPU = CpuFacts()
 _COVERED = CpuFacts(has_topology=True)  # a CPU whose facts other CPUs' lists gave
 
 
-def _read_nodes(fs: "_Fs", limit: int) -> dict[int, NodeFacts]:
+def _read_nodes(fs: "FileReader", limit: int) -> dict[int, NodeFacts]:
     """Each ``nodeN`` folder's CPUs (cpulist, else cpumap) and MemTotal (meminfo)."""
     nodes: dict[int, NodeFacts] = {}
     ids = _numbered(fs.listdir(NODE_DIR), "node")
@@ -693,7 +719,7 @@ def _read_nodes(fs: "_Fs", limit: int) -> dict[int, NodeFacts]:
     return nodes
 
 
-def _read_speed(fs: "_Fs", base: str, speed: list[str], first_core: bool) -> dict:
+def _read_speed(fs: "FileReader", base: str, speed: list[str], first_core: bool) -> dict:
     """CpuFacts fields ``capacity``/``max_freq_khz`` of one core's first CPU; ``speed``
     (the attributes still worth reading) shrinks on the first core: an attribute it lacks
     is never read again (build needs every core's value or none), and cpu_capacity, when
@@ -712,7 +738,7 @@ def _read_speed(fs: "_Fs", base: str, speed: list[str], first_core: bool) -> dic
     return fields
 
 
-def _read_cpus(fs: "_Fs", cpus: dict, online: frozenset, limit: int, need_links: bool,
+def _read_cpus(fs: "FileReader", cpus: dict, online: frozenset, limit: int, need_links: bool,
                want_speed: bool, core_ids: bool = True) -> None:
     """Fill ``cpus`` (id -> CpuFacts) for the online CPUs that have a folder, reading each
     shared fact once (see the module docstring)."""
@@ -744,7 +770,7 @@ def _read_cpus(fs: "_Fs", cpus: dict, online: frozenset, limit: int, need_links:
         cpus[cpu] = CpuFacts(online=old.online, has_topology=has_topology, **fields)
 
 
-def _read_package(fs: "_Fs", topo: str, limit: int, fields: dict, found: set[str],
+def _read_package(fs: "FileReader", topo: str, limit: int, fields: dict, found: set[str],
                   pkg_done: set[int]) -> None:
     """Add ``package_id`` (unless read already) and, where the id file exists,
     ``package_cpus`` to ``fields``, its CPUs to ``pkg_done``, the files found to ``found``."""
@@ -761,7 +787,7 @@ def _read_package(fs: "_Fs", topo: str, limit: int, fields: dict, found: set[str
             pkg_done.update(fields["package_cpus"])
 
 
-def _read_core(fs: "_Fs", topo: str, limit: int, core_done: set[int],
+def _read_core(fs: "FileReader", topo: str, limit: int, core_done: set[int],
                core_ids: bool = True) -> tuple[dict, set[str]]:
     """(CpuFacts fields of the first CPU of a core, the topology files that exist): its
     sibling list (added to ``core_done``) and core_id; without a list, also die_id and
