@@ -52,13 +52,21 @@ def doctor_command(sysroot, fmt, mem_policy, strict):
 def verify_command(fmt, pids):
     """What running processes really got: every thread's CPUs, thread count, allocator and
     OpenMP runtimes mapped, memory per NUMA node; compared with the CPULAUNCH_* variables
-    cpulaunch gave them. Exit code 1 when a process differs from its plan."""
+    cpulaunch gave them.
+
+    Exit status: 0 every process matches; 1 a process differs from its plan; 3 none
+    differs but one could not be checked (another user's process without root, a zombie,
+    a kernel thread) or exited while being read; 2 a usage error (no process with a PID)."""
     from cpulaunch import core, verify
 
     report = verify.verify([(pid, None) for pid in pids])
+    missing = [str(r.pid) for r in report.instances if r.missing]
+    if missing:
+        raise CpulaunchError(f"no process with PID {', '.join(missing)} (it does not exist or has already "
+                             "exited); give the PID of a running process (ps -e lists them)")
     doc = verify.report_json(report)
     core.write_text(json_text(doc) + "\n" if fmt == "json" else verify.render_text(report))
-    return 0 if report.ok else 1
+    return report.exit_code
 
 
 def main(name: str, args: list) -> int:

@@ -35,30 +35,53 @@ Rules of :func:`compare` (each a warning):
   anonymous memory on the bound nodes, or a process whose memory policy (numa_maps) is not
   the planned one. Anonymous pages only: file pages sit in the shared page cache wherever
   they were first read, whatever the process's policy.
+
+Verdicts (:class:`Verdict`, one per instance). A fact that could not be read never counts
+as a match: *ok* needs every fact read and nothing different; *differs* when something
+read differs (the warnings say what); *cannot-check* when nothing read differs but a fact
+could not be read (another user's process: ``maps``, ``numa_maps`` and ``environ`` are
+"permission denied" without root; a zombie: its threads, memory and libraries are gone; a
+kernel thread: it has none of its own), naming each file and why; *gone* when the process
+does not exist or exited while verify read it (its state turned zombie or exiting, or its
+PID now names another process: the start time in ``stat`` changed). ``cpulaunch verify``
+exits with :data:`EXIT_CODES`.
+
+Reads go through probe's bounded reader (``probe._Fs``: regular files only, opened
+non-blocking, at most :data:`PROC_FILE_BYTES` for ``maps``, ``numa_maps``, ``environ``
+and ``cmdline``, ``probe.MAX_FILE_BYTES`` for the rest), so a FIFO or an endless file
+under a test's ``root`` costs that fact, never a hang.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch import cpulist
-from cpulaunch.errors import CpulaunchError
+from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine.probe import MAX_FILE_BYTES, _Fs
 
 __all__ = [
     "BUSY_CPU_SECONDS",
     "MIN_BOUND_SHARE",
+    "PROC_FILE_BYTES",
+    "EXIT_CODES",
     "VerifyError",
+    "NoSuchProcess",
+    "ProcessGone",
+    "Verdict",
     "Expected",
     "ThreadView",
     "NumaUsage",
     "ProcessView",
     "InstanceResult",
     "VerifyReport",
+    "ProcStat",
     "parse_status",
+    "parse_stat",
     "parse_maps",
     "parse_stat_cpu_ticks",
     "parse_numa_maps",
@@ -80,8 +103,47 @@ MAX_DEPTH = 8
 ENV_KEPT = re.compile(r"^(CPULAUNCH_\w+|OMP_\w+|KMP_\w+|GOMP_\w+|LD_PRELOAD|MALLOC_CONF)$")
 
 
+#: Largest ``maps``, ``numa_maps``, ``environ`` or ``cmdline`` verify reads (300,000
+#: mappings make a 30 MiB maps); a larger one is unreadable ("larger than ... bytes").
+PROC_FILE_BYTES = 64 << 20
+#: Task flags in ``/proc/PID/stat`` field 9 (include/linux/sched.h).
+PF_EXITING = 0x00000004
+PF_KTHREAD = 0x00200000
+#: Why a file was not read when it does not exist.
+ABSENT = "absent"
+
+
 class VerifyError(CpulaunchError):
-    """A process to verify does not exist (or vanished) or its /proc cannot be read."""
+    """A process to verify does not exist or exited while verify read it."""
+
+
+class NoSuchProcess(VerifyError):
+    """No ``/proc/PID`` when verify first looked: no such process, or it had exited."""
+
+
+class ProcessGone(VerifyError):
+    """The process exited (or its PID was reused) while verify read it."""
+
+
+class Verdict(str, enum.Enum):
+    """What verify concluded about one instance (``InstanceResult.status``; "status" in
+    verify.json). Rules: module docstring; exit codes: :data:`EXIT_CODES`."""
+
+    #: every fact was read and nothing differs from the plan
+    OK = "ok"
+    #: something read differs from the plan (the warnings say what)
+    DIFFERS = "differs"
+    #: nothing read differs, but a fact could not be read (permission denied, a zombie,
+    #: a kernel thread): not a match
+    CANNOT_CHECK = "cannot-check"
+    #: the process does not exist, or exited while verify read it
+    GONE = "gone"
+
+
+#: ``cpulaunch verify``'s exit status by verdict. The command exits 1 when any instance
+#: differs, else 3 when any could not be checked or is gone, else 0; 2 is kept for usage
+#: errors (a PID with no process is one: a typo, or the process had already exited).
+EXIT_CODES = {Verdict.OK: 0, Verdict.DIFFERS: 1, Verdict.CANNOT_CHECK: 3, Verdict.GONE: 3}
 
 
 def openmp_runtime_of(name: str) -> Optional[str]:
@@ -255,6 +317,13 @@ class ProcessView:
         environ: the process's variables matching ENV_KEPT (CPULAUNCH_*, OMP_*, KMP_*,
             GOMP_*, LD_PRELOAD, MALLOC_CONF); None when /proc/PID/environ is unreadable.
         children: descendant processes (DataLoader workers, helpers), each a view.
+        state: the state letter of ``status`` (R, S, D, Z, ...); "" when unknown.
+        uncheckable: why the process as a whole cannot be checked, "" when it can:
+            "a zombie (...)", "a kernel thread (...)"; nothing else is read then.
+        unreadable: file below ``/proc/PID`` ("maps", "environ", "task/12/status") -> why
+            it could not be read ("permission denied", "absent", "larger than N bytes",
+            "not a regular file (a FIFO)"). A missing ``numa_maps`` is not listed (a
+            kernel without NUMA has none): ``numa`` is then None.
     """
 
     pid: int
@@ -267,6 +336,9 @@ class ProcessView:
     numa: Optional[NumaUsage]
     environ: Optional[Mapping[str, str]] = None
     children: tuple = ()
+    state: str = ""
+    uncheckable: str = ""
+    unreadable: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def allocators(self) -> tuple:
@@ -289,6 +361,11 @@ class ProcessView:
             if rt:
                 out.setdefault(rt, path)
         return out
+
+    @property
+    def libraries_read(self) -> bool:
+        """Whether ``libraries`` is what /proc/PID/maps says (False: unread or uncheckable)."""
+        return not self.uncheckable and "maps" not in self.unreadable
 
     def counts(self, thread: ThreadView) -> bool:
         """Whether ``thread`` counts as a compute thread: busy, or this process's main thread."""
@@ -314,14 +391,40 @@ def parse_status(text: str) -> dict:
     return out
 
 
-def parse_stat_cpu_ticks(text: str) -> tuple:
-    """``/proc/PID/task/TID/stat`` -> (state letter, utime + stime in clock ticks).
+class ProcStat(NamedTuple):
+    """The fields of ``/proc/PID/stat`` verify uses (proc(5)).
+
+    Attributes:
+        state: one letter (R, S, D, Z zombie, X dead, ...). ppid: parent's pid.
+        flags: the task's PF_* flags (:data:`PF_EXITING`, :data:`PF_KTHREAD`).
+        cpu_ticks: utime + stime, clock ticks. start_ticks: start time, clock ticks after
+            boot (with the pid, which process this is: a reused pid has another).
+    """
+
+    state: str
+    ppid: int
+    flags: int
+    cpu_ticks: int
+    start_ticks: int
+
+
+def parse_stat(text: str) -> ProcStat:
+    """``/proc/PID/stat`` -> :class:`ProcStat`.
 
     The name (field 2) may hold spaces and parentheses, so fields are counted after the
-    last ``)`` (proc(5)): state is field 3, utime 14, stime 15.
+    last ``)`` (proc(5)): state is field 3, ppid 4, flags 9, utime 14, stime 15, starttime
+    22. ``"7 (a) b) S 1 7 7 0 -1 4194560 0 0 0 0 25 5 0 0 20 0 1 0 900"`` ->
+    ``ProcStat("S", 1, 4194560, 30, 900)``. Raises ValueError or IndexError when malformed.
     """
     rest = text[text.rindex(")") + 2:].split()
-    return rest[0], int(rest[11]) + int(rest[12])
+    return ProcStat(rest[0], int(rest[1]), int(rest[6]), int(rest[11]) + int(rest[12]), int(rest[19]))
+
+
+def parse_stat_cpu_ticks(text: str) -> tuple:
+    """``/proc/PID/task/TID/stat`` -> (state letter, utime + stime in clock ticks); see
+    :func:`parse_stat`."""
+    st = parse_stat(text)
+    return st.state, st.cpu_ticks
 
 
 def parse_maps(text: str) -> tuple:
@@ -385,80 +488,94 @@ def parse_numa_maps(text: str) -> NumaUsage:
 # --------------------------------------------------------------------------- reading /proc
 
 
-def _read(path: Path) -> Optional[str]:
-    try:
-        return path.read_text(errors="replace")
-    except (OSError, ValueError):
-        return None
+class _ProcFs:
+    """One tree's ``proc`` read through probe's bounded reader (``probe._Fs``), keeping why
+    a file could not be read."""
 
+    def __init__(self, root: str | os.PathLike):
+        self.fs = _Fs(root)
 
-def _threads(proc: Path, ticks: int) -> tuple:
-    out = []
-    try:
-        tids = sorted(int(t) for t in os.listdir(proc / "task") if t.isdigit())
-    except OSError:
-        return ()
-    for tid in tids:
-        status = _read(proc / "task" / str(tid) / "status")
-        stat = _read(proc / "task" / str(tid) / "stat")
-        if status is None:
-            continue  # the thread ended while we read
-        st = parse_status(status)
+    def read(self, rel: str, cap: int = MAX_FILE_BYTES) -> tuple:
+        """(text, "") of ``root/rel``, or (None, why): why is :data:`ABSENT` or what
+        ``probe._Fs`` noted ("permission denied", "not a regular file (a FIFO)", "larger
+        than N bytes", "cannot read (...)")."""
+        before = len(self.fs.notes)
+        text = self.fs.read(rel, strict=False, cap=cap)
+        if text is not None:
+            return text, ""
+        if len(self.fs.notes) == before:
+            return None, ABSENT
+        return None, self.fs.notes[-1].partition(": ")[2].removesuffix(": ignored")  # "/rel: why: ignored"
+
+    def text(self, rel: str, cap: int = MAX_FILE_BYTES) -> Optional[str]:
+        """The text of ``root/rel``, None when it could not be read."""
+        return self.read(rel, cap)[0]
+
+    def stat(self, pid: int) -> Optional[ProcStat]:
+        """``/proc/PID/stat`` parsed, None when unreadable or malformed."""
+        text = self.text(f"proc/{pid}/stat")
         try:
-            cpus = cpulist.parse(st.get("Cpus_allowed_list", ""))
-        except CpulaunchError:
-            cpus = frozenset()
+            return parse_stat(text) if text else None
+        except (ValueError, IndexError):
+            return None
+
+
+def _cpus_of(st: Mapping[str, str]) -> frozenset:
+    try:
+        return cpulist.parse(st.get("Cpus_allowed_list", ""))
+    except CpulaunchError:
+        return frozenset()
+
+
+def _threads(fs: _ProcFs, pid: int, ticks: int) -> tuple:
+    """(every thread's view, main thread first; {file: why} of what could not be read)."""
+    out, unreadable = [], {}
+    tids = sorted(int(t) for t in fs.fs.listdir(f"proc/{pid}/task") if t.isdigit())
+    if not tids:
+        unreadable["task"] = "no thread listed"
+    for tid in tids:
+        status, why = fs.read(f"proc/{pid}/task/{tid}/status")
+        if status is None:
+            if why != ABSENT:
+                unreadable[f"task/{tid}/status"] = why
+            continue  # absent: the thread ended while we read
+        st = parse_status(status)
+        stat = fs.text(f"proc/{pid}/task/{tid}/stat")
         try:
             state, used = parse_stat_cpu_ticks(stat) if stat else (st.get("State", "?")[:1], 0)
         except (ValueError, IndexError):
             state, used = st.get("State", "?")[:1], 0
-        out.append(ThreadView(tid, st.get("Name", ""), state, cpus, used / ticks))
-    main = int(proc.name) if proc.name.isdigit() else None
-    out.sort(key=lambda t: (t.tid != main, t.tid))
-    return tuple(out)
+        out.append(ThreadView(tid, st.get("Name", ""), state, _cpus_of(st), used / ticks))
+    out.sort(key=lambda t: (t.tid != pid, t.tid))
+    return tuple(out), unreadable
 
 
-def _children_of(root: Path, pid: int) -> list:
+def _children_of(fs: _ProcFs, pid: int) -> list:
     """Child pids: ``/proc/PID/task/*/children`` where the kernel has it
     (CONFIG_PROC_CHILDREN), else a scan of every ``/proc/N/stat`` for its parent id."""
-    proc = root / "proc" / str(pid)
     kids: set = set()
     have_file = False
-    try:
-        for tid in os.listdir(proc / "task"):
-            text = _read(proc / "task" / tid / "children")
-            if text is not None:
-                have_file = True
-                kids.update(int(p) for p in text.split() if p.isdigit())
-    except OSError:
-        pass
+    for tid in fs.fs.listdir(f"proc/{pid}/task"):
+        text = fs.text(f"proc/{pid}/task/{tid}/children")
+        if text is not None:
+            have_file = True
+            kids.update(int(p) for p in text.split() if p.isdigit())
     if have_file:
         return sorted(kids)
-    try:
-        entries = [e for e in os.listdir(root / "proc") if e.isdigit()]
-    except OSError:
-        return []
-    for e in entries:
-        stat = _read(root / "proc" / e / "stat")
-        if not stat or ")" not in stat:
-            continue
-        try:
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (ValueError, IndexError):
-            continue
-        if ppid == pid:
+    for e in fs.fs.listdir("proc"):
+        st = fs.stat(int(e)) if e.isdigit() else None
+        if st is not None and st.ppid == pid:
             kids.add(int(e))
     return sorted(kids)
 
 
-def _environ(proc: Path) -> Optional[dict]:
-    try:
-        raw = (proc / "environ").read_bytes()
-    except OSError:
+def _environ(raw: Optional[str]) -> Optional[dict]:
+    """``/proc/PID/environ`` text -> the variables matching ENV_KEPT; None when unread."""
+    if raw is None:
         return None
     out = {}
-    for item in raw.split(b"\x00"):
-        k, sep, v = item.decode("utf-8", "replace").partition("=")
+    for item in raw.split("\x00"):
+        k, sep, v = item.partition("=")
         if sep and ENV_KEPT.match(k):
             out[k] = v
     return out
@@ -471,45 +588,82 @@ def inspect(pid: int, root: str | os.PathLike = "/", *, children: bool = True) -
         pid: process id (as seen in ``root``'s /proc).
         root: ``/`` or a tree holding a ``proc`` folder.
         children: include descendants (DataLoader workers and the like), at most
-            :data:`MAX_DEPTH` generations deep.
+            :data:`MAX_DEPTH` generations deep; a descendant that exits (or is a zombie)
+            while they are read is left out.
+
+    Returns:
+        the view; a zombie or a kernel thread is a view with ``uncheckable`` set, and
+        files that could not be read are in ``unreadable`` of the process concerned.
 
     Raises:
-        VerifyError: no such process, or its status cannot be read.
+        NoSuchProcess: no ``root/proc/PID/status`` (no such process, or it had exited).
+        ProcessGone: it exited, started exiting or its pid was reused while being read.
     """
-    return _inspect(int(pid), Path(root), MAX_DEPTH if children else 0)
+    return _inspect(int(pid), _ProcFs(root), MAX_DEPTH if children else 0, top=True)
 
 
-def _inspect(pid: int, rootp: Path, depth: int) -> ProcessView:
-    proc = rootp / "proc" / str(pid)
-    status = _read(proc / "status")
+def _files(fs: _ProcFs, pid: int) -> tuple:
+    """({name: text or None} of maps, numa_maps, environ, cmdline; {name: why} of those
+    that could not be read). cmdline is only shown, and a kernel without NUMA has no
+    numa_maps: neither is listed as unreadable for that."""
+    texts, unreadable = {}, {}
+    for rel in ("maps", "numa_maps", "environ", "cmdline"):
+        texts[rel], why = fs.read(f"proc/{pid}/{rel}", PROC_FILE_BYTES)
+        if texts[rel] is None and rel != "cmdline" and not (rel == "numa_maps" and why == ABSENT):
+            unreadable[rel] = why
+    return texts, unreadable
+
+
+def _exiting(st: Optional[ProcStat]) -> bool:
+    """The task is a zombie, dead, or has begun to exit (PF_EXITING)."""
+    return st is not None and (st.state in ("Z", "X") or bool(st.flags & PF_EXITING))
+
+
+def _inspect(pid: int, fs: _ProcFs, depth: int, top: bool) -> ProcessView:
+    first = fs.stat(pid)
+    status, why = fs.read(f"proc/{pid}/status")
     if status is None:
-        raise VerifyError(f"no process {pid} to verify (it exited, or {proc} is unreadable)")
+        if why == ABSENT:
+            raise NoSuchProcess(f"no process {pid}")
+        return ProcessView(pid=pid, ppid=0, name="", cmdline=(), cpus=frozenset(), threads=(), libraries=(),
+                           numa=None, unreadable={"status": why})
     st = parse_status(status)
-    try:
-        cpus = cpulist.parse(st.get("Cpus_allowed_list", ""))
-    except CpulaunchError:
-        cpus = frozenset()
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    numa_text = _read(proc / "numa_maps")
-    cmd = (_read(proc / "cmdline") or "").split("\x00")
+    head = dict(pid=pid, ppid=int(st.get("PPid", "0") or 0), name=st.get("Name", ""), cpus=_cpus_of(st),
+                state=(st.get("State") or (first.state if first else ""))[:1])
+    if top and head["state"] == "Z":
+        return ProcessView(**head, cmdline=(), threads=(), libraries=(), numa=None, uncheckable=(
+            f"a zombie: it exited and its parent (pid {head['ppid']}) has not reaped it; its threads, "
+            "memory and libraries are gone"))
+    if head["state"] in ("Z", "X") or _exiting(first):
+        raise ProcessGone(f"process {pid} is exiting")
+    if st.get("Kthread") == "1" or (first is not None and first.flags & PF_KTHREAD):
+        return ProcessView(**head, cmdline=(), threads=(), libraries=(), numa=None, uncheckable=(
+            f"a kernel thread ({head['name']}): it has no program, libraries or memory of its own"))
+    texts, unreadable = _files(fs, pid)
+    threads, more = _threads(fs, pid, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+    unreadable.update(more)
+    # A process that exits while we read loses its memory (maps empty) before it turns
+    # zombie, but after it is flagged exiting: read again, after everything else.
+    now = fs.stat(pid)
+    if _exiting(now) or (first and now and now.start_ticks != first.start_ticks) or fs.text(
+            f"proc/{pid}/status") is None:
+        raise ProcessGone(f"process {pid} exited while verify read it")
     kids = []
-    if depth > 0:
-        for child in _children_of(rootp, pid):
-            try:
-                kids.append(_inspect(child, rootp, depth - 1))
-            except VerifyError:
-                continue  # it ended while we read
+    for child in _children_of(fs, pid) if depth > 0 else ():
+        try:
+            kids.append(_inspect(child, fs, depth - 1, top=False))
+        except VerifyError:
+            continue  # it ended while we read
+    numa_text = texts["numa_maps"]
     return ProcessView(
-        pid=pid,
-        ppid=int(st.get("PPid", "0") or 0),
-        name=st.get("Name", ""),
-        cmdline=tuple(c for c in cmd if c) if cmd else (),
-        cpus=cpus,
-        threads=_threads(proc, ticks),
-        libraries=parse_maps(_read(proc / "maps") or ""),
+        **head,
+        cmdline=tuple(c for c in (texts["cmdline"] or "").split("\x00") if c),
+        threads=threads,
+        libraries=parse_maps(texts["maps"] or ""),
         numa=parse_numa_maps(numa_text) if numa_text is not None else None,
-        environ=_environ(proc),
+        environ=_environ(texts["environ"]),
         children=tuple(kids),
+        unreadable=unreadable,
     )
 
 
@@ -533,17 +687,27 @@ def _expected_policy(exp: Expected) -> Optional[str]:
 def compare(exp: Expected, view: ProcessView) -> list:
     """What in ``view`` (a process and its descendants) differs from ``exp`` (pure).
 
+    Only facts that were read are compared: a process whose ``maps`` is unreadable gets
+    no allocator or OpenMP warning, one without ``numa`` no memory warning, and a view
+    that is ``uncheckable`` (a zombie, a kernel thread) none at all.
+
     Returns:
         warnings, each starting "instance N:" (or "pid P:" when the index is unknown) and
         naming the process, thread and values concerned. Rules: module docstring.
     """
-    fmt = cpulist.format
+    if view.uncheckable:
+        return []
     who = exp.name(view.pid)
-    out = []
     procs = list(view.walk())
     bound = frozenset(exp.bound_cpus) if exp.bound_cpus is not None else None
+    return (_affinity_warnings(who, procs, bound) + _oversubscription_warnings(who, procs, bound or view.cpus)
+            + _library_warnings(who, exp, view) + _memory_warnings(who, exp, procs))
 
-    # --- affinity
+
+def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset]) -> list:
+    """Threads allowed outside ``bound``; busy threads stacked on one CPU."""
+    fmt = cpulist.format
+    out = []
     if bound is not None:
         for p in procs:
             for t in p.threads:
@@ -563,44 +727,51 @@ def compare(exp: Expected, view: ProcessView) -> list:
         if len(tids) > 1 and (bound is None or len(bound) > 1):
             out.append(f"{who}: {len(tids)} busy threads pinned to CPU {cpu} alone "
                        f"(threads {', '.join(map(str, tids))}): they take turns on one CPU")
+    return out
 
-    # --- oversubscription
-    cpus = bound if bound is not None else view.cpus
+
+def _oversubscription_warnings(who: str, procs: list, cpus: frozenset) -> list:
+    """More busy threads over the instance's processes than ``cpus``."""
     busy = sum(1 for p in procs for t in p.threads if p.counts(t))
-    if cpus and busy > len(cpus):
-        total = sum(len(p.threads) for p in procs)
-        out.append(
-            f"{who}: {busy} busy threads (of {total} threads in {len(procs)} process(es)) on "
-            f"{len(cpus)} CPU(s) {fmt(cpus)}: oversubscribed (set OMP_NUM_THREADS / "
-            "torch.set_num_threads and DataLoader num_workers to fit)"
-        )
+    if not cpus or busy <= len(cpus):
+        return []
+    total = sum(len(p.threads) for p in procs)
+    return [f"{who}: {busy} busy threads (of {total} threads in {len(procs)} process(es)) on "
+            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}: oversubscribed (set OMP_NUM_THREADS / "
+            "torch.set_num_threads and DataLoader num_workers to fit)"]
 
-    # --- allocator
+
+def _library_warnings(who: str, exp: Expected, view: ProcessView) -> list:
+    """Allocator and OpenMP runtimes mapped in the main process (skipped when its maps is unread)."""
+    if not view.libraries_read:
+        return []
+    out = []
     allocs = view.allocators
     if exp.allocator and exp.allocator not in allocs:
         out.append(f"{who}: {exp.allocator} planned but not mapped in pid {view.pid} "
                    f"(mapped: {', '.join(allocs) or 'the C library malloc only'}; LD_PRELOAD lost?)")
     if len(allocs) > 1:
         out.append(f"{who}: two allocators mapped in pid {view.pid}: {', '.join(sorted(allocs))}")
+    rts, pid = view.openmp, view.pid
+    if exp.omp_runtime == "intel":
+        if "intel" not in rts:
+            out.append(f"{who}: Intel OpenMP planned but libiomp5 is not mapped in pid {pid}"
+                       + (f" (mapped: {', '.join(sorted(rts))})" if rts else ""))
+        extra = sorted(set(rts) - {"intel", "gnu"})
+        if extra and "intel" in rts:
+            out.append(f"{who}: two OpenMP runtimes mapped in pid {pid}: intel and "
+                       + ", ".join(f"{r} ({rts[r]})" for r in extra))
+    elif len(rts) > 1:
+        out.append(f"{who}: two OpenMP runtimes mapped in pid {pid}: "
+                   + ", ".join(f"{r} ({path})" for r, path in sorted(rts.items())))
+    elif exp.omp_runtime == "gnu" and "gnu" not in rts and rts:
+        out.append(f"{who}: GNU OpenMP planned but pid {pid} maps {', '.join(sorted(rts))}")
+    return out
 
-    # --- OpenMP runtimes
-    for p in procs[:1]:
-        rts = p.openmp
-        if exp.omp_runtime == "intel":
-            if "intel" not in rts:
-                out.append(f"{who}: Intel OpenMP planned but libiomp5 is not mapped in pid {p.pid}"
-                           + (f" (mapped: {', '.join(sorted(rts))})" if rts else ""))
-            extra = sorted(set(rts) - {"intel", "gnu"})
-            if extra and "intel" in rts:
-                out.append(f"{who}: two OpenMP runtimes mapped in pid {p.pid}: intel and "
-                           + ", ".join(f"{r} ({rts[r]})" for r in extra))
-        elif len(rts) > 1:
-            out.append(f"{who}: two OpenMP runtimes mapped in pid {p.pid}: "
-                       + ", ".join(f"{r} ({path})" for r, path in sorted(rts.items())))
-        elif exp.omp_runtime == "gnu" and "gnu" not in rts and rts:
-            out.append(f"{who}: GNU OpenMP planned but pid {p.pid} maps {', '.join(sorted(rts))}")
 
-    # --- memory
+def _memory_warnings(who: str, exp: Expected, procs: list) -> list:
+    """Memory policy not the planned one; too little anonymous memory on bound nodes."""
+    out = []
     want = _expected_policy(exp)
     if want:
         for p in procs:
@@ -609,16 +780,22 @@ def compare(exp: Expected, view: ProcessView) -> list:
                 out.append(f"{who}: pid {p.pid} runs with memory policy {got}, planned {want} "
                            "(the memory binding did not apply)")
     if exp.mem_policy == "bind" and exp.mem_nodes:
-        total: dict = {}
-        for p in procs:
-            for n, kb in (p.numa.anon_kb_per_node.items() if p.numa else ()):
-                total[n] = total.get(n, 0) + kb
+        total = _anon_kb(procs)
         share = NumaUsage(anon_kb_per_node=total).share_on(exp.mem_nodes)
         if share is not None and share < MIN_BOUND_SHARE:
             where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(total.items()))
             out.append(f"{who}: only {share:.0%} of its anonymous memory is on bound node(s) "
-                       f"{fmt(exp.mem_nodes)} ({where})")
+                       f"{cpulist.format(exp.mem_nodes)} ({where})")
     return out
+
+
+def _anon_kb(procs) -> dict:
+    """Node id -> anonymous kB summed over ``procs`` (those whose numa_maps was read)."""
+    total: dict = {}
+    for p in procs:
+        for n, kb in (p.numa.anon_kb_per_node.items() if p.numa else ()):
+            total[n] = total.get(n, 0) + kb
+    return total
 
 
 # --------------------------------------------------------------------------- the whole check
@@ -631,9 +808,12 @@ class InstanceResult:
     Attributes:
         pid: the process verified.
         expected: the plan's :class:`Expected` (None: unknown; only plan-free checks ran).
-        view: what /proc showed (None when the process could not be read).
-        warnings: from :func:`compare`.
-        error: why the process could not be read ("" if it was).
+        view: what /proc showed (None when the process is gone).
+        warnings: from :func:`compare`: what read differs from the plan.
+        error: "" when every fact was read; else one sentence naming the instance and
+            what could not be checked and why (each file and its reason), or why it is gone.
+        missing: there was no ``/proc/PID`` when verify first looked (``cpulaunch verify``
+            takes that PID as a usage error).
     """
 
     pid: int
@@ -641,6 +821,17 @@ class InstanceResult:
     view: Optional[ProcessView]
     warnings: tuple
     error: str = ""
+    missing: bool = False
+
+    @property
+    def status(self) -> Verdict:
+        """The verdict (rules: module docstring): gone without a view, differs with a
+        warning, cannot-check with an error, else ok."""
+        if self.view is None:
+            return Verdict.GONE
+        if self.warnings:
+            return Verdict.DIFFERS
+        return Verdict.CANNOT_CHECK if self.error else Verdict.OK
 
 
 @dataclass(frozen=True)
@@ -651,13 +842,56 @@ class VerifyReport:
 
     @property
     def warnings(self) -> tuple:
-        """All warnings (and read errors), instance by instance."""
+        """All warnings (and errors: what could not be checked), instance by instance."""
         return tuple(w for r in self.instances for w in (r.warnings + ((r.error,) if r.error else ())))
 
     @property
     def ok(self) -> bool:
-        """True when nothing differs from the plan and every process was read."""
-        return not self.warnings
+        """True when every instance is ok: every fact read, nothing differs from the plan."""
+        return all(r.status is Verdict.OK for r in self.instances)
+
+    @property
+    def exit_code(self) -> int:
+        """``cpulaunch verify``'s exit status (:data:`EXIT_CODES`): 1 when any instance
+        differs, else 3 when any could not be checked or is gone, else 0."""
+        codes = {EXIT_CODES[r.status] for r in self.instances}
+        return EXIT_CODES[Verdict.DIFFERS] if EXIT_CODES[Verdict.DIFFERS] in codes else max(codes, default=0)
+
+
+def _cannot_check(view: ProcessView) -> str:
+    """What of ``view`` (and its descendants) could not be checked, and why, as one
+    clause; "" when everything was read. Each unreadable file is named under /proc."""
+    parts = []
+    for p in view.walk():
+        subject = "it" if p is view else f"its descendant pid {p.pid} ({p.name})"
+        if p.uncheckable:
+            parts.append(f"{subject} is {p.uncheckable}")
+        by_why: dict = {}
+        for rel, why in p.unreadable.items():
+            by_why.setdefault(why, []).append(f"/proc/{p.pid}/{rel}")
+        for why, paths in by_why.items():
+            hint = (" (another user's process: run verify as that user or as root)"
+                    if why == "permission denied" else "")
+            parts.append(f"cannot read {', '.join(paths)}: {why}{hint}")
+    return "; ".join(parts)
+
+
+def _check(pid: int, exp: Optional[Expected], root) -> InstanceResult:
+    """One instance: inspect, rebuild the expectation when unknown, compare, judge."""
+    who = exp.name(pid) if exp is not None else f"pid {pid}"
+    try:
+        view = inspect(pid, root)
+    except NoSuchProcess:
+        return InstanceResult(pid, exp, None, (), f"{who}: gone: no process {pid} (it does not exist or "
+                              "has exited)", missing=True)
+    except ProcessGone:
+        return InstanceResult(pid, exp, None, (), f"{who}: gone: it exited while verify read it")
+    if exp is None and view.environ is not None:
+        exp = Expected.from_environ(view.environ)
+        who = exp.name(pid) if exp is not None else who
+    why = _cannot_check(view)
+    return InstanceResult(pid, exp, view, tuple(compare(exp or Expected(), view)),
+                          f"{who}: cannot check: {why}" if why else "")
 
 
 def verify(targets: Sequence, root: str | os.PathLike = "/") -> VerifyReport:
@@ -668,24 +902,14 @@ def verify(targets: Sequence, root: str | os.PathLike = "/") -> VerifyReport:
             expectation is rebuilt from the process's CPULAUNCH_* variables
             (:meth:`Expected.from_environ`); without them only plan-free checks run
             (oversubscription against the process's own CPUs, two allocators, two
-            OpenMP runtimes).
+            OpenMP runtimes). An unreadable environ is a fact not read (cannot-check).
         root: ``/`` or a tree holding ``proc``.
 
     Returns:
-        :class:`VerifyReport`; never raises for a vanished process (its result has ``error``).
+        :class:`VerifyReport`, one :class:`InstanceResult` per target with its
+        :class:`Verdict`; never raises for a process that is gone or unreadable.
     """
-    results = []
-    for pid, exp in targets:
-        try:
-            view = inspect(int(pid), root)
-        except VerifyError as exc:
-            who = exp.name(int(pid)) if exp is not None else f"pid {pid}"
-            results.append(InstanceResult(int(pid), exp, None, (), f"{who}: {exc}"))
-            continue
-        if exp is None:
-            exp = Expected.from_environ(view.environ or {})
-        results.append(InstanceResult(int(pid), exp, view, tuple(compare(exp or Expected(), view))))
-    return VerifyReport(tuple(results))
+    return VerifyReport(tuple(_check(int(pid), exp, root) for pid, exp in targets))
 
 
 def _process_json(p: ProcessView) -> dict:
@@ -694,6 +918,7 @@ def _process_json(p: ProcessView) -> dict:
         "pid": p.pid,
         "ppid": p.ppid,
         "name": p.name,
+        "state": p.state or None,
         "cmdline": list(p.cmdline),
         "cpus": cpulist.format(p.cpus),
         "thread_count": len(p.threads),
@@ -703,14 +928,16 @@ def _process_json(p: ProcessView) -> dict:
              "cpu_seconds": round(t.cpu_seconds, 3), "busy": p.counts(t)}
             for t in p.threads
         ],
-        "allocators": list(p.allocators),
-        "openmp": dict(p.openmp),
+        "allocators": list(p.allocators) if p.libraries_read else None,
+        "openmp": dict(p.openmp) if p.libraries_read else None,
         "memory": None if numa is None else {
             "policy": numa.policy,
             "kb_per_node": {str(n): kb for n, kb in numa.kb_per_node.items()},
             "anon_kb_per_node": {str(n): kb for n, kb in numa.anon_kb_per_node.items()},
         },
         "environ": None if p.environ is None else dict(sorted(p.environ.items())),
+        "uncheckable": p.uncheckable or None,
+        "unreadable": dict(p.unreadable),
         "children": [_process_json(c) for c in p.children],
     }
 
@@ -731,19 +958,17 @@ def _expected_json(e: Optional[Expected], pid: int) -> Optional[dict]:
 
 
 def report_json(report: VerifyReport) -> dict:
-    """The report as JSON-ready data (what ``verify.json`` holds; docs/doctor.md)."""
+    """The report as JSON-ready data (what ``verify.json`` holds; docs/doctor.md). Strings
+    taken from /proc keep their real value (JSON escapes control characters)."""
     out = []
     for r in report.instances:
         share = None
         if r.view is not None and r.expected is not None and r.expected.mem_nodes:
-            total: dict = {}
-            for p in r.view.walk():
-                for n, kb in (p.numa.anon_kb_per_node.items() if p.numa else ()):
-                    total[n] = total.get(n, 0) + kb
-            share = NumaUsage(anon_kb_per_node=total).share_on(r.expected.mem_nodes)
+            share = NumaUsage(anon_kb_per_node=_anon_kb(r.view.walk())).share_on(r.expected.mem_nodes)
         out.append({
             "pid": r.pid,
             "index": r.expected.index if r.expected is not None else None,
+            "status": r.status.value,
             "expected": _expected_json(r.expected, r.pid),
             "process": None if r.view is None else _process_json(r.view),
             "share_on_bound_nodes": None if share is None else round(share, 4),
@@ -760,33 +985,43 @@ def report_json(report: VerifyReport) -> dict:
     }
 
 
+def _process_line(p: ProcessView) -> str:
+    """``  pid P NAME: threads by CPUs; allocator; OpenMP; memory`` (NAME as read)."""
+    fmt = cpulist.format
+    by_cpus: dict = {}
+    for t in p.threads:
+        by_cpus.setdefault(fmt(t.cpus), []).append(t)
+    threads = "; ".join(f"{len(ts)} on CPUs {c or '?'} ({sum(1 for t in ts if p.counts(t))} busy)"
+                        for c, ts in by_cpus.items())
+    if not p.libraries_read:
+        libs = "allocator and OpenMP unknown (maps unread)"
+    else:
+        libs = f"allocator {', '.join(p.allocators) or 'libc'}; OpenMP {', '.join(sorted(p.openmp)) or 'none'}"
+    numa = p.numa
+    mem = ""
+    if numa is not None and numa.anon_kb_per_node:
+        mem = f"; memory {numa.policy}: " + ", ".join(
+            f"node {n} {kb // 1024} MiB" for n, kb in numa.anon_kb_per_node.items())
+    return f"  pid {p.pid} {p.name}: {len(p.threads)} thread(s): {threads}; {libs}{mem}"
+
+
 def render_text(report: VerifyReport) -> str:
-    """One block per instance: threads and their CPUs, libraries, memory; then warnings."""
+    """One block per instance: threads and their CPUs, libraries, memory; then its
+    verdict: "ok: ...", its warnings, and what could not be checked (or why it is gone).
+    Every line goes through :func:`cpulaunch.errors.printable`: a process, thread or
+    library name taken from /proc never reaches the terminal as control bytes."""
     fmt = cpulist.format
     lines = []
     for r in report.instances:
-        who = r.expected.name(r.pid) if r.expected is not None else f"pid {r.pid}"
-        if r.view is None:
-            lines.append(f"verify {who}: {r.error}")
-            continue
         e = r.expected
+        who = e.name(r.pid) if e is not None else f"pid {r.pid}"
         lines.append(f"verify {who} (pid {r.pid})"
                      + (f": planned CPUs {fmt(e.bound_cpus)}" if e and e.bound_cpus is not None else "")
                      + (f", memory {e.mem_policy} {fmt(e.mem_nodes)}" if e and e.mem_nodes else ""))
-        for p in r.view.walk():
-            by_cpus: dict = {}
-            for t in p.threads:
-                by_cpus.setdefault(fmt(t.cpus), []).append(t)
-            threads = "; ".join(f"{len(ts)} on CPUs {c or '?'} ({sum(1 for t in ts if p.counts(t))} busy)"
-                                for c, ts in by_cpus.items())
-            numa = p.numa
-            mem = ""
-            if numa is not None and numa.anon_kb_per_node:
-                mem = f"; memory {numa.policy}: " + ", ".join(
-                    f"node {n} {kb // 1024} MiB" for n, kb in numa.anon_kb_per_node.items())
-            lines.append(f"  pid {p.pid} {p.name}: {len(p.threads)} thread(s): {threads}; allocator "
-                         f"{', '.join(p.allocators) or 'libc'}; OpenMP {', '.join(sorted(p.openmp)) or 'none'}{mem}")
-        if not r.warnings:
+        if r.view is not None and not r.view.uncheckable:
+            lines += [_process_line(p) for p in r.view.walk()]
+        if r.status is Verdict.OK:
             lines.append("  ok: matches the plan" if e is not None else "  ok: no plan-free check failed")
         lines += [f"  warning: {w}" for w in r.warnings]
-    return "\n".join(lines) + "\n"
+        lines += [f"  {r.error}"] if r.error else []
+    return "".join(printable(line) + "\n" for line in lines)

@@ -350,11 +350,13 @@ def test_plan_free_check_and_vanished_process():
     gone = int(done.stdout)
     report = verify.verify([(gone, None), (gone, Expected(index=5))])
     assert [r.error for r in report.instances] == [
-        f"pid {gone}: no process {gone} to verify (it exited, or /proc/{gone} is unreadable)",
-        f"instance 5: no process {gone} to verify (it exited, or /proc/{gone} is unreadable)",
+        f"pid {gone}: gone: no process {gone} (it does not exist or has exited)",
+        f"instance 5: gone: no process {gone} (it does not exist or has exited)",
     ]
-    assert not report.ok and report.warnings == tuple(r.error for r in report.instances)
-    with pytest.raises(verify.VerifyError):
+    assert [(r.status, r.missing, r.view) for r in report.instances] == [(verify.Verdict.GONE, True, None)] * 2
+    assert not report.ok and report.exit_code == 3
+    assert report.warnings == tuple(r.error for r in report.instances)
+    with pytest.raises(verify.NoSuchProcess):
         verify.inspect(gone)
 
 
@@ -414,8 +416,9 @@ def _fake_proc(root: Path, pid: int, ppid: int, cpus: str, tids: dict, maps: str
     base = root / "proc" / str(pid)
     (base / "task").mkdir(parents=True)
     (base / "status").write_text(f"Name:\tworker\nPPid:\t{ppid}\nCpus_allowed_list:\t{cpus}\n")
-    (base / "stat").write_text(f"{pid} (worker) S {ppid} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
+    (base / "stat").write_text(f"{pid} (worker) S {ppid}" + " 0" * 48 + "\n")  # 52 fields, as the kernel writes
     (base / "cmdline").write_text(f"worker\x00--id\x00{pid}\x00")
+    (base / "environ").write_text(f"HOME=/root\x00OMP_NUM_THREADS=4\x00")
     (base / "maps").write_text(maps)
     (base / "numa_maps").write_text(numa)
     for tid, (name, tcpus, ticks) in tids.items():
@@ -442,6 +445,7 @@ def test_inspect_under_a_generated_root(tmp_path):
         (100, "main", "0-3", True), (101, "omp", "0-7", True), (102, "idle", "0-3", False)]
     assert [c.pid for c in view.children] == [200]
     assert view.cmdline == ("worker", "--id", "100") and view.allocators == ("jemalloc",)
+    assert (view.environ, view.unreadable, view.state, view.uncheckable) == ({"OMP_NUM_THREADS": "4"}, {}, "S", "")
     assert view.numa.policy == "bind:1"
     exp = Expected(index=7, bound_cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind", allocator="jemalloc",
                    label="rank 7")
