@@ -46,7 +46,7 @@ does not exist or exited while verify read it (its state turned zombie or exitin
 PID now names another process: the start time in ``stat`` changed). ``cpulaunch verify``
 exits with :data:`EXIT_CODES`.
 
-Reads go through probe's bounded reader (``probe._Fs``: regular files only, opened
+Reads go through probe's bounded reader (``probe.FileReader``: regular files only, opened
 non-blocking, at most :data:`PROC_FILE_BYTES` for ``maps``, ``numa_maps``, ``environ``
 and ``cmdline``, ``probe.MAX_FILE_BYTES`` for the rest), so a FIFO or an endless file
 under a test's ``root`` costs that fact, never a hang.
@@ -62,7 +62,7 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, printable
-from cpulaunch.machine.probe import MAX_FILE_BYTES, _Fs
+from cpulaunch.machine.probe import MAX_FILE_BYTES, FileReader
 
 __all__ = [
     "BUSY_CPU_SECONDS",
@@ -489,23 +489,23 @@ def parse_numa_maps(text: str) -> NumaUsage:
 
 
 class _ProcFs:
-    """One tree's ``proc`` read through probe's bounded reader (``probe._Fs``), keeping why
-    a file could not be read."""
+    """One tree's ``proc`` read through probe's bounded reader (``probe.FileReader``),
+    keeping why a file could not be read."""
 
     def __init__(self, root: str | os.PathLike):
-        self.fs = _Fs(root)
+        self.fs = FileReader(root)
 
     def read(self, rel: str, cap: int = MAX_FILE_BYTES) -> tuple:
-        """(text, "") of ``root/rel``, or (None, why): why is :data:`ABSENT` or what
-        ``probe._Fs`` noted ("permission denied", "not a regular file (a FIFO)", "larger
-        than N bytes", "cannot read (...)")."""
-        before = len(self.fs.notes)
+        """(text, "") of ``root/rel``, or (None, why): why is :data:`ABSENT` or what the
+        reader says of a file it skipped ("permission denied", "not a regular file (a
+        FIFO)", "larger than N bytes", "cannot read (...)")."""
+        before = len(self.fs.skipped)
         text = self.fs.read(rel, strict=False, cap=cap)
         if text is not None:
             return text, ""
-        if len(self.fs.notes) == before:
+        if len(self.fs.skipped) == before:
             return None, ABSENT
-        return None, self.fs.notes[-1].partition(": ")[2].removesuffix(": ignored")  # "/rel: why: ignored"
+        return None, self.fs.skipped[-1][1]
 
     def text(self, rel: str, cap: int = MAX_FILE_BYTES) -> Optional[str]:
         """The text of ``root/rel``, None when it could not be read."""
