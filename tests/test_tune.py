@@ -293,7 +293,10 @@ def test_combine_metric_sums_throughput_and_averages_latency():
         None, [], "instance 1,2 printed no 'CPULAUNCH_METRIC s=...' line")
     assert combine_metric({}, "s", 1, False)[2] == "the program printed no 'CPULAUNCH_METRIC s=...' line"
     assert combine_metric({None: {"s": float("nan")}}, "s", 1, False)[2] == \
-        "'CPULAUNCH_METRIC s=...' is not a finite number"
+        "'CPULAUNCH_METRIC s=...' is not a finite number (at most 1e+300 in size)"
+    # a sum that would leave the finite numbers is refused too (the record must be readable again)
+    assert combine_metric({0: {"s": 1e300}, 1: {"s": 1e300}}, "s", 2, False)[2].endswith("is not a finite number "
+                                                                                      "(at most 1e+300 in size)")
 
 
 def test_better_only_beyond_the_spread():
@@ -489,9 +492,8 @@ def test_warmup_failure_is_a_user_error(tmp_path):
 def test_proc_stat_reader():
     text = "cpu  100 0 50 900 0 5 5 20 0 0\ncpu0 50 0 25 450 0 2 3 10 0 0\nintr 1\n"
     assert tune.parse_proc_stat(text, 100.0) == (1.6, 0.2)
-    assert tune.load_meter(REPO).name == "benchkit"  # the repository's scripts/benchkit.py, by path
-    assert tune.load_meter(Path("/nonexistent")).name == "proc-stat"
-    reading = tune.load_meter(Path("/nonexistent")).sample(0.05)
+    assert tune.load_meter().name == "psutil"
+    reading = tune.load_meter().sample(0.05)
     assert 0.0 <= reading.foreign_pct
 
 
@@ -607,8 +609,14 @@ if "jemalloc" in os.environ.get("LD_PRELOAD", ""):
 def _tiny(tmp_path, sleep=0.0):
     prog = tmp_path / "tiny.py"
     prog.write_text(TINY)
-    env = dict(os.environ, TINY_PIDS=str(tmp_path / "pids"), TINY_SLEEP=str(sleep))
-    return prog, env
+    return prog, _env(TINY_PIDS=str(tmp_path / "pids"), TINY_SLEEP=str(sleep))
+
+
+def _env(**extra) -> dict:
+    """This environment with this checkout's cpulaunch first on PYTHONPATH: tune runs from
+    a temporary folder, and so do its trials (``python -m cpulaunch``)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 def test_end_to_end_tune(tmp_path):
@@ -635,7 +643,7 @@ def test_end_to_end_tune(tmp_path):
     assert len(by) == len(recs)
     for r in ok:
         assert r["metric"] == "samples_per_s" and r["value"] > 0 and r["per_instance"] == [r["value"]]
-        assert r["load"]["meter"] == "benchkit" and r["busy"] is False
+        assert r["load"]["meter"] == "psutil" and r["busy"] is False
         assert r["flags"] == ["--allocator", r["config"]["allocator"]]
         assert r["argv"][:3] == [sys.executable, "-m", "cpulaunch"] and r["argv"][-2:] == ["python", str(prog)]
     rounds = [r["round"] for r in recs[1:]]
