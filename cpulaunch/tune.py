@@ -18,15 +18,24 @@ short form:
   measured again next to the coarse winner and the default).
 * **Measurement**: each configuration at least ``--trials-per-config`` (>= 3) times,
   round-robin, shuffled per round with ``--seed``; the machine's foreign load measured
-  before and during every trial (a busy trial is repeated once, then flagged); failed and
-  timed-out trials are recorded, never scored; one configuration is better than another
-  only when the difference of medians exceeds the larger of their spreads (max - min).
-* **Files**: ``DIR/trials.jsonl`` (one JSON object per trial, appended as it ends),
-  ``DIR/tune.json`` (what was tuned, checked on resume), ``DIR/report.txt``,
-  ``DIR/report.png`` (matplotlib), ``DIR/best.toml``.
+  before and during every trial by the package's own meter (:class:`LoadWindow`,
+  :func:`sample_load`; ``scripts/benchkit.py`` imports it) (a busy trial is repeated once,
+  then flagged; a recommendation that stands on flagged trials says so in every output
+  and tune exits :data:`BUSY_EXIT`); failed and timed-out trials are recorded, never
+  scored; one configuration is better than another only when the difference of medians
+  exceeds the larger of their spreads (max - min).
+* **Trials** (:func:`run_command`) run through the launcher's
+  :class:`cpulaunch.launch.ProcessGroup`: own session, parent-death signal, a watchdog
+  if tune is SIGKILLed, and the whole group SIGKILLed and reaped when the trial ends, so
+  nothing a trial started in its group outlives it.
+* **Files**: ``DIR/trials.jsonl`` (one JSON object per trial, appended as it ends; read
+  back through the probe's bounded reader, a line that is not a trial record skipped with
+  a note), ``DIR/tune.json`` (what was tuned, checked on resume), ``DIR/report.txt``,
+  ``DIR/report.png`` (matplotlib), ``DIR/best.toml``; each written whole or not at all.
 
-This module is never imported on the launch path; tqdm and matplotlib are imported lazily
-(``pip install tqdm matplotlib``), with plain progress lines and no chart without them.
+This module is never imported on the launch path; tqdm, matplotlib and psutil are imported
+lazily (``pip install 'cpulaunch[tune]'``), with plain progress lines, no chart and a
+/proc/stat reading without them.
 """
 
 from __future__ import annotations
@@ -78,15 +87,29 @@ __all__ = [
     "compare",
     "Stage",
     "next_stage",
+    "read_text",
+    "record_problem",
+    "parse_records",
     "read_records",
+    "append_record",
+    "write_file",
     "score",
+    "Load",
+    "LoadWindow",
+    "sample_load",
+    "BUSIEST_MIN_PCT",
     "LoadReading",
+    "Meter",
     "load_meter",
     "parse_proc_stat",
     "RunResult",
     "run_command",
     "Settings",
     "Tuner",
+    "Outcome",
+    "decide",
+    "busy_warning",
+    "BUSY_EXIT",
     "main",
 ]
 

@@ -44,6 +44,7 @@ from cpulaunch.tune import (
 )
 
 from conftest import REPO, run_cli
+from test_launch_faults import tiny_tmpfs  # noqa: F401 - the 64 KiB tmpfs fixture, shared
 
 AMD = "hw-32amd64-4s2n4c-cgroup2"  # 4 sockets, cgroup allows CPUs 0-5 (nodes 0: 0-3, 1: 4-5)
 ARM = "hw-128arm-2pa2n8cluster4co"  # 2 packages x 2 nodes x 32 cores, no SMT
@@ -786,16 +787,17 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path):
 
 def test_run_command_kills_what_the_program_left_in_its_group(tmp_path):
     # A program whose background child outlives it, then one stopped by the timeout.
-    bg = tmp_path / "bg"
+    bg, bg2 = tmp_path / "bg", tmp_path / "bg2"
     res = tune.run_command(["sh", "-c", f"sleep 300 & echo $! > {bg}; echo CPULAUNCH_METRIC x=1; echo oops >&2"], 30)
     try:
         assert (res.status, res.returncode, res.stdout, res.stderr_tail) == ("ok", 0, "CPULAUNCH_METRIC x=1\n", "oops\n")
         assert _wait_gone([int(bg.read_text())], timeout=0.5) == []  # gone when run_command returns
-        res = tune.run_command(["sh", "-c", f"sleep 300 & echo $! > {bg}; sleep 300"], 1.0)
+        res = tune.run_command(["sh", "-c", f"sleep 300 & echo $! > {bg2}; sleep 300"], 1.0)
         assert (res.status, res.returncode) == ("timeout", -signal.SIGTERM)
-        assert _wait_gone([int(bg.read_text())], timeout=0.5) == []
+        assert _wait_gone([int(bg2.read_text())], timeout=0.5) == []
     finally:
         _kill_sleep(bg)
+        _kill_sleep(bg2)
 
 
 def _kill_sleep(pidfile) -> None:
@@ -871,22 +873,6 @@ def test_sigkill_of_tune_during_the_warm_up_leaves_nothing(tmp_path):
 # --------------------------------------------------------------------------- --out read-only or full (issue 19)
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 64 KiB tmpfs (root only), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
 def _fill(mnt, pages_left: int) -> None:
     """Fill the tmpfs at ``mnt`` but ``pages_left`` pages."""
     st = os.statvfs(mnt)
@@ -895,11 +881,11 @@ def _fill(mnt, pages_left: int) -> None:
     assert os.statvfs(mnt).f_bavail == pages_left
 
 
-def test_read_only_out_is_one_line(small_tmpfs, tmp_path):
+def test_read_only_out_is_one_line(tiny_tmpfs, tmp_path):
     prog, env = _trial_prog(tmp_path)
-    out = small_tmpfs / "out"
+    out = tiny_tmpfs / "out"
     out.mkdir()
-    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
     proc = subprocess.run([*TUNE, "--budget", "1m", "--out", str(out), "--space", "omp-places", "--", "python",
                            str(prog)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert (proc.returncode, proc.stdout) == (2, "")
@@ -908,12 +894,12 @@ def test_read_only_out_is_one_line(small_tmpfs, tmp_path):
     assert not (tmp_path / "pids").exists()  # no trial ran
 
 
-def test_full_disk_mid_run_keeps_the_trials_recorded(small_tmpfs, tmp_path):
+def test_full_disk_mid_run_keeps_the_trials_recorded(tiny_tmpfs, tmp_path):
     # 2 pages free: tune.json takes one, trials.jsonl fills the other (2-3 records), then
     # a record does not fit: tune stops with one line, the file keeps whole records only.
     prog, env = _trial_prog(tmp_path)
-    out = small_tmpfs / "out"
-    _fill(small_tmpfs, 2)
+    out = tiny_tmpfs / "out"
+    _fill(tiny_tmpfs, 2)
     try:
         proc = subprocess.run([*TUNE, "--budget", "3m", "--out", str(out), "--space", "omp-places",
                                "--busy-threshold", "100", "--load-sample", "0", "--", "python", str(prog)],
@@ -932,11 +918,11 @@ def test_full_disk_mid_run_keeps_the_trials_recorded(small_tmpfs, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["trials.jsonl", "tune.json"]  # nothing half-written
 
 
-def test_full_disk_at_the_report_leaves_no_half_file(small_tmpfs):
-    out = small_tmpfs / "out"
+def test_full_disk_at_the_report_leaves_no_half_file(tiny_tmpfs):
+    out = tiny_tmpfs / "out"
     tuner = _tuner(out, FakeRunner())
     assert tuner.run() == 0
-    _fill(small_tmpfs, 0)
+    _fill(tiny_tmpfs, 0)
     printed = io.StringIO()
     with pytest.raises(TuneError, match=rf"^--out {out}: cannot write report\.png: No space left on device; the 10 "
                                         r"trial\(s\) recorded before are kept in "):
