@@ -695,7 +695,7 @@ _STAGES = ("warmup", "grid", "coarse", "fine")
 
 def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     """The text of one of tune's own files (trials.jsonl, tune.json) through the probe's
-    bounded reader (:class:`cpulaunch.probe._Fs`: opened without blocking, regular files
+    bounded reader (:class:`cpulaunch.machine.probe._Fs`: opened without blocking, regular files
     only, at most ``cap`` bytes; bytes that are not UTF-8 read as U+FFFD); None when the
     file does not exist.
 
@@ -703,7 +703,7 @@ def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
         TuneError: it is a link, not a regular file (a FIFO, /dev/zero), larger than
             ``cap`` bytes, or unreadable; the message names it and says what to do.
     """
-    from cpulaunch import probe
+    from cpulaunch.machine import probe
 
     if os.path.islink(path):
         raise TuneError(f"{path} is a symbolic link; tune reads and writes only its own files in --out: "
@@ -1132,7 +1132,7 @@ def _machine_times() -> tuple:
     if psutil is not None:
         t = psutil.cpu_times()
         return sum(getattr(t, f, 0.0) for f in _BUSY_FIELDS), getattr(t, "steal", 0.0)
-    from cpulaunch import probe
+    from cpulaunch.machine import probe
 
     return parse_proc_stat(probe._Fs("/").read("proc/stat") or "", float(os.sysconf("SC_CLK_TCK")))
 
