@@ -18,20 +18,30 @@ short form:
   measured again next to the coarse winner and the default).
 * **Measurement**: each configuration at least ``--trials-per-config`` (>= 3) times,
   round-robin, shuffled per round with ``--seed``; the machine's foreign load measured
-  before and during every trial (a busy trial is repeated once, then flagged); failed and
-  timed-out trials are recorded, never scored; one configuration is better than another
-  only when the difference of medians exceeds the larger of their spreads (max - min).
-* **Files**: ``DIR/trials.jsonl`` (one JSON object per trial, appended as it ends),
-  ``DIR/tune.json`` (what was tuned, checked on resume), ``DIR/report.txt``,
-  ``DIR/report.png`` (matplotlib), ``DIR/best.toml``.
+  before and during every trial by the package's own meter (:class:`LoadWindow`,
+  :func:`sample_load`; ``scripts/benchkit.py`` imports it) (a busy trial is repeated once,
+  then flagged; a recommendation that stands on flagged trials says so in every output
+  and tune exits :data:`BUSY_EXIT`); failed and timed-out trials are recorded, never
+  scored; one configuration is better than another only when the difference of medians
+  exceeds the larger of their spreads (max - min).
+* **Trials** (:func:`run_command`) run through the launcher's
+  :class:`cpulaunch.launch.ProcessGroup`: own session, parent-death signal, a watchdog
+  if tune is SIGKILLed, and the whole group SIGKILLed and reaped when the trial ends, so
+  nothing a trial started in its group outlives it.
+* **Files**: ``DIR/trials.jsonl`` (one JSON object per trial, appended as it ends; read
+  back through the probe's bounded reader, a line that is not a trial record skipped with
+  a note), ``DIR/tune.json`` (what was tuned, checked on resume), ``DIR/report.txt``,
+  ``DIR/report.png`` (matplotlib), ``DIR/best.toml``; each written whole or not at all.
 
-This module is never imported on the launch path; tqdm and matplotlib are imported lazily
-(``pip install tqdm matplotlib``), with plain progress lines and no chart without them.
+This module is never imported on the launch path; tqdm, matplotlib and psutil are imported
+lazily (``pip install 'cpulaunch[tune]'``), with plain progress lines, no chart and a
+/proc/stat reading without them.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import collections
+import io
 import itertools
 import json
 import math
@@ -42,7 +52,6 @@ import resource
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +61,8 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import click
 
-from cpulaunch.errors import CpulaunchError
+from cpulaunch import log as _log
+from cpulaunch.errors import CpulaunchError, printable
 
 __all__ = [
     "TuneError",
@@ -70,21 +80,36 @@ __all__ = [
     "coarse_configs",
     "fine_configs",
     "parse_metrics",
+    "attribute_metrics",
     "combine_metric",
     "Summary",
     "summarize",
     "compare",
     "Stage",
     "next_stage",
+    "read_text",
+    "record_problem",
+    "parse_records",
     "read_records",
+    "append_record",
+    "write_file",
     "score",
+    "Load",
+    "LoadWindow",
+    "sample_load",
+    "BUSIEST_MIN_PCT",
     "LoadReading",
+    "Meter",
     "load_meter",
     "parse_proc_stat",
     "RunResult",
     "run_command",
     "Settings",
     "Tuner",
+    "Outcome",
+    "decide",
+    "busy_warning",
+    "BUSY_EXIT",
     "main",
 ]
 
@@ -118,11 +143,22 @@ TRIAL_GRACE = 2.0
 STOP_WAIT = 5.0
 #: Characters of a failed trial's stderr kept in its record.
 TAIL_CHARS = 1500
+#: Largest trials.jsonl or tune.json tune reads (a trial's record is 1-4 KB: tens of
+#: thousands of trials); a bigger file is refused, as is one that is not a regular file.
+TRIALS_BYTES = 64 << 20
+#: Largest |value| a record may hold: sums and medians of such values stay finite.
+MAX_VALUE = 1e300
+#: Bytes of a trial's metric lines kept (the latest); the rest of its stdout is not kept.
+METRIC_BYTES = 1 << 20
 
 _METRIC_LINE = re.compile(r"^(?:\[(\d+)\] )?" + METRIC_PREFIX + r"((?:\s+[A-Za-z_][\w.\-]*=\S+)+)\s*$")
+_PREFIX_BYTES = METRIC_PREFIX.encode()
 _PAIR = re.compile(r"([A-Za-z_][\w.\-]*)=(\S+)")
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smh])")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+log = _log.get(__name__)
 
 
 class TuneError(CpulaunchError):
@@ -553,30 +589,43 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
+def attribute_metrics(per_instance: Mapping, ninstances: int) -> dict:
+    """The metrics of :func:`parse_metrics` that belong to the instances tune started
+    (pure): with one instance, only the unprefixed lines (cpulaunch prefixes nothing then,
+    so a line reading ``[1] CPULAUNCH_METRIC ...`` is the program's own text, not an
+    instance's); with several, only ``[0]`` .. ``[n-1]`` (cpulaunch prefixes every line
+    then, so an unprefixed line or a higher index is not an instance's).
+
+    ``({None: {"s": 7.0}, 1: {"s": 9.0}}, 1)`` -> ``{None: {"s": 7.0}}``.
+    """
+    if ninstances <= 1:
+        return {None: dict(per_instance[None])} if None in per_instance else {}
+    return {i: dict(v) for i, v in per_instance.items() if i is not None and i < ninstances}
+
+
 def combine_metric(per_instance: Mapping, name: str, ninstances: int, lower_is_better: bool) -> tuple:
     """One trial's figure from its instances' metrics (pure).
 
     Instances run concurrently, so a throughput (higher is better) is summed over them;
     a latency (``--lower-is-better``) is not additive and is averaged. Every instance must
-    report ``name``: with one instance its lines are unprefixed (key None) or ``[0]``;
-    with several, ``[0]`` .. ``[n-1]``.
+    report ``name``: with one instance its lines are unprefixed (key None); with several,
+    ``[0]`` .. ``[n-1]`` (:func:`attribute_metrics` keeps only those).
 
     Returns:
         ``(value, [per-instance values], None)``, or ``(None, [], error message)``.
     """
     if ninstances <= 1:
-        src = per_instance.get(None) or per_instance.get(0) or {}
-        vals = [src.get(name)]
+        vals = [(per_instance.get(None) or {}).get(name)]
     else:
         vals = [(per_instance.get(i) or {}).get(name) for i in range(ninstances)]
     missing = [i for i, v in enumerate(vals) if v is None]
     if missing:
         who = "the program" if ninstances <= 1 else "instance " + ",".join(map(str, missing))
         return None, [], f"{who} printed no '{METRIC_PREFIX} {name}=...' line"
-    if any(math.isnan(v) for v in vals):
-        return None, [], f"'{METRIC_PREFIX} {name}=...' is not a finite number"
-    total = sum(vals)
-    return (total / len(vals) if lower_is_better else total), vals, None
+    value = sum(vals) / len(vals) if lower_is_better else sum(vals)
+    if not all(math.isfinite(v) and abs(v) <= MAX_VALUE for v in vals + [value]):
+        return None, [], f"'{METRIC_PREFIX} {name}=...' is not a finite number (at most {MAX_VALUE:g} in size)"
+    return value, vals, None
 
 
 # --------------------------------------------------------------------------- statistics
@@ -640,59 +689,162 @@ def compare(a: Summary, b: Summary, lower_is_better: bool) -> str:
 # --------------------------------------------------------------------------- records
 
 
-def read_records(path: Path) -> tuple:
-    """The trials of ``DIR/trials.jsonl``: ``(records, skipped line count)``. A line that
-    is not a JSON object (a write cut by a crash) is skipped and counted."""
+_STATUSES = ("ok", "failed", "timeout")
+_STAGES = ("warmup", "grid", "coarse", "fine")
+
+
+def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
+    """The text of one of tune's own files (trials.jsonl, tune.json) through the probe's
+    bounded reader (:class:`cpulaunch.machine.probe._Fs`: opened without blocking, regular files
+    only, at most ``cap`` bytes; bytes that are not UTF-8 read as U+FFFD); None when the
+    file does not exist.
+
+    Raises:
+        TuneError: it is a link, not a regular file (a FIFO, /dev/zero), larger than
+            ``cap`` bytes, or unreadable; the message names it and says what to do.
+    """
+    from cpulaunch.machine import probe
+
+    if os.path.islink(path):
+        raise TuneError(f"{path} is a symbolic link; tune reads and writes only its own files in --out: "
+                        "remove it or use another --out")
+    reader = probe._Fs(str(path.parent))
+    text = reader.read(path.name, strict=False, cap=cap)
+    if text is None and reader.notes:
+        what = reader.notes[-1].rsplit(": ignored", 1)[0].split(": ", 1)[-1]
+        raise TuneError(f"{path}: {what}; tune writes a regular file there: remove it or use another --out")
+    return text
+
+
+def _number(v, low: float = -MAX_VALUE) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= MAX_VALUE
+
+
+def _count(v, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v < 1 << 31
+
+
+def record_problem(rec) -> Optional[str]:
+    """Why ``rec`` (one parsed line of trials.jsonl) is not a trial record tune can use,
+    or None. The fields the search and the report rely on must have their types
+    (docs/tune.md): ``key`` a string; ``status`` ok/failed/timeout; ``stage``
+    warmup/grid/coarse/fine; ``round`` an integer >= 0 and ``attempt`` >= 1 (when given);
+    ``config`` an object; ``cost_s`` and ``wall_s`` finite numbers >= 0; ``busy`` and
+    ``repeat`` booleans (when given); an ``ok`` record's ``metric`` a string and ``value``
+    a finite number (|value| <= :data:`MAX_VALUE`).
+
+    ``{"key": "allocator=default", "status": "ok", "round": "1", ...}`` -> ``"'round' is
+    not an integer >= 0"``.
+    """
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    checks = (
+        ("key", isinstance(rec.get("key"), str), "a string"),
+        ("status", rec.get("status") in _STATUSES, "one of " + "/".join(_STATUSES)),
+        ("stage", rec.get("stage") in _STAGES, "one of " + "/".join(_STAGES)),
+        ("round", _count(rec.get("round"), 0), "an integer >= 0"),
+        ("attempt", _count(rec.get("attempt", 1), 1), "an integer >= 1"),
+        ("config", isinstance(rec.get("config"), dict), "an object"),
+        ("cost_s", _number(rec.get("cost_s"), 0.0), "a number >= 0"),
+        ("wall_s", _number(rec.get("wall_s"), 0.0), "a number >= 0"),
+        ("busy", isinstance(rec.get("busy", False), bool), "true or false"),
+        ("repeat", isinstance(rec.get("repeat", False), bool), "true or false"),
+    )
+    if rec.get("status") == "ok":
+        checks += (("metric", isinstance(rec.get("metric"), str), "a string"),
+                   ("value", _number(rec.get("value")), f"a finite number (at most {MAX_VALUE:g} in size)"))
+    for name, ok, what in checks:
+        if not ok:
+            return f"{name!r} is not {what}"
+    return None
+
+
+def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
+    """The trial records of trials.jsonl's text: ``(records, skipped line count)``. A line
+    that is not JSON (a write cut short, an edit), nested too deep to parse, or not a
+    trial record (:func:`record_problem`) is skipped and counted; blank lines are not.
+
+    Args:
+        text: the file's text (:func:`read_text`).
+        reasons: when a list, ``(line number, why)`` of each skipped line is appended.
+    """
     records, skipped = [], 0
-    try:
-        with open(path, "rb") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return [], 0
-    except OSError as exc:
-        raise TuneError(f"cannot read {path}: {exc.strerror or exc}") from None
-    for raw in lines:
-        if not raw.strip():
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
             continue
         try:
-            rec = json.loads(raw)
-        except ValueError:
-            skipped += 1
-            continue
-        if isinstance(rec, dict) and "key" in rec and "status" in rec:
-            records.append(rec)
+            rec = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            rec, why = None, ("nested too deep" if isinstance(exc, RecursionError) else "not JSON")
         else:
-            skipped += 1
+            why = record_problem(rec)
+        if why is None:
+            records.append(rec)
+            continue
+        skipped += 1
+        if reasons is not None:
+            reasons.append((number, why))
     return records, skipped
 
 
-def append_record(path: Path, record: Mapping) -> None:
-    """Append one record as one line in one write (O_APPEND), so an interruption leaves
-    either the whole line or none of it."""
-    data = (json.dumps(record, sort_keys=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def read_records(path: Path, reasons: Optional[list] = None) -> tuple:
+    """The trials of ``DIR/trials.jsonl``: ``(records, skipped line count)``
+    (:func:`read_text`, :func:`parse_records`); ``([], 0)`` when there is no file.
+
+    Raises:
+        TuneError: the file is refused by :func:`read_text`.
+    """
+    return parse_records(read_text(path) or "", reasons)
+
+
+def append_record(path: Path, record: Mapping, newline_first: bool = False) -> None:
+    """Append one record as one line in one write (O_APPEND; never through a link), so an
+    interruption leaves either the whole line or none of it; a failed write (no space
+    left) is cut off again, so the file keeps only whole records. ``newline_first``
+    ends a last line left without its newline first.
+
+    Raises:
+        OSError: the file cannot be opened or written (the caller names it).
+    """
+    data = (("\n" if newline_first else "") + json.dumps(record, sort_keys=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
+        size = os.fstat(fd).st_size
         view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
     finally:
         os.close(fd)
 
 
-def _drop_partial_line(path: Path) -> bool:
-    """Cut a last line without its newline (a write cut short) off ``path``, so the next
-    record starts on a line of its own. Returns True when something was cut."""
+def write_file(path: Path, data) -> None:
+    """Write ``data`` (str or bytes) to ``path`` whole or not at all: into a new file
+    beside it (``tempfile.mkstemp``: O_EXCL, never through a link), renamed over
+    ``path`` once complete (a link planted at ``path`` is replaced, not followed). On
+    failure the new file is removed and the OSError propagates with ``path`` as its
+    filename."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with open(path, "rb+") as f:
-            data = f.read()
-            if not data or data.endswith(b"\n"):
-                return False
-            f.truncate(data.rfind(b"\n") + 1)
-            return True
-    except FileNotFoundError:
-        return False
+        try:
+            os.fchmod(fd, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
     except OSError as exc:
-        raise TuneError(f"cannot repair {path}: {exc.strerror or exc}") from None
+        os.unlink(tmp)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _slot_records(records: Iterable[Mapping]) -> dict:
@@ -886,41 +1038,74 @@ def _stage_done(stage: Stage, slots: Mapping, dropped: set) -> bool:
 
 
 # --------------------------------------------------------------------------- the load meter
+#
+# The foreign-load meter of tune and of scripts/benchkit.py (which imports it from here):
+#
+#     foreign = machine busy time (user+nice+system+irq+softirq, all CPUs)
+#               - our own CPU time (this process, all its threads, and the children it has
+#                 waited for: getrusage counts a child once it is reaped)
+#               + steal (time the hypervisor gave our virtual CPUs to other guests)
+#
+# divided by the wall time of the window, in percent of the whole machine (os.cpu_count()
+# CPUs, not only the ones this process may use: a foreign thread on any CPU can stall a
+# run that spans them).
+
+#: A process must use at least this percent of one CPU to be named among the busiest.
+BUSIEST_MIN_PCT = 5.0
+#: /proc/stat fields (proc(5)) that count as busy time.
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq")
 
 
 @dataclass(frozen=True)
-class LoadReading:
-    """Foreign CPU load over a window: others' CPU time plus steal, in percent of the
-    whole machine (``os.cpu_count()`` CPUs); ``busiest``: ``(percent of one CPU, pid,
-    name)`` of the busiest other processes when known."""
+class Load:
+    """The CPU time others took from the machine during one window.
 
-    foreign_pct: float
+    Attributes:
+        others: CPUs' worth (CPU seconds / wall seconds; 1.0 = one CPU kept busy
+            throughout) of the whole machine's busy time minus ours; steal not included.
+        steal: CPUs' worth of steal time.
+        seconds: wall-clock length of the window.
+        ncpu: logical CPUs of the machine (``os.cpu_count()``), the whole the percentages
+            are of.
+        busiest: ``(percent of one CPU, pid, name)`` of the busiest other processes,
+            busiest first, as top shows them; empty unless asked for (``sample(..., top=N)``).
+    """
+
+    others: float
+    steal: float
+    seconds: float
+    ncpu: int
     busiest: tuple = ()
 
+    @property
+    def foreign(self) -> float:
+        """CPUs' worth of foreign load: others plus steal."""
+        return self.others + self.steal
 
-class _BenchkitMeter:
-    """scripts/benchkit.py's meter (machine busy time minus ours and our reaped children,
-    plus steal), loaded by path from the repository checkout."""
+    @property
+    def foreign_pct(self) -> float:
+        """Foreign load, percent of the machine (what a busy threshold is compared with)."""
+        return 100 * self.foreign / self.ncpu
 
-    name = "benchkit"
+    @property
+    def others_pct(self) -> float:
+        """Other processes' CPU time, percent of the machine (steal not included)."""
+        return 100 * self.others / self.ncpu
 
-    def __init__(self, module) -> None:
-        self.mod = module
-
-    def sample(self, seconds: float) -> LoadReading:
-        load = self.mod.sample(seconds, top=3)
-        return LoadReading(load.foreign_pct, tuple(load.busiest))
-
-    def window(self) -> Callable[[], LoadReading]:
-        w = self.mod.LoadWindow()
-        return lambda: LoadReading(w.load().foreign_pct)
+    @property
+    def steal_pct(self) -> float:
+        """Steal time, percent of the machine."""
+        return 100 * self.steal / self.ncpu
 
 
 def parse_proc_stat(text: str, ticks_per_s: float) -> tuple:
     """The aggregate ``cpu`` line of /proc/stat (proc(5)) -> ``(busy, steal)`` CPU seconds
-    since boot, all CPUs summed; busy = user + nice + system + irq + softirq (as benchkit).
+    since boot, all CPUs summed; busy = user + nice + system + irq + softirq.
 
     ``"cpu  100 0 50 900 0 5 5 20 0 0"`` at 100 ticks/s -> ``(1.6, 0.2)``.
+
+    Raises:
+        ValueError: no aggregate ``cpu`` line, or a field that is not a number.
     """
     for line in text.splitlines():
         parts = line.split()
@@ -931,62 +1116,125 @@ def parse_proc_stat(text: str, ticks_per_s: float) -> tuple:
     raise ValueError("no aggregate cpu line in /proc/stat")
 
 
-class _ProcStatMeter:
-    """The same formula as benchkit's, read from /proc/stat directly (an installed
-    cpulaunch has no scripts/ folder); no list of busiest processes."""
+def _psutil():
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil
 
-    name = "proc-stat"
 
-    def __init__(self, stat_path: str = "/proc/stat") -> None:
-        self.path = stat_path
-        self.hz = float(os.sysconf("SC_CLK_TCK"))
+def _machine_times() -> tuple:
+    """``(busy, steal)`` CPU seconds of the whole machine since boot, summed over all CPUs:
+    psutil's ``cpu_times()`` (the ``tune`` extra; on Linux it reads /proc/stat), else
+    /proc/stat through the probe's bounded reader. A field the platform lacks counts 0."""
+    psutil = _psutil()
+    if psutil is not None:
+        t = psutil.cpu_times()
+        return sum(getattr(t, f, 0.0) for f in _BUSY_FIELDS), getattr(t, "steal", 0.0)
+    from cpulaunch.machine import probe
 
-    def _times(self) -> tuple:
-        with open(self.path) as f:
-            return parse_proc_stat(f.read(), self.hz)
+    return parse_proc_stat(probe._Fs("/").read("proc/stat") or "", float(os.sysconf("SC_CLK_TCK")))
 
-    @staticmethod
-    def _own() -> float:
-        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
-    def window(self) -> Callable[[], LoadReading]:
-        t0, (b0, s0), o0 = time.monotonic(), self._times(), self._own()
+def _own_cpu() -> float:
+    """CPU seconds of this process (every thread) and of its waited-for descendants
+    (trials, numactl, a launcher's instances: counted once they are reaped)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
-        def load() -> LoadReading:
-            wall = max(1e-6, time.monotonic() - t0)
-            b1, s1 = self._times()
-            others = max(0.0, (b1 - b0) - (self._own() - o0))
-            return LoadReading(100 * (others + max(0.0, s1 - s0)) / wall / (os.cpu_count() or 1))
 
-        return load
+class LoadWindow:
+    """A window that opens when made; ``load()`` is the foreign load since then.
+
+    Wrap the timed run in it: children the run started and waited for count as ours, so
+    only other processes' time (and steal) is left. ``load()`` may be read more than once.
+    """
+
+    def __init__(self) -> None:
+        self._wall = time.monotonic()
+        self._busy, self._steal = _machine_times()
+        self._own = _own_cpu()
+
+    def load(self, busiest: Iterable = ()) -> Load:
+        """The foreign load since the window opened; ``busiest`` is passed through."""
+        wall = max(1e-6, time.monotonic() - self._wall)
+        busy, steal = _machine_times()
+        others = max(0.0, (busy - self._busy) - (_own_cpu() - self._own))
+        return Load(others=others / wall, steal=max(0.0, steal - self._steal) / wall,
+                    seconds=wall, ncpu=os.cpu_count() or 1, busiest=tuple(busiest))
+
+
+def _busiest(psutil, procs: list, top: int) -> list:
+    """The ``top`` busiest of ``procs`` (psutil.Process, primed by cpu_percent(None)) since
+    they were primed, other than this process and under BUSIEST_MIN_PCT left out."""
+    found = []
+    for p in procs:
+        try:
+            pct = p.cpu_percent(None)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if pct >= BUSIEST_MIN_PCT and p.pid != os.getpid():
+            found.append((pct, p.pid, p.info["name"]))
+    return sorted(found, reverse=True)[:top]
+
+
+def sample_load(seconds: float, top: int = 0) -> Load:
+    """The foreign load over the next ``seconds`` while this process only waits (a check
+    before a run); with ``top`` > 0 also the ``top`` busiest other processes (psutil only:
+    none without it)."""
+    window = LoadWindow()
+    psutil = _psutil() if top else None
+    procs = []
+    if psutil is not None:
+        for p in psutil.process_iter(["pid", "name"]):
+            try:
+                p.cpu_percent(None)  # primes the per-process counter
+                procs.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+    time.sleep(seconds)
+    return window.load(_busiest(psutil, procs, top) if psutil is not None else ())
+
+
+@dataclass(frozen=True)
+class LoadReading:
+    """What a meter reports to :class:`Tuner`: the foreign CPU load over a window in
+    percent of the whole machine (``os.cpu_count()`` CPUs); ``busiest``: ``(percent of one
+    CPU, pid, name)`` of the busiest other processes when known."""
+
+    foreign_pct: float
+    busiest: tuple = ()
+
+
+class Meter:
+    """tune's foreign-load meter (:class:`LoadWindow`, :func:`sample_load`).
+
+    The meter protocol, which :class:`Tuner`'s ``meter`` parameter takes (tests inject
+    readings through it): ``name`` (recorded as each trial's ``load.meter``),
+    ``sample(seconds) -> LoadReading`` (the load while tune waits, before a trial) and
+    ``window() -> callable`` (opens a window; the callable returns the
+    :class:`LoadReading` since then).
+    """
+
+    def __init__(self) -> None:
+        #: "psutil", or "proc-stat" when psutil is not installed (no busiest processes then).
+        self.name = "psutil" if _psutil() is not None else "proc-stat"
 
     def sample(self, seconds: float) -> LoadReading:
-        done = self.window()
-        time.sleep(seconds)
-        return done()
+        load = sample_load(seconds, top=3)
+        return LoadReading(load.foreign_pct, tuple(load.busiest))
+
+    def window(self) -> Callable[[], LoadReading]:
+        w = LoadWindow()
+        return lambda: LoadReading(w.load().foreign_pct)
 
 
-def load_meter(repo: Optional[Path] = None):
-    """The foreign-load meter: scripts/benchkit.py of the repository holding this package,
-    imported by path (nothing copied), when it is there and imports (it needs psutil);
-    else a /proc/stat reader with the same formula. The choice is each record's
-    ``load.meter``."""
-    path = (repo or Path(__file__).resolve().parent.parent) / "scripts" / "benchkit.py"
-    name = "_cpulaunch_benchkit"
-    if path.is_file():
-        mod = sys.modules.get(name)
-        if mod is None or Path(getattr(mod, "__file__", "")) != path:
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod  # dataclasses look their module up there
-            try:
-                spec.loader.exec_module(mod)
-            except Exception:  # noqa: BLE001 - a broken or psutil-less checkout: use our reader
-                del sys.modules[name]
-                return _ProcStatMeter()
-        return _BenchkitMeter(mod)
-    return _ProcStatMeter()
+def load_meter() -> Meter:
+    """The foreign-load meter tune uses by default (:class:`Meter`): code of this
+    package, with psutil when installed (the ``tune`` extra)."""
+    return Meter()
 
 
 # --------------------------------------------------------------------------- running a trial
@@ -1000,7 +1248,8 @@ class RunResult:
         status: "ok" (exit 0), "failed" (other exit code or signal) or "timeout".
         returncode: Popen style (negative: killed by that signal); None if it never started.
         wall_s: seconds from start to exit.
-        stdout: its whole standard output (decoded, errors replaced).
+        stdout: the lines of its standard output that hold :data:`METRIC_PREFIX` (decoded,
+            errors replaced; at most :data:`METRIC_BYTES`): nothing else is kept.
         stderr_tail: the last :data:`TAIL_CHARS` characters of its standard error.
     """
 
@@ -1011,70 +1260,111 @@ class RunResult:
     stderr_tail: str
 
 
-def _stop(proc: subprocess.Popen, first: int) -> None:
-    """Stop a trial's process group: ``first``, then SIGTERM, then SIGKILL, waiting
-    :data:`STOP_WAIT` seconds after each; reaps it (bounded)."""
-    for sig in dict.fromkeys((first, signal.SIGTERM, signal.SIGKILL)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=STOP_WAIT)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+class _MetricLines:
+    """Where a trial's standard output goes (the launcher's relay writes whole lines to
+    it): only the lines that hold :data:`METRIC_PREFIX` are kept, at most
+    :data:`METRIC_BYTES` of them (the latest), so a program that prints without end costs
+    no memory and no disk."""
+
+    def __init__(self) -> None:
+        self.lines: collections.deque = collections.deque()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        if _PREFIX_BYTES in data:
+            for line in data.split(b"\n"):
+                if _PREFIX_BYTES in line and len(line) <= METRIC_BYTES:
+                    self.lines.append(line)
+                    self.size += len(line) + 1
+            while self.size > METRIC_BYTES:
+                self.size -= len(self.lines.popleft()) + 1
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def text(self) -> str:
+        return "".join(line.decode(errors="replace") + "\n" for line in self.lines)
 
 
-def run_command(argv: Sequence[str], timeout: float, environ: Optional[Mapping[str, str]] = None,
-                cwd: Optional[str] = None) -> RunResult:
-    """Run ``argv`` in a new session (its own process group), output to temporary files,
-    stdin from /dev/null; stop it at ``timeout`` seconds (:func:`_stop`).
+class _Tail:
+    """Where a trial's standard error goes: its last ``size`` bytes are kept."""
 
-    On KeyboardInterrupt (Ctrl-C, or SIGTERM turned into it by :class:`Tuner`) the child
-    gets SIGINT, then SIGTERM, then SIGKILL, is reaped, and the interrupt propagates.
+    def __init__(self, size: int) -> None:
+        self.buf, self.size = bytearray(), size
+
+    def write(self, data: bytes) -> int:
+        self.buf += data
+        del self.buf[:-self.size]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _wait_trial(group, deadline: float) -> str:
+    """Wait for the trial's process to exit: "ok"; at the monotonic ``deadline``
+    SIGTERM to its group, SIGKILL :data:`STOP_WAIT` seconds later: "timeout"."""
+    while True:
+        group.poll()
+        if not group.running():
+            return "ok"
+        left = deadline - time.monotonic()
+        if left <= 0:
+            group.stop(time.monotonic() + STOP_WAIT, signal.SIGTERM)
+            return "timeout"
+        group.wait(min(left, 1.0))
+
+
+def run_command(argv: Sequence[str], timeout: float, environ: Optional[Mapping[str, str]] = None) -> RunResult:
+    """Run ``argv`` as cpulaunch's launcher runs an instance (:class:`cpulaunch.launch.
+    ProcessGroup`): in a session of its own (its own process group), stdin from /dev/null,
+    the parent-death signal set and a watchdog that SIGKILLs the group if tune itself is
+    SIGKILLed. Its output is read as it comes (:class:`_MetricLines`, :class:`_Tail`).
+
+    It leaves nothing behind: once the command has exited, been stopped at ``timeout``
+    seconds (SIGTERM to its group, SIGKILL :data:`STOP_WAIT` seconds later) or
+    interrupted (KeyboardInterrupt: Ctrl-C, or SIGTERM/SIGHUP turned into it by
+    :class:`Tuner`; SIGINT to its group, SIGKILL :data:`STOP_WAIT` seconds later, then
+    the interrupt propagates), every process of its group is SIGKILLed and reaped: a
+    program's background children and daemons that stay in its group (``sh -c 'sleep 300
+    &'``) go with it. A process that leaves the group (setsid) is beyond reach, as for
+    the launcher.
 
     Raises:
         TuneError: the command cannot be started.
     """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.monotonic()
+    from cpulaunch.launch import LaunchError, ProcessGroup, ProcessSpec
+
+    out, err = _MetricLines(), _Tail(4 * TAIL_CHARS)
+    group = ProcessGroup([ProcessSpec(0, "the trial", tuple(argv))], os.environ if environ is None else environ,
+                         prefix_output=False, stdout=out, stderr=err, kill_timeout=STOP_WAIT)
+    start = time.monotonic()
+    try:
         try:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    env=None if environ is None else dict(environ), cwd=cwd,
-                                    start_new_session=True)
-        except OSError as exc:
-            raise TuneError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
-        status = "ok"
-        try:
-            proc.wait(timeout=max(0.01, timeout))
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-            _stop(proc, signal.SIGTERM)
-        except BaseException:
-            _stop(proc, signal.SIGINT)
-            raise
+            group.start()
+        except LaunchError as exc:
+            raise TuneError(f"cannot start the trial: {exc}") from None
+        status = _wait_trial(group, start + max(0.01, timeout))
         wall = time.monotonic() - start
-        if status == "ok" and proc.returncode != 0:
-            status = "failed"
-        out.seek(0)
-        err.seek(0, os.SEEK_END)
-        err.seek(max(0, err.tell() - 4 * TAIL_CHARS))
-        return RunResult(status, proc.returncode, wall, out.read().decode(errors="replace"),
-                         err.read().decode(errors="replace")[-TAIL_CHARS:])
+    except BaseException:
+        group.stop(time.monotonic() + STOP_WAIT, signal.SIGINT)
+        raise
+    finally:
+        group.close()
+    rc = group.results()[0].returncode
+    if status == "ok" and rc != 0:
+        status = "failed"
+    return RunResult(status, rc, wall, out.text(), err.buf.decode(errors="replace")[-TAIL_CHARS:])
 
 
 def _failure_text(res: RunResult) -> str:
+    from cpulaunch.spawn import signal_name
+
     if res.status == "timeout":
         return f"timed out after {res.wall_s:.1f}s"
     rc = res.returncode
-    if rc is not None and rc < 0:
-        try:
-            how = f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            how = f"killed by signal {-rc}"
-    else:
-        how = f"exit code {rc}"
+    how = f"killed by {signal_name(-rc)}" if rc is not None and rc < 0 else f"exit code {rc}"
     last = [ln for ln in res.stderr_tail.splitlines() if ln.strip()]
     return how + (f": {last[-1].strip()[:200]}" if last else "")
 
@@ -1155,6 +1445,8 @@ class Tuner:
         self._progress = progress
         self._done_count = 0
         self._total = 0
+        self._newline_first = False  # trials.jsonl ends in a line that could not be cut
+        self._default_instances: Optional[int] = None
 
     # ---------------------------------------------------------------- files
 
@@ -1168,41 +1460,97 @@ class Tuner:
         records of an earlier run (resume).
 
         Raises:
-            TuneError: DIR is not usable, or holds a different tune.
+            TuneError: DIR is not usable (cannot be created or written: read-only, no
+                space left), holds a different tune, or its tune.json/trials.jsonl is not
+                a regular file of a bounded size (:func:`read_text`).
         """
-        from cpulaunch import __version__
-
         out = self.s.out
+        created = not out.exists()
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TuneError(f"--out {out}: cannot create the folder: {exc.strerror or exc}") from None
-        meta_path = out / "tune.json"
-        mine = self._identity()
-        if meta_path.exists():
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (OSError, ValueError) as exc:
-                raise TuneError(f"{meta_path} is unreadable ({exc}); use another --out or delete it") from None
-            for k in _IDENTITY:
-                if meta.get(k) != mine[k]:
-                    raise TuneError(
-                        f"--out {out} holds a tune with another {k.replace('_', '-')} ({meta.get(k)!r}, now "
-                        f"{mine[k]!r}); use another --out, or delete {out} to start over")
-        else:
-            meta_path.write_text(json.dumps({**mine, "cpulaunch": __version__,
-                                             "started": _now_iso()}, indent=2) + "\n")
-        cut = _drop_partial_line(self.trials)
-        self.records, skipped = read_records(self.trials)
-        skipped += cut
+        try:
+            self._check_meta()
+            self._load_trials()
+        except TuneError:
+            if created:  # leave nothing behind: the folder is ours and holds no trial
+                _remove_quietly(out / "tune.json")
+                _remove_quietly(out)
+            raise
+
+    def _check_meta(self) -> None:
+        """tune.json: the same tune as this one, or written now."""
+        from cpulaunch import __version__
+
+        out, meta_path, mine = self.s.out, self.s.out / "tune.json", self._identity()
+        text = read_text(meta_path, cap=1 << 20)
+        if text is None:
+            self._write("tune.json", json.dumps({**mine, "cpulaunch": __version__, "started": _now_iso()},
+                                                indent=2) + "\n")
+            return
+        try:
+            meta = json.loads(text)
+        except (ValueError, RecursionError):
+            meta = None
+        if not isinstance(meta, dict):
+            raise TuneError(f"{meta_path} is not what tune writes (a JSON object); use another --out or delete it")
+        for k in _IDENTITY:
+            if meta.get(k) != mine[k]:
+                raise TuneError(
+                    f"--out {out} holds a tune with another {k.replace('_', '-')} ({meta.get(k)!r}, now "
+                    f"{mine[k]!r}); use another --out, or delete {out} to start over")
+
+    def _load_trials(self) -> None:
+        """The records of trials.jsonl (resume): a last line without its newline (a write
+        cut short) is cut off; lines that are not trial records, and records of
+        configurations not in this space, are left out with a note; each record's
+        config is the space's own for its key."""
+        text = read_text(self.trials) or ""
+        body, _, tail = text.rpartition("\n")
+        if tail:
+            self._cut_partial(tail)
+            text = body + "\n" if body else ""
+            self.notes.append(f"1 unreadable line(s) of {self.trials} skipped (an interrupted write)")
+        reasons: list = []
+        self.records, skipped = parse_records(text, reasons)
         if skipped:
-            self.notes.append(f"{skipped} unreadable line(s) of {self.trials} skipped (an interrupted write)")
-        known = {config_key(c) for c in grid_configs(self.space)}
-        stray = {r["key"] for r in self.records} - known
+            why = "; ".join(f"line {n}: {w}" for n, w in reasons[:3]) + ("; ..." if skipped > 3 else "")
+            self.notes.append(f"{skipped} line(s) of {self.trials} skipped: not trial records ({why})")
+        by_key = {config_key(c): c for c in grid_configs(self.space)}
+        stray = {r["key"] for r in self.records} - set(by_key)
         if stray:
             self.notes.append(f"{len(stray)} recorded configuration(s) are not in this space (libraries or "
                               "CPUs changed?) and are left out: " + ", ".join(sorted(stray)[:3]))
-            self.records = [r for r in self.records if r["key"] in known]
+        self.records = [{**r, "config": dict(by_key[r["key"]])} for r in self.records if r["key"] in by_key]
+
+    def _cut_partial(self, tail: str) -> None:
+        """Cut ``tail`` (the last line, without its newline) off trials.jsonl; when its
+        bytes are not known exactly (it was not UTF-8), the next record starts with a
+        newline instead."""
+        if "\ufffd" in tail:
+            self._newline_first = True
+            return
+        try:
+            os.truncate(self.trials, os.stat(self.trials).st_size - len(tail.encode()))
+        except OSError as exc:
+            raise self._write_error("trials.jsonl", exc) from None
+
+    def _write(self, name: str, data) -> None:
+        """:func:`write_file` of ``DIR/name``; OSError -> :meth:`_write_error`."""
+        try:
+            write_file(self.s.out / name, data)
+        except OSError as exc:
+            raise self._write_error(name, exc) from None
+
+    def _write_error(self, name: str, exc: OSError) -> TuneError:
+        """One line for a file of --out that cannot be written (read-only, no space left),
+        saying what is kept."""
+        n = len(self.records)
+        kept = (f"the {n} trial(s) recorded before are kept in {self.trials}: free some space or make the "
+                "folder writable, then run the same command again to resume") if n else \
+            "give --out a writable folder with free space"
+        return TuneError(f"--out {self.s.out}: cannot write {name}: {exc.strerror or exc}; {kept}")
 
     # ---------------------------------------------------------------- one trial
 
@@ -1227,9 +1575,13 @@ class Tuner:
         before = self.meter.sample(self.s.load_sample) if self.s.load_sample > 0 else LoadReading(0.0)
         done = self.meter.window()
         timeout = self._timeout(deadline - self.clock())
+        log.info("trial %d (%s, round %d): %s (timeout %.0fs)", len(self.records) + 1, stage, rnd,
+                 printable(shlex.join(argv)), timeout)
         res = self.runner(argv, timeout)
         during = done()
         cost = self.clock() - t0
+        log.info("trial %d: %s after %.1fs; foreign load %.0f%% before, %.0f%% during", len(self.records) + 1,
+                 res.status, res.wall_s, before.foreign_pct, during.foreign_pct)
         busy = self.s.busy_threshold < 100 and max(before.foreign_pct, during.foreign_pct) > self.s.busy_threshold
         # Repeat a busy trial once, unless the trial before it was busy too: on a machine
         # busy for long a repeat only doubles the time; the trial is flagged instead.
@@ -1253,14 +1605,19 @@ class Tuner:
             rec["error"] = _failure_text(res)
         if rec["status"] != "ok":
             rec["stderr_tail"] = res.stderr_tail
-        append_record(self.trials, rec)
+        try:
+            append_record(self.trials, rec, self._newline_first)
+        except OSError as exc:
+            raise self._write_error("trials.jsonl", exc) from None
+        self._newline_first = False
         self.records.append(rec)
         return rec
 
     def _score_output(self, rec: dict, res: RunResult, config: Mapping) -> None:
-        metrics = parse_metrics(res.stdout)
+        n = self._instances(config)
+        metrics = attribute_metrics(parse_metrics(res.stdout), n)
         if rec["stage"] == "warmup":
-            names = [n for inst in metrics.values() for n in inst]
+            names = [name for inst in metrics.values() for name in inst]
             if self.s.metric is not None:
                 self.metric = self.s.metric
             else:
@@ -1269,22 +1626,28 @@ class Tuner:
         if self.metric == WALL_METRIC:
             rec.update(metric=WALL_METRIC, value=round(res.wall_s, 4), per_instance=None)
             return
-        n = self._instances(config, metrics)
-        lower = self.s.lower_is_better
-        value, per, error = combine_metric(metrics, self.metric, n, lower)
+        value, per, error = combine_metric(metrics, self.metric, n, self.s.lower_is_better)
         rec["metric"] = self.metric
         if error:
             rec.update(status="failed", error=error)
         else:
             rec.update(value=value, per_instance=per)
 
-    def _instances(self, config: Mapping, metrics: Mapping) -> int:
-        """Instances the trial ran: as planned for its instances value (1, cpulaunch's
-        default, when the axis is not searched), or more if prefixed lines name more
-        (e.g. CPULAUNCH_NINSTANCES set in the environment)."""
-        planned = len(self.space.instances[config["instances"]].cpulists) if "instances" in config else 1
-        seen = [i for i in metrics if i is not None]
-        return max([planned] + [i + 1 for i in seen])
+    def _instances(self, config: Mapping) -> int:
+        """Instances the trial starts: as planned for its ``instances`` value; when that
+        axis is not searched, as cpulaunch plans without an instance flag in this
+        environment (1 unless CPULAUNCH_NINSTANCES or the like say otherwise)."""
+        if "instances" in config:
+            return len(self.space.instances[config["instances"]].cpulists)
+        if self._default_instances is None:
+            from cpulaunch.api import plan_instances
+
+            try:
+                self._default_instances = len(plan_instances(program=("true",)).instances)
+            except CpulaunchError as exc:  # the trial will say it again, as its failure
+                log.info("cannot plan the default configuration here (%s); counting 1 instance", exc)
+                self._default_instances = 1
+        return self._default_instances
 
     # ---------------------------------------------------------------- the loop
 
@@ -1317,6 +1680,9 @@ class Tuner:
         if warm:
             self.metric = warm[0]["metric"]
         else:
+            self._announce(f"warm-up: one untimed run of cpulaunch's default configuration "
+                           f"({config_key(self.space.default) or 'no flags'}) to learn the trial time and the "
+                           "metric; the search starts after it")
             self._open_progress(1)
             rec = self.run_trial(self.space.default, "warmup", 0, 1, deadline)
             self._tick(rec, deadline)
@@ -1337,6 +1703,7 @@ class Tuner:
             for n in stage.notes:
                 if n not in self.notes:
                     self.notes.append(n)
+                    self._announce(n)
             if not self._run_stage(stage, deadline):
                 break
         return 0
@@ -1389,6 +1756,7 @@ class Tuner:
             except ImportError:
                 tqdm = None
             if tqdm is not None:
+                tqdm.monitor_interval = 0  # no monitor thread: trials are forked from this process
                 self._bar = tqdm(total=self._total, unit="trial", file=self.err, dynamic_ncols=True,
                                  desc="tune")
                 return
@@ -1428,6 +1796,11 @@ class Tuner:
         self._say(f"[{self._done_count}/{max(self._total, self._done_count)}] {stage}: {rec['key']}: "
                   f"{what}{flag} ({rec['wall_s']:.1f}s); {self._best_text()}; {left} of budget left")
 
+    def _announce(self, text: str) -> None:
+        """A line of progress on stderr (above the bar when there is one)."""
+        if self._progress:
+            self._say(text)
+
     def _close_progress(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -1435,6 +1808,9 @@ class Tuner:
 
     def _say(self, text: str) -> None:
         try:
+            if self._bar is not None:
+                self._bar.write(f"cpulaunch tune: {text}", file=self.err)
+                return
             self.err.write(f"cpulaunch tune: {text}\n")
             self.err.flush()
         except (OSError, ValueError):
@@ -1470,6 +1846,14 @@ def _restore_signals(old: Mapping) -> None:
             pass
 
 
+def _remove_quietly(path: Path) -> None:
+    """Remove a file or an empty folder of ours; nothing when it is absent or not empty."""
+    try:
+        path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+    except OSError:
+        pass
+
+
 def _now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
@@ -1500,12 +1884,27 @@ class Outcome:
         recommended: the key of the recommended configuration, or None.
         verdict: one line on the recommendation vs cpulaunch's default.
         default_key: the default configuration's key.
+        busy: scored trials behind the verdict (the recommended configuration's, and the
+            default's when it was compared with it) that were flagged busy.
+        behind: scored trials behind the verdict.
     """
 
     rows: tuple
     recommended: Optional[str]
     verdict: str
     default_key: str
+    busy: int = 0
+    behind: int = 0
+
+    @property
+    def from_busy(self) -> bool:
+        """A recommendation stands on trials measured while the machine was busy: every
+        output carries the flag, and tune exits with :data:`BUSY_EXIT`."""
+        return self.recommended is not None and self.busy > 0
+
+
+#: tune's exit code when its recommendation stands on busy trials (docs/tune.md).
+BUSY_EXIT = 3
 
 
 def decide(space: Space, records: Sequence[Mapping], rounds: int, lower_is_better: bool) -> Outcome:
@@ -1514,7 +1913,8 @@ def decide(space: Space, records: Sequence[Mapping], rounds: int, lower_is_bette
     Among configurations with at least ``rounds`` scored trials, the best median is
     recommended when it is better than cpulaunch's default beyond the spread
     (:func:`compare`); otherwise the default is (a difference within noise is no reason to
-    change). When the default has no complete result, the best median is.
+    change). When the default has no complete result, the best median is. The busy
+    trials behind the verdict are counted (:attr:`Outcome.busy`).
     """
     summaries = score(records)
     configs = {r["key"]: r["config"] for r in records if r.get("stage") != "warmup"}
@@ -1524,21 +1924,35 @@ def decide(space: Space, records: Sequence[Mapping], rounds: int, lower_is_bette
         (k, configs[k], summaries[k]) for k in sorted(summaries) if not summaries[k].n)
     dkey = config_key(space.default)
     complete = [k for k in scored if summaries[k].n >= rounds]
+    pick, verdict, behind = _pick(summaries, complete, dkey, rounds, lower_is_better)
+    return Outcome(rows, pick, verdict, dkey, busy=sum(summaries[k].busy for k in behind),
+                   behind=sum(summaries[k].n for k in behind))
+
+
+def _pick(summaries: Mapping, complete: Sequence[str], dkey: str, rounds: int, lower_is_better: bool) -> tuple:
+    """``(recommended key or None, verdict, keys of the configurations behind it)``."""
     if not complete:
-        return Outcome(rows, None, f"no configuration has {rounds} successful trials", dkey)
+        return None, f"no configuration has {rounds} successful trials", ()
     top = complete[0]
     d = summaries.get(dkey)
     if d is None or d.n < rounds:
-        return Outcome(rows, top, f"the best median; cpulaunch's default ({dkey}) has no complete result", dkey)
+        return top, f"the best median; cpulaunch's default ({dkey}) has no complete result", (top,)
     if top == dkey:
-        return Outcome(rows, dkey, "cpulaunch's default has the best median", dkey)
+        return dkey, "cpulaunch's default has the best median", (dkey,)
     verdict = compare(summaries[top], d, lower_is_better)
     ratio = _ratio(summaries[top].median, d.median, lower_is_better)
     if verdict == "better":
-        return Outcome(rows, top, f"better than cpulaunch's default ({dkey}) beyond the measured spread: "
-                                  f"{ratio}", dkey)
-    return Outcome(rows, dkey, f"the best median ({top}, {ratio}) is within noise of cpulaunch's default, "
-                               "so the default is kept", dkey)
+        return top, f"better than cpulaunch's default ({dkey}) beyond the measured spread: {ratio}", (top, dkey)
+    return dkey, (f"the best median ({top}, {ratio}) is within noise of cpulaunch's default, so the default "
+                  "is kept"), (top, dkey)
+
+
+def busy_warning(outcome: Outcome, threshold: float) -> str:
+    """The flag a recommendation from busy trials carries in every output (report, chart
+    title, best.toml), one line."""
+    return (f"{outcome.busy} of the {outcome.behind} trials behind this recommendation ran while the machine was "
+            f"busy (foreign CPU load above {threshold:g}%): its figures are not to be quoted; run tune again "
+            "with another --out on a quiet machine")
 
 
 def _ratio(a: float, b: float, lower_is_better: bool) -> str:
@@ -1551,11 +1965,10 @@ def _ratio(a: float, b: float, lower_is_better: bool) -> str:
 
 
 def report_text(tuner: Tuner, outcome: Outcome) -> str:
-    """The report: what was tuned, the table (best first), notes, the recommendation."""
+    """The report: what was tuned, the table (best first), notes, the recommendation (with
+    :func:`busy_warning` when it stands on busy trials)."""
     s = tuner.s
     lower = tuner._lower
-    summaries = {k: sm for k, _, sm in outcome.rows}
-    d = summaries.get(outcome.default_key)
     lines = [
         f"cpulaunch tune: {shlex.join(s.program)}",
         f"metric: {tuner.metric} ({'lower' if lower else 'higher'} is better"
@@ -1566,35 +1979,7 @@ def report_text(tuner: Tuner, outcome: Outcome) -> str:
         f"{format_duration(s.budget_s)} budget); {s.rounds} per configuration, round-robin, seed {s.seed}",
         "",
     ]
-    width = max([len(k) for k in summaries] + [len("configuration")])
-    head = f"{'rank':>4}  {'configuration':<{width}}  {'median':>9}  {'min':>9}  {'max':>9}  {'spread':>6}  " \
-           f"{'trials':>6}  vs default"
-    lines += [head, "-" * len(head)]
-    rank = 0
-    for key, _, sm in outcome.rows:
-        mark = ("*" if key == outcome.recommended else " ")
-        if sm.n:
-            rank += 1
-            if key == outcome.default_key:
-                vs = "(the default)"
-            elif d is not None and d.n:
-                vs = f"{_ratio(sm.median, d.median, lower)} {compare(sm, d, lower)}"
-            else:
-                vs = "-"
-            extra = []
-            if sm.n < s.rounds:
-                extra.append(f"only {sm.n} of {s.rounds} trials")
-            if sm.failed:
-                extra.append(f"{sm.failed} failed")
-            if sm.busy:
-                extra.append(f"{sm.busy} busy")
-            spread = f"{sm.spread_pct:.0f}%" if not math.isnan(sm.spread_pct) else "-"
-            lines.append(f"{rank:>3}{mark}  {key:<{width}}  {_num(sm.median):>9}  {_num(sm.low):>9}  "
-                         f"{_num(sm.high):>9}  {spread:>6}  {sm.n:>6}  {vs}"
-                         + (f" ({'; '.join(extra)})" if extra else ""))
-        else:
-            errs = [r.get("error") for r in tuner.records if r["key"] == key and r["status"] != "ok"]
-            lines.append(f"{'-':>4}  {key:<{width}}  {'failed':>9}  {len(errs)} trial(s): {errs[-1] if errs else ''}")
+    lines += _table(tuner, outcome)
     lines.append("")
     lines.append("spread = (max - min) / median of a configuration's trials; a configuration is better or worse "
                  "than the default only when the difference of medians exceeds the larger spread, else within noise.")
@@ -1606,10 +1991,45 @@ def report_text(tuner: Tuner, outcome: Outcome) -> str:
         lines.append(f"no recommendation: {outcome.verdict}")
     else:
         lines.append(f"recommended: {outcome.recommended}: {outcome.verdict}")
+        if outcome.from_busy:
+            lines.append("  BUSY: " + busy_warning(outcome, s.busy_threshold))
         cfg = next(c for k, c, _ in outcome.rows if k == outcome.recommended)
         lines.append("  " + winner_command(tuner, cfg))
         lines.append(f"  cpulaunch --config {shlex.quote(str(s.out / 'best.toml'))} -- {shlex.join(s.program)}")
     return "\n".join(lines) + "\n"
+
+
+def _table(tuner: Tuner, outcome: Outcome) -> list:
+    """The report's table: one line per configuration, best first."""
+    lower, rounds = tuner._lower, tuner.s.rounds
+    summaries = {k: sm for k, _, sm in outcome.rows}
+    d = summaries.get(outcome.default_key)
+    width = max([len(k) for k in summaries] + [len("configuration")])
+    head = f"{'rank':>4}  {'configuration':<{width}}  {'median':>9}  {'min':>9}  {'max':>9}  {'spread':>6}  " \
+           f"{'trials':>6}  vs default"
+    lines = [head, "-" * len(head)]
+    rank = 0
+    for key, _, sm in outcome.rows:
+        mark = ("*" if key == outcome.recommended else " ")
+        if not sm.n:
+            errs = [r.get("error") for r in tuner.records if r["key"] == key and r["status"] != "ok"]
+            lines.append(f"{'-':>4}  {key:<{width}}  {'failed':>9}  {len(errs)} trial(s): {errs[-1] if errs else ''}")
+            continue
+        rank += 1
+        if key == outcome.default_key:
+            vs = "(the default)"
+        elif d is not None and d.n:
+            vs = f"{_ratio(sm.median, d.median, lower)} {compare(sm, d, lower)}"
+        else:
+            vs = "-"
+        extra = [f"only {sm.n} of {rounds} trials"] if sm.n < rounds else []
+        extra += [f"{sm.failed} failed"] if sm.failed else []
+        extra += [f"{sm.busy} busy"] if sm.busy else []
+        spread = f"{sm.spread_pct:.0f}%" if not math.isnan(sm.spread_pct) else "-"
+        lines.append(f"{rank:>3}{mark}  {key:<{width}}  {_num(sm.median):>9}  {_num(sm.low):>9}  "
+                     f"{_num(sm.high):>9}  {spread:>6}  {sm.n:>6}  {vs}"
+                     + (f" ({'; '.join(extra)})" if extra else ""))
+    return lines
 
 
 def winner_command(tuner: Tuner, config: Mapping) -> str:
@@ -1630,13 +2050,18 @@ def _toml_value(v) -> str:
 
 def best_toml(tuner: Tuner, outcome: Outcome) -> str:
     """best.toml: ``[cpulaunch]`` holds the recommended configuration (every searched axis
-    explicit), ``[measured]`` what backs it (cpulaunch's --config ignores that table)."""
+    explicit), ``[measured]`` what backs it (cpulaunch's --config ignores that table),
+    ``busy_trials`` and ``busy`` included; a recommendation from busy trials also says so
+    in a comment at the top."""
     key = outcome.recommended
     cfg, sm = next((c, s) for k, c, s in outcome.rows if k == key)
     d = dict((k, s) for k, _, s in outcome.rows).get(outcome.default_key)
-    lines = [f"# cpulaunch tune's recommendation for: {shlex.join(tuner.s.program)}",
-             f"# use: cpulaunch --config best.toml -- {shlex.join(tuner.s.program)}", "", "[cpulaunch]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in config_toml(tuner.space, cfg).items()]
+    program = printable(shlex.join(tuner.s.program))
+    lines = [f"# cpulaunch tune's recommendation for: {program}",
+             f"# use: cpulaunch --config best.toml -- {program}"]
+    if outcome.from_busy:
+        lines.append("# BUSY: " + busy_warning(outcome, tuner.s.busy_threshold))
+    lines += ["", "[cpulaunch]"] + [f"{k} = {_toml_value(v)}" for k, v in config_toml(tuner.space, cfg).items()]
     measured = {
         "configuration": key, "verdict": outcome.verdict, "metric": tuner.metric,
         "lower_is_better": tuner._lower, "median": sm.median, "min": sm.low, "max": sm.high, "trials": sm.n,
@@ -1644,7 +2069,8 @@ def best_toml(tuner: Tuner, outcome: Outcome) -> str:
     }
     if d is not None and d.n:
         measured.update(default_median=d.median, default_min=d.low, default_max=d.high)
-    measured.update(program=list(tuner.s.program), date=_now_iso())
+    measured.update(busy_trials=outcome.busy, busy=outcome.from_busy, busy_threshold_pct=tuner.s.busy_threshold,
+                    program=list(tuner.s.program), date=_now_iso())
     lines += ["", "[measured]"] + [f"{k} = {_toml_value(v)}" for k, v in measured.items()
                                    if not (isinstance(v, float) and not math.isfinite(v))]
     return "\n".join(lines) + "\n"
@@ -1652,8 +2078,14 @@ def best_toml(tuner: Tuner, outcome: Outcome) -> str:
 
 def report_png(tuner: Tuner, outcome: Outcome, path: Path) -> Optional[str]:
     """The chart: each scored configuration's median with its min-max range, best at the
-    top, the default and the recommendation marked. Returns a note instead when
-    matplotlib is missing."""
+    top, the default and the recommendation marked; configurations with busy trials
+    hatched and labelled, and the title flagged when the recommendation stands on busy
+    trials. Written with :func:`write_file`. Returns a note instead when matplotlib is
+    missing.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     try:
         import matplotlib
 
@@ -1671,32 +2103,54 @@ def report_png(tuner: Tuner, outcome: Outcome, path: Path) -> Optional[str]:
     err = [[s.median - s.low for _, s in rows], [s.high - s.median for _, s in rows]]
     colors = ["tab:green" if k == outcome.recommended else "tab:orange" if k == outcome.default_key
               else "tab:blue" for k, _ in rows]
-    ax.barh(ys, med, color=colors, alpha=0.6)
+    bars = ax.barh(ys, med, color=colors, alpha=0.6)
+    for bar, (_, s) in zip(bars, rows):
+        if s.busy:
+            bar.set_hatch("//")
     ax.errorbar(med, ys, xerr=err, fmt="none", ecolor="black", capsize=3)
     ax.set_yticks(ys)
-    ax.set_yticklabels([k + (" (default)" if k == outcome.default_key else "") for k, _ in rows], fontsize=8)
-    ax.set_xlabel(f"{tuner.metric} ({'lower' if tuner._lower else 'higher'} is better); median, min-max")
-    ax.set_title("cpulaunch tune: " + shlex.join(tuner.s.program)[:80], fontsize=9)
+    ax.set_yticklabels([k + (" (default)" if k == outcome.default_key else "")
+                        + (f" ({s.busy} busy)" if s.busy else "") for k, s in rows], fontsize=8)
+    ax.set_xlabel(f"{tuner.metric} ({'lower' if tuner._lower else 'higher'} is better); median, min-max"
+                  + ("; hatched: trials on a busy machine" if any(s.busy for _, s in rows) else ""))
+    title = "cpulaunch tune: " + printable(shlex.join(tuner.s.program))[:80]
+    if outcome.from_busy:
+        title += f"\nBUSY: {outcome.busy} of {outcome.behind} trials behind the recommendation: not to be quoted"
+    ax.set_title(title, fontsize=9, color="tab:red" if outcome.from_busy else "black")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
+    write_file(path, buf.getvalue())
     return None
 
 
 def finish(tuner: Tuner, out=None) -> Outcome:
-    """Write report.txt, report.png and best.toml, print the report; returns the outcome."""
+    """Write report.png, best.toml (when there is a recommendation) and report.txt, and
+    print the report; returns the outcome.
+
+    Raises:
+        TuneError: a file cannot be written (read-only, no space left): the report is
+            printed all the same, and the message says the trials are kept.
+    """
     outcome = decide(tuner.space, tuner.records, tuner.s.rounds, tuner._lower)
-    out_dir = tuner.s.out
-    note = report_png(tuner, outcome, out_dir / "report.png")
-    if note:
-        tuner.notes.append(note)
-    if outcome.recommended is not None:
-        (out_dir / "best.toml").write_text(best_toml(tuner, outcome))
-    text = report_text(tuner, outcome)
-    (out_dir / "report.txt").write_text(text)
+    out_dir, failure = tuner.s.out, None
+    try:
+        note = report_png(tuner, outcome, out_dir / "report.png")
+        if note:
+            tuner.notes.append(note)
+        if outcome.recommended is not None:
+            write_file(out_dir / "best.toml", best_toml(tuner, outcome))
+        text = report_text(tuner, outcome)
+        write_file(out_dir / "report.txt", text)
+    except OSError as exc:
+        failure = tuner._write_error(Path(exc.filename or "").name or "the report", exc)
+        text = report_text(tuner, outcome)
     stream = out or sys.stdout
     stream.write(text)
     stream.flush()
+    if failure is not None:
+        raise failure
     return outcome
 
 
@@ -1766,9 +2220,12 @@ _CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--hel
 @click.option("--sysroot", default="/", show_default=True, type=click.Path(file_okay=False),
               help="Read the machine from this root (with --dry-run only: trials run here).")
 @click.option("--dry-run", is_flag=True, help="Print the space and the configurations; run nothing.")
+@click.option("-v", "--verbose", count=True,
+              help="More diagnostics on stderr (each trial's command and load readings); a traceback "
+                   "with an internal error. As for cpulaunch's other commands.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def tune_command(budget, out, space, lower_is_better, trials_per_config, metric, trial_timeout,
-                 busy_threshold, load_sample, seed, sysroot, dry_run, program):
+                 busy_threshold, load_sample, seed, sysroot, dry_run, verbose, program):
     """Find the fastest cpulaunch configuration for PROGRAM on this machine, by measurement.
 
     \b
@@ -1778,6 +2235,8 @@ def tune_command(budget, out, space, lower_is_better, trials_per_config, metric,
       cpulaunch tune --dry-run -- python x.py
     The program reports its figure with a line `CPULAUNCH_METRIC name=value` (higher is
     better unless --lower-is-better); without one, tune times the whole run.
+    Exit codes: 0 recommended; 1 no configuration completed; 2 a mistake to fix; 3
+    recommended from trials on a busy machine (flagged in every output); 130 interrupted.
     """
     return _command(budget, out, space, lower_is_better, trials_per_config, metric, trial_timeout,
                     busy_threshold, load_sample, seed, sysroot, dry_run, program)
@@ -1816,14 +2275,18 @@ def _command(*values) -> int:
     if code != 0:
         return code
     outcome = finish(tuner)
-    return 0 if outcome.recommended is not None else 1
+    if outcome.recommended is None:
+        return 1
+    return BUSY_EXIT if outcome.from_busy else 0
 
 
 def main(args: Sequence[str]) -> int:
     """``cpulaunch tune ARGS...``: parse tune's options, run, return the exit code.
 
-    0: done (a recommendation written); 1: no configuration completed its trials; 130:
-    interrupted (the trials so far are kept: rerun to resume).
+    0: done (a recommendation written); 1: no configuration completed its trials; 3
+    (:data:`BUSY_EXIT`): a recommendation written, but it stands on trials measured while
+    the machine was busy (every output says so); 130: interrupted (the trials so far are
+    kept: rerun to resume).
 
     Raises:
         TuneError (a CpulaunchError) and click.UsageError for the user's mistakes; the

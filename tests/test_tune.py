@@ -8,9 +8,11 @@ program that works for 30 ms).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +21,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cpulaunch import tune
 from cpulaunch.machine import probe
@@ -40,6 +44,7 @@ from cpulaunch.tune import (
 )
 
 from conftest import REPO, run_cli
+from test_launch_faults import tiny_tmpfs  # noqa: F401 - the 64 KiB tmpfs fixture, shared
 
 AMD = "hw-32amd64-4s2n4c-cgroup2"  # 4 sockets, cgroup allows CPUs 0-5 (nodes 0: 0-3, 1: 4-5)
 ARM = "hw-128arm-2pa2n8cluster4co"  # 2 packages x 2 nodes x 32 cores, no SMT
@@ -293,7 +298,10 @@ def test_combine_metric_sums_throughput_and_averages_latency():
         None, [], "instance 1,2 printed no 'CPULAUNCH_METRIC s=...' line")
     assert combine_metric({}, "s", 1, False)[2] == "the program printed no 'CPULAUNCH_METRIC s=...' line"
     assert combine_metric({None: {"s": float("nan")}}, "s", 1, False)[2] == \
-        "'CPULAUNCH_METRIC s=...' is not a finite number"
+        "'CPULAUNCH_METRIC s=...' is not a finite number (at most 1e+300 in size)"
+    # a sum that would leave the finite numbers is refused too (the record must be readable again)
+    assert combine_metric({0: {"s": 1e300}, 1: {"s": 1e300}}, "s", 2, False)[2].endswith("is not a finite number "
+                                                                                      "(at most 1e+300 in size)")
 
 
 def test_better_only_beyond_the_spread():
@@ -489,9 +497,8 @@ def test_warmup_failure_is_a_user_error(tmp_path):
 def test_proc_stat_reader():
     text = "cpu  100 0 50 900 0 5 5 20 0 0\ncpu0 50 0 25 450 0 2 3 10 0 0\nintr 1\n"
     assert tune.parse_proc_stat(text, 100.0) == (1.6, 0.2)
-    assert tune.load_meter(REPO).name == "benchkit"  # the repository's scripts/benchkit.py, by path
-    assert tune.load_meter(Path("/nonexistent")).name == "proc-stat"
-    reading = tune.load_meter(Path("/nonexistent")).sample(0.05)
+    assert tune.load_meter().name == "psutil"
+    reading = tune.load_meter().sample(0.05)
     assert 0.0 <= reading.foreign_pct
 
 
@@ -607,8 +614,14 @@ if "jemalloc" in os.environ.get("LD_PRELOAD", ""):
 def _tiny(tmp_path, sleep=0.0):
     prog = tmp_path / "tiny.py"
     prog.write_text(TINY)
-    env = dict(os.environ, TINY_PIDS=str(tmp_path / "pids"), TINY_SLEEP=str(sleep))
-    return prog, env
+    return prog, _env(TINY_PIDS=str(tmp_path / "pids"), TINY_SLEEP=str(sleep))
+
+
+def _env(**extra) -> dict:
+    """This environment with this checkout's cpulaunch first on PYTHONPATH: tune runs from
+    a temporary folder, and so do its trials (``python -m cpulaunch``)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 def test_end_to_end_tune(tmp_path):
@@ -635,7 +648,7 @@ def test_end_to_end_tune(tmp_path):
     assert len(by) == len(recs)
     for r in ok:
         assert r["metric"] == "samples_per_s" and r["value"] > 0 and r["per_instance"] == [r["value"]]
-        assert r["load"]["meter"] == "benchkit" and r["busy"] is False
+        assert r["load"]["meter"] == "psutil" and r["busy"] is False
         assert r["flags"] == ["--allocator", r["config"]["allocator"]]
         assert r["argv"][:3] == [sys.executable, "-m", "cpulaunch"] and r["argv"][-2:] == ["python", str(prog)]
     rounds = [r["round"] for r in recs[1:]]
@@ -648,6 +661,74 @@ def test_end_to_end_tune(tmp_path):
     assert f"cpulaunch --allocator {best['cpulaunch']['allocator']} -- python {prog}" in report
     assert (out / "report.png").exists() == (importlib_available("matplotlib"))
     assert json.loads((out / "tune.json").read_text())["program"] == ["python", str(prog)]
+
+
+TRIAL = """\
+import os, subprocess, sys, time
+here = os.environ["TRIAL_DIR"]
+bg = subprocess.Popen(["sleep", "300"])  # a child left running in the background
+with open(os.path.join(here, "pids"), "a") as f:
+    f.write(f"{os.getpid()} {bg.pid}\\n")
+with open(os.path.join(here, "pids")) as f:
+    started = len(f.read().splitlines())
+if started == int(os.environ.get("TRIAL_BLOCK_AT", "0")):
+    deadline = time.monotonic() + 90  # blocks until the test ends it (bounded)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+t0, n = time.perf_counter(), 0
+while time.perf_counter() - t0 < 0.03:
+    n += 1
+print("[1] CPULAUNCH_METRIC samples_per_s=1000000000")  # the program's own text, no instance's line
+print(f"CPULAUNCH_METRIC samples_per_s={n / (time.perf_counter() - t0):.1f}")
+"""
+
+
+def _trial_prog(tmp_path, block_at=0):
+    """A trial program that leaves a ``sleep 300`` running, records both pids in
+    ``tmp_path/pids`` and, when it is the ``block_at``-th to start, blocks."""
+    prog = tmp_path / "trial.py"
+    prog.write_text(TRIAL)
+    return prog, _env(TRIAL_DIR=str(tmp_path), TRIAL_BLOCK_AT=str(block_at))
+
+
+def _trial_pids(tmp_path) -> list:
+    path = tmp_path / "pids"
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (one reparented to init may wait a while
+    to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _clean_up(tmp_path, proc=None) -> None:
+    """After a test: end tune if it still runs, and SIGKILL the trial processes left
+    (none when the test passed), recognized by their command line (a pid may be reused)."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+    for pid in _trial_pids(tmp_path):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline == b"sleep\x00300\x00" or str(tmp_path / "trial.py").encode() in cmdline:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _wait_gone(pids, timeout=15.0) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and [p for p in pids if _alive(p)]:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
 
 
 def importlib_available(name):
@@ -667,23 +748,27 @@ def _wait_lines(path, n, proc, timeout=60):
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path):
-    prog, env = _tiny(tmp_path, sleep=0.4)
+    # The 4th trial's program blocks until told (it never is): SIGINT reaches tune while
+    # that trial runs, whatever the machine's speed (no sleep racing the trials).
+    prog, env = _trial_prog(tmp_path, block_at=4)
     out = tmp_path / "out"
     argv = [*TUNE, "--budget", "3m", "--out", str(out), "--space", "omp-places", "--busy-threshold", "100",
             "--load-sample", "0.05", "--", "python", str(prog)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     trials = out / "trials.jsonl"
-    _wait_lines(trials, 3, proc)
-    time.sleep(0.25)  # inside the next trial (its program sleeps 0.4 s)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 130, stderr
-    assert "interrupted:" in stderr and "run the same command again to resume" in stderr
-    for pid in (tmp_path / "pids").read_text().split():
-        with pytest.raises(ProcessLookupError):
-            os.kill(int(pid), 0)  # every trial's program is gone (the interrupted one was killed)
+    try:
+        _wait_lines(tmp_path / "pids", 4, proc)  # the 4th trial's program has started and blocks
+        assert len(trials.read_text().splitlines()) == 3
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+        pids = _trial_pids(tmp_path)
+        assert proc.returncode == 130, stderr
+    finally:
+        _clean_up(tmp_path, proc)
+    assert "interrupted: 3 trial(s) kept" in stderr and "run the same command again to resume" in stderr
+    assert pids and not [pid for pid in pids if _alive(pid)]  # the interrupted trial was killed, children too
     kept = trials.read_text().splitlines()
-    assert len(kept) >= 3 and not (out / "report.txt").exists()
+    assert len(kept) == 3 and not (out / "report.txt").exists()
     again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert again.returncode == 0, again.stderr
     lines = trials.read_text().splitlines()
@@ -692,5 +777,415 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path):
     slots = [(r["key"], r["round"]) for r in recs]
     assert len(set(slots)) == len(slots) == 1 + 2 * 3  # each trial once: the warm-up, 2 configurations x 3
     assert sum(r["stage"] == "warmup" for r in recs) == 1
-    assert "note: resumed: " in again.stdout
+    assert "note: resumed: 3 recorded trial(s)" in again.stdout
     assert tomllib.loads((out / "best.toml").read_text())["cpulaunch"]["omp-places"] in (True, False)
+    assert not [pid for pid in _trial_pids(tmp_path) if _alive(pid)]
+
+
+# --------------------------------------------------------------------------- nothing left behind (issue 19)
+
+
+def test_run_command_kills_what_the_program_left_in_its_group(tmp_path):
+    # A program whose background child outlives it, then one stopped by the timeout.
+    bg, bg2 = tmp_path / "bg", tmp_path / "bg2"
+    res = tune.run_command(["sh", "-c", f"sleep 300 & echo $! > {bg}; echo CPULAUNCH_METRIC x=1; echo oops >&2"], 30)
+    try:
+        assert (res.status, res.returncode, res.stdout, res.stderr_tail) == ("ok", 0, "CPULAUNCH_METRIC x=1\n", "oops\n")
+        assert _wait_gone([int(bg.read_text())], timeout=0.5) == []  # gone when run_command returns
+        res = tune.run_command(["sh", "-c", f"sleep 300 & echo $! > {bg2}; sleep 300"], 1.0)
+        assert (res.status, res.returncode) == ("timeout", -signal.SIGTERM)
+        assert _wait_gone([int(bg2.read_text())], timeout=0.5) == []
+    finally:
+        _kill_sleep(bg)
+        _kill_sleep(bg2)
+
+
+def _kill_sleep(pidfile) -> None:
+    try:
+        pid = int(pidfile.read_text())
+        if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00":
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
+def test_a_tune_leaves_no_process_behind(tmp_path):
+    # Real trials of one and of two instances, each program leaving a `sleep 300` behind;
+    # its lying metric line ("[1] CPULAUNCH_METRIC ...", printed by a one-instance run)
+    # is not an instance's; -v shows each trial's command.
+    prog, env = _trial_prog(tmp_path)
+    out = tmp_path / "out"
+    try:
+        proc = subprocess.run([*TUNE, "-v", "--budget", "3m", "--out", str(out), "--space", "instances",
+                               "--busy-threshold", "100", "--load-sample", "0", "--", "python", str(prog)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=170)
+        pids = _trial_pids(tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert len(pids) == 2 * (1 + 3 + 3 * 2)  # warm-up, 3 x 1 instance, 3 x 2 instances: 2 pids each
+        assert [p for p in pids if _alive(p)] == []
+    finally:
+        _clean_up(tmp_path)
+    recs, skipped = tune.read_records(out / "trials.jsonl")
+    assert skipped == 0 and [r["status"] for r in recs] == ["ok"] * 7
+    for r in recs:
+        n = 2 if r["config"]["instances"] == "2" else 1
+        assert len(r["per_instance"]) == n and all(0 < v < 1e9 for v in r["per_instance"])
+    assert "cpulaunch tune: warm-up: one untimed run of cpulaunch's default configuration (instances=1)" in proc.stderr
+    assert f"cpulaunch: trial 1 (warmup, round 0): {sys.executable} -m cpulaunch --ninstances 1 --grace-period 2 " \
+           f"-- python {prog} (timeout " in proc.stderr
+
+
+def _read_until(proc, text: str, timeout: float = 60.0) -> str:
+    """tune's stderr until ``text`` appears (bounded); tune must still be running."""
+    import select
+
+    seen, deadline = b"", time.monotonic() + timeout
+    while text.encode() not in seen:
+        assert time.monotonic() < deadline, f"{text!r} not printed within {timeout}s: {seen!r}"
+        ready, _, _ = select.select([proc.stderr], [], [], 0.2)
+        if ready:
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            assert chunk, f"tune ended: {seen!r}"
+            seen += chunk
+    return seen.decode()
+
+
+def test_sigkill_of_tune_during_the_warm_up_leaves_nothing(tmp_path):
+    # The warm-up's program blocks; tune says what it is doing before that trial ends,
+    # then is SIGKILLed: its watchdog takes the trial's whole group with it.
+    prog, env = _trial_prog(tmp_path, block_at=1)
+    proc = subprocess.Popen([*TUNE, "--budget", "3m", "--out", str(tmp_path / "out"), "--space", "omp-places",
+                             "--busy-threshold", "100", "--load-sample", "0", "--", "python", str(prog)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        said = _read_until(proc, "to learn the trial time and the metric")
+        assert said.startswith("cpulaunch tune: warm-up: one untimed run of cpulaunch's default configuration")
+        _wait_lines(tmp_path / "pids", 1, proc)
+        pids = _trial_pids(tmp_path)
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _wait_gone(pids) == []
+    finally:
+        _clean_up(tmp_path, proc)
+
+
+# --------------------------------------------------------------------------- --out read-only or full (issue 19)
+
+
+def _fill(mnt, pages_left: int) -> None:
+    """Fill the tmpfs at ``mnt`` but ``pages_left`` pages."""
+    st = os.statvfs(mnt)
+    with open(mnt / "filler", "wb") as f:
+        f.write(b"\0" * (st.f_bavail - pages_left) * st.f_frsize)
+    assert os.statvfs(mnt).f_bavail == pages_left
+
+
+def test_read_only_out_is_one_line(tiny_tmpfs, tmp_path):
+    prog, env = _trial_prog(tmp_path)
+    out = tiny_tmpfs / "out"
+    out.mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
+    proc = subprocess.run([*TUNE, "--budget", "1m", "--out", str(out), "--space", "omp-places", "--", "python",
+                           str(prog)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"cpulaunch: error: --out {out}: cannot write tune.json: Read-only file system; give "
+                           "--out a writable folder with free space\n")
+    assert not (tmp_path / "pids").exists()  # no trial ran
+
+
+def test_full_disk_mid_run_keeps_the_trials_recorded(tiny_tmpfs, tmp_path):
+    # 2 pages free: tune.json takes one, trials.jsonl fills the other (2-3 records), then
+    # a record does not fit: tune stops with one line, the file keeps whole records only.
+    prog, env = _trial_prog(tmp_path)
+    out = tiny_tmpfs / "out"
+    _fill(tiny_tmpfs, 2)
+    try:
+        proc = subprocess.run([*TUNE, "--budget", "3m", "--out", str(out), "--space", "omp-places",
+                               "--busy-threshold", "100", "--load-sample", "0", "--", "python", str(prog)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=170)
+        assert [p for p in _trial_pids(tmp_path) if _alive(p)] == []
+    finally:
+        _clean_up(tmp_path)
+    text = (out / "trials.jsonl").read_text()
+    recs = [json.loads(line) for line in text.splitlines()]
+    assert text.endswith("\n") and 1 <= len(recs) < 7 and len(text) <= 4096
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if not ln.startswith("cpulaunch tune: ")] == [
+        f"cpulaunch: error: --out {out}: cannot write trials.jsonl: No space left on device; "
+        f"the {len(recs)} trial(s) recorded before are kept in {out / 'trials.jsonl'}: free some "
+        "space or make the folder writable, then run the same command again to resume"]
+    assert sorted(p.name for p in out.iterdir()) == ["trials.jsonl", "tune.json"]  # nothing half-written
+
+
+def test_full_disk_at_the_report_leaves_no_half_file(tiny_tmpfs):
+    out = tiny_tmpfs / "out"
+    tuner = _tuner(out, FakeRunner())
+    assert tuner.run() == 0
+    _fill(tiny_tmpfs, 0)
+    printed = io.StringIO()
+    with pytest.raises(TuneError, match=rf"^--out {out}: cannot write report\.png: No space left on device; the 10 "
+                                        r"trial\(s\) recorded before are kept in "):
+        tune.finish(tuner, printed)
+    assert "recommended: allocator=tcmalloc" in printed.getvalue()  # the report is printed all the same
+    assert sorted(p.name for p in out.iterdir()) == ["trials.jsonl", "tune.json"]
+
+
+# --------------------------------------------------------------------------- what trials.jsonl may hold (issue 19)
+
+
+def _resume_dir(tmp_path, lines) -> Path:
+    """A --out folder of the ALLOC tune (tune.json as _tuner writes it) whose trials.jsonl
+    holds ``lines``."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    ref = tmp_path / "ref"
+    if not ref.exists():
+        assert _tuner(ref, FakeRunner()).run() == 0
+    (out / "tune.json").write_text((ref / "tune.json").read_text())
+    (out / "trials.jsonl").write_text("".join(line + "\n" for line in lines))
+    return out
+
+
+def test_records_of_the_wrong_shape_are_skipped_with_a_note(tmp_path):
+    good = json.dumps(dict(_rec("allocator=tcmalloc", "warmup", 0, 95.0), metric="ops"))
+    bad = [
+        dict(_rec("allocator=default", "grid", 1, 8.0), round="1"),
+        dict(_rec("allocator=default", "grid", 1, 8.0), key=["allocator=default"]),
+        dict(_rec("allocator=default", "grid", 1, 8.0), value="8"),
+        dict(_rec("allocator=default", "grid", 1, 8.0), cost_s=-1),
+        dict(_rec("allocator=default", "grid", 1, 8.0), config=None),
+        dict(_rec("allocator=default", "grid", 1, 8.0), busy="no"),
+        dict(_rec("allocator=default", "grid", 1, 8.0), stage=7),
+    ]
+    lines = [good] + [json.dumps(b) for b in bad] + ["[" * 100_000 + "]" * 100_000, "[1, 2]", "Infinity",
+                                                     '{"key": "k", "status": "ok"}']
+    out = _resume_dir(tmp_path, lines)
+    tuner = _tuner(out, FakeRunner())
+    assert tuner.run() == 0
+    assert tuner.notes[0] == (
+        f"11 line(s) of {out / 'trials.jsonl'} skipped: not trial records (line 2: 'round' is not an integer >= 0; "
+        "line 3: 'key' is not a string; line 4: 'value' is not a finite number (at most 1e+300 in size); ...)")
+    assert [r["stage"] for r in tuner.records].count("warmup") == 1 and len(tuner.records) == 10
+    assert all(r["status"] == "ok" for r in tuner.records)
+    reasons = []
+    assert tune.read_records(out / "trials.jsonl", reasons)[1] == 11
+    assert reasons[6:9] == [(8, "'stage' is not one of warmup/grid/coarse/fine"), (9, "nested too deep"),
+                            (10, "a JSON list, not an object")]
+
+
+def _refused(tmp_path, what: str, make) -> str:
+    """tune's stderr with trials.jsonl made by ``make(path)``: one line, exit 2, no hang."""
+    out = tmp_path / what
+    out.mkdir()
+    make(out / "trials.jsonl")
+    proc = subprocess.run([*TUNE, "--budget", "1m", "--out", str(out), "--space", "omp-places", "--", "true"],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr.count("\n")) == (2, "", 1), proc.stderr
+    return proc.stderr
+
+
+def test_a_trials_file_that_is_no_file_is_refused_in_one_line(tmp_path):
+    err = _refused(tmp_path, "fifo", os.mkfifo)
+    assert err == (f"cpulaunch: error: {tmp_path / 'fifo/trials.jsonl'}: not a regular file (a FIFO); tune writes a "
+                   "regular file there: remove it or use another --out\n")
+    err = _refused(tmp_path, "link", lambda p: p.symlink_to("/dev/zero"))
+    assert err == (f"cpulaunch: error: {tmp_path / 'link/trials.jsonl'} is a symbolic link; tune reads and writes "
+                   "only its own files in --out: remove it or use another --out\n")
+    err = _refused(tmp_path, "big", lambda p: os.truncate(os.open(p, os.O_CREAT | os.O_WRONLY), tune.TRIALS_BYTES + 1))
+    assert err.endswith(f"trials.jsonl: larger than {tune.TRIALS_BYTES} bytes; tune writes a regular file there: "
+                        "remove it or use another --out\n")
+    if os.geteuid() == 0:  # a character device in its place (mknod needs root)
+        err = _refused(tmp_path, "dev", lambda p: os.mknod(p, 0o600 | __import__("stat").S_IFCHR, os.makedev(1, 5)))
+        assert "trials.jsonl: not a regular file (a character device);" in err
+    fifo = tmp_path / "meta"
+    fifo.mkdir()
+    os.mkfifo(fifo / "tune.json")
+    proc = subprocess.run([*TUNE, "--budget", "1m", "--out", str(fifo), "--", "true"], capture_output=True,
+                          text=True, env=_env(), timeout=60)
+    assert proc.returncode == 2 and "tune.json: not a regular file (a FIFO);" in proc.stderr
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8)
+RECORD_FIELDS = ("key", "status", "stage", "round", "attempt", "config", "cost_s", "wall_s", "metric", "value",
+                 "busy", "repeat", "load", "error")
+
+
+@st.composite
+def trial_lines(draw):
+    """A line of trials.jsonl: a real record with some fields replaced by anything, or
+    any JSON, or any text."""
+    kind = draw(st.sampled_from(["record", "json", "text"]))
+    if kind == "text":
+        return draw(st.text(max_size=60)).replace("\n", " ")
+    if kind == "json":
+        return json.dumps(draw(JSON_VALUES))
+    key = draw(st.sampled_from(["allocator=tcmalloc", "allocator=default", "allocator=jemalloc", "x=1"]))
+    rec = _rec(key, draw(st.sampled_from(["warmup", "grid", "coarse", "fine"])), draw(st.integers(0, 4)),
+               draw(st.floats(-1e6, 1e6)), cost=draw(st.floats(0, 30)),
+               status=draw(st.sampled_from(["ok", "failed", "timeout"])))
+    for name in draw(st.lists(st.sampled_from(RECORD_FIELDS), max_size=3)):
+        rec[name] = draw(JSON_VALUES)
+    return json.dumps(rec)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(trial_lines(), max_size=12))
+def test_any_trials_file_is_resumed_or_refused_by_the_users_rule(tmp_path_factory, lines):
+    base = tmp_path_factory.mktemp("any")
+    out = _resume_dir(base, lines)
+    tuner = _tuner(out, FakeRunner())
+    try:
+        code = tuner.run()
+    except TuneError as exc:  # a user's mistake: one line
+        assert "\n" not in str(exc)
+        return
+    assert code == 0
+    printed = io.StringIO()
+    outcome = tune.finish(tuner, printed)
+    assert printed.getvalue() == (out / "report.txt").read_text()
+    if outcome.recommended is not None:
+        tomllib.loads((out / "best.toml").read_text())
+
+
+# --------------------------------------------------------------------------- metric lines, -v (issue 19)
+
+
+def test_metric_lines_count_only_for_the_instances_started():
+    got = parse_metrics("[1] CPULAUNCH_METRIC s=5\nCPULAUNCH_METRIC s=7\n[0] CPULAUNCH_METRIC s=1\n[2] CPULAUNCH_METRIC s=9\n")
+    assert tune.attribute_metrics(got, 1) == {None: {"s": 7.0}}  # one instance: cpulaunch prefixes nothing
+    assert tune.attribute_metrics(got, 2) == {0: {"s": 1.0}, 1: {"s": 5.0}}  # two: [0] and [1] only
+    assert tune.attribute_metrics({1: {"s": 5.0}}, 1) == {}
+
+
+@pytest.mark.parametrize("printed,metric,value", [
+    ("[1] CPULAUNCH_METRIC ops=1000\nCPULAUNCH_METRIC ops=10\n", "ops", 10.0),
+    ("[1] CPULAUNCH_METRIC ops=1000\n", "wall_s", 0.01),  # nothing an instance printed: wall time
+])
+def test_a_lying_metric_line_does_not_fail_the_tune(tmp_path, printed, metric, value):
+    def runner(argv, timeout):
+        return RunResult("ok", 0, 0.01, printed, "")
+
+    tuner = _tuner(tmp_path, runner)
+    assert tuner.run() == 0
+    assert {(r["status"], r["metric"], r["value"]) for r in tuner.records} == {("ok", metric, value)}
+
+
+def test_tune_takes_verbose_like_every_command(sysroots):
+    plain = run_cli("tune", "--dry-run", "--sysroot", str(sysroots[AMD]), "--space", "instances")
+    verbose = run_cli("tune", "-v", "--dry-run", "--sysroot", str(sysroots[AMD]), "--space", "instances")
+    assert verbose.stdout == plain.stdout and verbose.stdout.startswith("axes: instances (1, per-node, 2, 4, latency)")
+    assert "-v, --verbose" in run_cli("tune", "--help").stdout
+
+
+# --------------------------------------------------------------------------- the load meter in the package (issue 20)
+
+
+def test_the_meter_works_from_an_installed_package(tmp_path):
+    # Only the package is importable (as from a wheel): no checkout, no scripts/.
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "cpulaunch", site / "cpulaunch", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import sys, json; from cpulaunch import tune; m = tune.load_meter(); r = m.sample(0.2); "
+            "w = m.window(); d = w(); "
+            "print(json.dumps([tune.__file__, m.name, r.foreign_pct >= 0, d.foreign_pct >= 0, "
+            "[p for p in sys.path if p.endswith('scripts')], 'benchkit' in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-s", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(site)), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [str(site / "cpulaunch" / "tune.py"), "psutil", True, True, [], False]
+
+
+def test_benchkit_measures_with_the_packages_meter():
+    proc = subprocess.run([sys.executable, "-c", "import benchkit; from cpulaunch import tune; "
+                           "print(benchkit.LoadWindow is tune.LoadWindow, benchkit.sample is tune.sample_load, "
+                           "benchkit.Load is tune.Load, tune.__file__)"],
+                          capture_output=True, text=True, cwd=REPO / "scripts", timeout=60)
+    assert proc.stdout.split() == ["True", "True", "True", str(REPO / "cpulaunch" / "tune.py")], proc.stderr
+
+
+def test_the_meter_without_psutil(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil -> ImportError
+    meter = tune.load_meter()
+    assert meter.name == "proc-stat"
+    reading = meter.sample(0.05)
+    assert reading.foreign_pct >= 0 and reading.busiest == ()
+    load = tune.LoadWindow().load()
+    assert load.ncpu == os.cpu_count() and load.others >= 0 and load.steal >= 0
+
+
+# --------------------------------------------------------------------------- an honest tune (issue 24)
+
+
+class BusyMeter(FakeMeter):
+    """Every reading above any threshold: the machine is busy throughout."""
+
+    def sample(self, seconds):
+        return tune.LoadReading(99.0)
+
+    def window(self):
+        return lambda: tune.LoadReading(101.0)
+
+
+def test_a_recommendation_from_busy_trials_says_so_everywhere(tmp_path):
+    tuner = _tuner(tmp_path, FakeRunner(), BusyMeter(), busy_threshold=10.0, load_sample=0.001)
+    assert tuner.run() == 0
+    printed = io.StringIO()
+    outcome = tune.finish(tuner, printed)
+    assert (outcome.recommended, outcome.busy, outcome.behind, outcome.from_busy) == ("allocator=tcmalloc", 3, 3, True)
+    warning = ("3 of the 3 trials behind this recommendation ran while the machine was busy (foreign CPU load above "
+               "10%): its figures are not to be quoted; run tune again with another --out on a quiet machine")
+    report = printed.getvalue()
+    assert f"recommended: allocator=tcmalloc: cpulaunch's default has the best median\n  BUSY: {warning}\n" in report
+    assert report == (tmp_path / "report.txt").read_text()
+    text = (tmp_path / "best.toml").read_text()
+    assert f"\n# BUSY: {warning}\n" in text
+    measured = tomllib.loads(text)["measured"]
+    assert (measured["busy"], measured["busy_trials"], measured["busy_threshold_pct"]) == (True, 3, 10.0)
+    # the chart is marked: the same results without the busy flags draw another picture
+    if importlib_available("matplotlib"):
+        quiet = Tuner(tuner.s, ALLOC, runner=FakeRunner(), meter=FakeMeter(), progress=False)
+        quiet.records, quiet.metric = [dict(r, busy=False) for r in tuner.records], tuner.metric
+        tune.report_png(quiet, tune.decide(ALLOC, quiet.records, 3, False), tmp_path / "quiet.png")
+        assert (tmp_path / "quiet.png").read_bytes() != (tmp_path / "report.png").read_bytes()
+        assert not tune.decide(ALLOC, quiet.records, 3, False).from_busy
+
+
+def test_a_quiet_tune_says_it_was_quiet(tmp_path):
+    tuner = _tuner(tmp_path, FakeRunner())
+    assert tuner.run() == 0
+    outcome = tune.finish(tuner, io.StringIO())
+    assert (outcome.busy, outcome.behind, outcome.from_busy) == (0, 3, False)
+    text = (tmp_path / "best.toml").read_text()
+    assert "BUSY" not in text and "BUSY" not in (tmp_path / "report.txt").read_text()
+    assert tomllib.loads(text)["measured"]["busy"] is False
+
+
+def test_busy_trials_under_a_real_foreign_load_exit_3(tmp_path):
+    # A busy loop of the test's own on every CPU the trials use: every trial is busy, the
+    # recommendation is flagged in the report and best.toml, and tune exits 3.
+    prog, env = _trial_prog(tmp_path)
+    loops = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+             for cpu in sorted(os.sched_getaffinity(0))]
+    out = tmp_path / "out"
+    try:
+        proc = subprocess.run([*TUNE, "--budget", "3m", "--out", str(out), "--space", "omp-places",
+                               "--busy-threshold", "10", "--load-sample", "0.2", "--", "python", str(prog)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=170)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+        _clean_up(tmp_path)
+    assert proc.returncode == tune.BUSY_EXIT, proc.stderr
+    recs, _ = tune.read_records(out / "trials.jsonl")
+    assert all(r["busy"] for r in recs)
+    busy = re.search(r"\n  BUSY: (\d+) of the (\d+) trials behind this recommendation ran while the machine was busy "
+                     r"\(foreign CPU load above 10%\)", proc.stdout)
+    assert busy and busy.group(1) == busy.group(2) in ("3", "6"), proc.stdout
+    assert tomllib.loads((out / "best.toml").read_text())["measured"]["busy"] is True
+    assert "[busy: foreign load " in proc.stderr  # the progress lines say it as it happens
