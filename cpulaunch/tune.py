@@ -695,9 +695,9 @@ _STAGES = ("warmup", "grid", "coarse", "fine")
 
 def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     """The text of one of tune's own files (trials.jsonl, tune.json) through the probe's
-    bounded reader (:class:`cpulaunch.machine.probe._Fs`: opened without blocking, regular files
-    only, at most ``cap`` bytes; bytes that are not UTF-8 read as U+FFFD); None when the
-    file does not exist.
+    bounded reader (:class:`cpulaunch.machine.probe.FileReader`: opened without blocking,
+    regular files only, at most ``cap`` bytes; bytes that are not UTF-8 read as U+FFFD);
+    None when the file does not exist.
 
     Raises:
         TuneError: it is a link, not a regular file (a FIFO, /dev/zero), larger than
@@ -708,10 +708,10 @@ def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     if os.path.islink(path):
         raise TuneError(f"{path} is a symbolic link; tune reads and writes only its own files in --out: "
                         "remove it or use another --out")
-    reader = probe._Fs(str(path.parent))
+    reader = probe.FileReader(str(path.parent))
     text = reader.read(path.name, strict=False, cap=cap)
-    if text is None and reader.notes:
-        what = reader.notes[-1].rsplit(": ignored", 1)[0].split(": ", 1)[-1]
+    if text is None and reader.skipped:
+        what = reader.skipped[-1][1]
         raise TuneError(f"{path}: {what}; tune writes a regular file there: remove it or use another --out")
     return text
 
@@ -1134,7 +1134,7 @@ def _machine_times() -> tuple:
         return sum(getattr(t, f, 0.0) for f in _BUSY_FIELDS), getattr(t, "steal", 0.0)
     from cpulaunch.machine import probe
 
-    return parse_proc_stat(probe._Fs("/").read("proc/stat") or "", float(os.sysconf("SC_CLK_TCK")))
+    return parse_proc_stat(probe.FileReader("/").read("proc/stat") or "", float(os.sysconf("SC_CLK_TCK")))
 
 
 def _own_cpu() -> float:
