@@ -17,11 +17,13 @@ Promises (issue 8), each with a real-process test in ``tests/test_launch*.py``:
   ignores SIGPIPE and SIGXFSZ and handles SIGINT; ignored dispositions survive exec). The
   one exception: SIGHUP ignored by the launcher's own parent (``nohup``) stays ignored,
   in the launcher (not forwarded) and in its children, as ``nohup PROGRAM`` would have it.
-* Nothing outlives the launcher, even when it is SIGKILLed: every child sets
-  PR_SET_PDEATHSIG=SIGKILL before exec (and checks its parent is still the launcher, as
-  prctl(2) advises), and a watchdog process killpg()s every registered group with SIGKILL
-  when the launcher's end of its pipe closes. A program that leaves its process group
-  (setsid, daemons) is beyond reach; only a cgroup could follow it.
+* Nothing outlives the launcher, even when it is SIGKILLed at any moment: a watchdog
+  process exists before the first child; every child sets PR_SET_PDEATHSIG=SIGKILL
+  before exec (and checks its parent is still the launcher, as prctl(2) advises), then
+  registers its own process group with the watchdog, still before exec (issue 19: see
+  :func:`cpulaunch.spawn._child_setup`); the watchdog killpg()s every registered group
+  with SIGKILL when the last write end of its pipe closes. A program that leaves its
+  process group (setsid, daemons) is beyond reach; only a cgroup could follow it.
 * No signal is lost while starting: the forwarded signals are blocked while children are
   spawned and registered, then unblocked and delivered to every group.
 * SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every group
@@ -50,21 +52,20 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
+from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.render import json_text
 from cpulaunch.spawn import (  # noqa: F401 - re-exported: launch's public names stay here
     LaunchError, ProcessSpec, _cannot_run, _child_setup, _environ, _load_prctl, _signals_to_reset,
-    exec_spec, exit_code_of, signal_name, spec_from_instance,
+    exec_spec, exit_code_of, signal_name,
 )
 
 __all__ = [
     "LaunchError", "ProcessSpec", "InstanceResult", "Outcome", "ProcessGroup",
-    "exec_spec", "run_group", "describe_failure", "spec_from_instance",
+    "exec_spec", "run_group", "describe_failure",
     "exit_code_of", "signal_name", "FORWARDED_SIGNALS", "STOPPING_SIGNALS",
-    "exec_instance", "supervise",
 ]
 
 log = _log.get(__name__)
@@ -93,10 +94,14 @@ class _Watchdog:
     """A forked process that outlives a SIGKILLed launcher just long enough to killpg()
     every registered group with SIGKILL.
 
-    It blocks reading a pipe whose only write end is the launcher's: "+PGID" registers a
-    group, "q" ends it quietly; end of file (the launcher died) kills every group. It
-    runs in a session of its own with catchable signals ignored, so neither Ctrl-C on
-    the terminal nor a kill of the launcher's process group reaches it.
+    It blocks reading a pipe whose write ends are the launcher's and, between fork and
+    exec, each child's: a child writes "+PGID" (its own pid: it leads its group) before
+    it execs, so its group is known before anything can run in it; the launcher writes
+    "-PGID" just before it reaps a group's leader (the id may be reused after that) and
+    "q" to end it quietly. End of file (the launcher died, and no child is still between
+    fork and exec) kills every registered group; the data written before it is read
+    first. It runs in a session of its own with catchable signals ignored, so neither
+    Ctrl-C on the terminal nor a kill of the launcher's process group reaches it.
     """
 
     def __init__(self) -> None:
@@ -113,8 +118,15 @@ class _Watchdog:
         self.pid: Optional[int] = pid
         self._fd: Optional[int] = w
 
-    def register(self, pgid: int) -> None:
-        self._send(b"+%d\n" % pgid)
+    @property
+    def fd(self) -> Optional[int]:
+        """The pipe's write end (close-on-exec), for children to register with before
+        exec; None once closed."""
+        return self._fd
+
+    def forget(self, pgid: int) -> None:
+        """The group's leader is about to be reaped: its id may be reused afterwards."""
+        self._send(b"-%d\n" % pgid)
 
     def _send(self, data: bytes) -> None:
         if self._fd is None:
@@ -159,7 +171,7 @@ def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the fo
         os.dup2(null, fd)
     os.closerange(3, r)  # hold nothing of the launcher's open (its stdout pipe, say)
     os.closerange(r + 1, max(os.sysconf("SC_OPEN_MAX"), r + 1))
-    groups: List[int] = []
+    groups: set = set()
     buf = b""
     while True:
         data = os.read(r, 4096)
@@ -176,7 +188,9 @@ def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the fo
             if line == b"q":
                 return
             if line.startswith(b"+"):
-                groups.append(int(line[1:]))
+                groups.add(int(line[1:]))
+            elif line.startswith(b"-"):
+                groups.discard(int(line[1:]))
 
 
 # --------------------------------------------------------------------------- output relay
@@ -596,8 +610,10 @@ class ProcessGroup:
                 self._watchdog = _Watchdog()
             except OSError as exc:  # fork refused: PR_SET_PDEATHSIG still covers the children
                 log.info("no watchdog for grandchildren: %s", exc.strerror)
+            watchdog_fd = self._watchdog.fd if self._watchdog is not None else None
             for spec in self.specs:
-                pipes[spec.index] = self._spawn(spec, _child_setup(signals, spec.affinity, me, prctl))
+                setup = _child_setup(signals, spec.affinity, me, prctl, watchdog_fd)
+                pipes[spec.index] = self._spawn(spec, setup)
             for spec in self.specs:
                 self._start_relays(spec, *pipes.pop(spec.index))
         except BaseException:
@@ -627,9 +643,7 @@ class ProcessGroup:
                               "between fork and exec") from None
         finally:
             os.close(out_w), os.close(err_w)
-        self.procs[spec.index] = _Proc(spec, popen, start)
-        if self._watchdog is not None:
-            self._watchdog.register(popen.pid)
+        self.procs[spec.index] = _Proc(spec, popen, start)  # registered itself with the watchdog
         return out_r, err_r
 
     def _start_relays(self, spec: ProcessSpec, out_r: int, err_r: int) -> None:
@@ -774,6 +788,8 @@ class ProcessGroup:
             if p.reaped:
                 continue
             p.check()
+            if self._watchdog is not None:  # the group has had its SIGKILL; reaping the
+                self._watchdog.forget(p.pid)  # leader below frees the id for reuse
             try:
                 p.popen.wait(timeout=max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
@@ -1091,30 +1107,3 @@ def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, af
         code = next((r.exit_code for r in results if r.failed and r.exit_code is not None), 0)
     return Outcome(exit_code=code, root_cause=root, results=results, signalled=sig.signalled,
                    forwarded=tuple(sig.forwarded), stopped=tuple(stopped))
-
-
-# --------------------------------------------------------------------------- compatibility
-
-
-def exec_instance(inst, environ: Mapping[str, str]) -> NoReturn:
-    """Compatibility for the current cli: :func:`exec_spec` of a ``RenderedInstance``;
-    raises OSError (as before) when exec fails."""
-    try:
-        exec_spec(spec_from_instance(inst), environ)
-    except LaunchError as exc:
-        raise OSError(None, str(exc).split(": ", 1)[-1]) from None
-
-
-def supervise(instances, environ: Mapping[str, str], *, log_dir: Optional[Path] = None,
-              keep_going: bool = False, grace_period: float = 10.0, prefix_output: bool = True,
-              stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[bytes]] = None) -> Outcome:
-    """Compatibility for the current cli: :func:`run_group` of ``RenderedInstance``s; a
-    single instance reads the launcher's stdin; LaunchError becomes OSError as before."""
-    specs = [spec_from_instance(i) for i in instances]
-    try:
-        return run_group(specs, environ, log_dir=log_dir, keep_going=keep_going,
-                         grace_period=grace_period, prefix_output=prefix_output,
-                         stdin_for=specs[0].index if len(specs) == 1 else None,
-                         stdout=stdout, stderr=stderr)
-    except LaunchError as exc:
-        raise OSError(None, str(exc)) from None

@@ -125,11 +125,11 @@ sys.exit(out.exit_code)
 def drive(tmp_path: Path, argv: list, timeout=20, **cfg):
     """Run DRIVER (launch.run_group in a fresh Python) with these instances; returns
     (CompletedProcess, the outcome as a dict)."""
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
     result = tmp_path / "result.json"
     cfg.update(argv=argv, result=str(result))
-    proc = subprocess.run([PY, str(driver), json.dumps(cfg)], capture_output=True, text=True,
+    # -c: sys.path[0] is the cwd, this checkout (a script's folder would not be, and the
+    # cpulaunch imported would be whichever is installed)
+    proc = subprocess.run([PY, "-c", DRIVER, json.dumps(cfg)], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, **cfg.pop("popen", {}))
     return proc, (json.loads(result.read_text()) if result.exists() else None)
 
@@ -283,6 +283,85 @@ def test_launcher_sigkill_leaves_nothing_behind(tmp_path):
     proc.kill()
     proc.wait(timeout=10)
     wait_until(lambda: with_marker(marker) == [], timeout=5, what="every marked process gone")
+
+
+STALL_DRIVER = r"""
+import os, signal, sys, time
+from pathlib import Path
+from cpulaunch import launch
+
+moment, tmp = sys.argv[1], Path(sys.argv[2])
+launcher = os.getpid()
+
+def stall(name):
+    # Say who is held, then wait: the launcher for the test's SIGKILL (its handled
+    # signals are blocked while it starts instances); a child until its launcher is gone
+    # (then it carries on, unless its parent-death signal killed it).
+    (tmp / name).write_text(str(os.getpid()))
+    if os.getpid() == launcher:
+        signal.pause()
+    while os.getppid() == launcher:
+        time.sleep(0.005)
+
+if moment == "before-prctl":  # child forked (and setsid), PR_SET_PDEATHSIG not yet set
+    real = launch._load_prctl()
+    launch._load_prctl = lambda: (lambda *a: (stall("stalled"), real(*a))[1])
+elif moment == "before-exec":  # PDEATHSIG set, registered with the watchdog, not exec'd
+    setaffinity = os.sched_setaffinity
+    os.sched_setaffinity = lambda pid, cpus: (stall("stalled"), setaffinity(pid, cpus))
+elif moment == "after-exec":  # the program runs and has forked; Popen has just returned
+    init = launch._Proc.__init__
+    def stalled_init(self, spec, popen, start):
+        init(self, spec, popen, start)
+        if spec.index == 0:
+            while not (tmp / "grandchild").exists() or not (tmp / "grandchild").read_text():
+                time.sleep(0.005)
+            stall("stalled")
+    launch._Proc.__init__ = stalled_init
+cpus = tuple(sorted(os.sched_getaffinity(0)))[:1]
+argv = ("sh", "-c", f"sleep 61 & echo $! > {tmp}/grandchild; wait")
+specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=argv if i == 0 else ("sleep", "62"),
+                            affinity=cpus) for i in (0, 1)]
+launch.run_group(specs, os.environ)
+"""
+
+
+@pytest.mark.parametrize("moment", ["before-prctl", "before-exec", "after-exec"])
+def test_launcher_sigkill_in_the_spawn_window_leaves_nothing_behind(tmp_path, moment):
+    """kill -9 of the launcher while it starts instance 0, held at each moment of the
+    child's start (issue 19): forked but PR_SET_PDEATHSIG not set yet (the child sees
+    its launcher gone and kills itself before exec); set and registered with the
+    watchdog but not exec'd (PDEATHSIG); exec'd and forked a grandchild but Popen only
+    just returned in the launcher (the watchdog knew the group before exec, so it
+    kills the grandchild). Nothing carrying the run's marker is left."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen([PY, "-c", STALL_DRIVER, moment, str(tmp_path)], cwd=REPO,
+                            env=dict(os.environ, CPULAUNCH_TEST_MARKER=marker),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        stalled = tmp_path / "stalled"
+        wait_until(lambda: stalled.exists() and stalled.read_text(), timeout=20, what=f"launcher held at {moment}")
+        held = int(stalled.read_text())
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_until(lambda: with_marker(marker) == [], timeout=5, what="every marked process gone")
+    finally:
+        for pid in with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive(held)  # a zombie until its new parent reaps it
+    assert (tmp_path / "grandchild").exists() == (moment == "after-exec")  # the program ran
+
+
+@pytest.mark.slow
+def test_stress_spawn_kill_mode_leaves_nothing(tmp_path):
+    """scripts/stress_signals.py --mode spawn-kill, a few trials: the launcher SIGKILLed
+    the moment it has its first, second or third child (watchdog, instance 0, 1)."""
+    for at in ("1", "2", "3"):
+        proc = subprocess.run([PY, str(REPO / "scripts" / "stress_signals.py"), "--mode", "spawn-kill",
+                               "--trials", "3", "--at-child", at], capture_output=True, text=True,
+                              timeout=120, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "trials that left processes behind: 0 (0 processes)" in proc.stdout
 
 
 def test_run_group_restores_handlers_and_mask_and_reaps_watchdog():
@@ -461,7 +540,8 @@ def test_console_epipe_with_sigpipe_default_in_launcher(tmp_path):
     cfg = {"argv": [["yes"], ["yes"]], "default": ["SIGPIPE"], "result": str(tmp_path / "r.json")}
     (tmp_path / "d.py").write_text(DRIVER)
     cmd = f"{PY} {tmp_path / 'd.py'} '{json.dumps(cfg)}' | head -1; echo ${{PIPESTATUS[0]}} >&2"
-    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20, cwd=REPO)
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # this checkout's cpulaunch
     assert proc.stderr.splitlines()[-1] == "141", proc.stderr
     out = json.loads((tmp_path / "r.json").read_text())
     assert out["exit_code"] == 141 and out["results"][out["root_cause"]]["signal"] == "SIGPIPE"
