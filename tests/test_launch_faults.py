@@ -577,18 +577,19 @@ def test_process_group_start_poll_stop_close(tmp_path):
 
 def test_after_hook_sees_running_instances_and_cannot_break_the_run(caplog):
     """``after=(seconds, fn)`` (used by --verify): called once with {index: pid} of the
-    running instances; an exception in it is logged, the run goes on."""
+    running instances and the run folder (None: no log_dir); an exception in it is
+    logged, the run goes on."""
     seen = []
 
-    def check(pids):
-        seen.append({i: state(p) for i, p in pids.items()})
+    def check(pids, run):
+        seen.append(({i: state(p) for i, p in pids.items()}, run))
         raise RuntimeError("boom")
 
     specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=("sleep", "0.6")) for i in (0, 1)]
     with open(os.devnull, "wb") as null:
         outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null, after=(0.2, check))
     assert outcome.exit_code == 0
-    assert seen == [{0: "S", 1: "S"}]
+    assert seen == [({0: "S", 1: "S"}, None)]
     assert "after-start check failed: boom" in caplog.text
 
 
