@@ -919,6 +919,7 @@ class _Planted(OSError):
     else can write there."""
 
 
+_TAKEN = "it exists already (put there by someone else)"
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -957,7 +958,7 @@ def _create_at(dir_fd: int, name: str, shown: str, flags: int = 0) -> int:
     try:
         return os.open(name, _O_NEW | flags, 0o666, dir_fd=dir_fd)
     except FileExistsError:
-        raise _Planted(errno.EEXIST, "it exists already (put there by someone else)", shown) from None
+        raise _Planted(errno.EEXIST, _TAKEN, shown) from None
     except OSError as exc:
         exc.filename = shown
         raise
@@ -1078,7 +1079,10 @@ class RunDir:
             OSError: as :meth:`__init__`; :class:`_Planted` when a name was taken.
         """
         folder = self.path / str(index)
-        fd = self._mkdir(self.fd, folder)
+        try:
+            fd = self._mkdir(self.fd, folder)
+        except FileExistsError:  # nothing else makes names in a new run folder
+            raise _Planted(errno.EEXIST, _TAKEN, str(folder)) from None
         files = []
         for path in (folder / "stdout.log", folder / "stderr.log"):
             files.append((path, _create_at(fd, path.name, str(path), os.O_APPEND)))
