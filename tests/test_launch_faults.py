@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -696,3 +699,149 @@ def test_log_folder_read_only_or_full(tiny_tmpfs, tmp_path):
     assert log_dir_error(tiny_tmpfs / "other", tmp_path) == (
         f"cannot use log folder {str(tiny_tmpfs / 'other')!r}: Read-only file system; "
         "pass a writable folder to --log-dir")
+
+
+# --------------------------------------------------------------------------- planted links (issue 19)
+
+
+NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run(NOBODY + list(argv), check=True, timeout=20)
+
+
+@pytest.fixture
+def shared():
+    """A world-writable sticky folder in /tmp (a pytest tmp_path is private: another
+    user could not reach it), where another user (nobody, via setpriv) plants links;
+    removed afterwards."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("plants links as another user: needs root and setpriv")
+    d = Path(tempfile.mkdtemp(prefix="cpulaunch-shared-", dir="/tmp"))
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def precious_file(tmp_path: Path) -> Path:
+    p = tmp_path / "precious"
+    p.write_text("keep")
+    return p
+
+
+def owned_runs(shared: Path) -> list:
+    """The run folders a launcher made: real folders of ours (not links, not nobody's)."""
+    return [d for d in shared.iterdir() if not d.is_symlink() and d.is_dir() and d.stat().st_uid == os.geteuid()]
+
+
+RUN_ID = r"\d{8}-\d{6}(-\d+)?"
+
+PLANT_DRIVER = r"""
+import os, re, subprocess, sys
+from pathlib import Path
+
+# Another user wins the race: right after the launcher's mkdir of AT (its run folder,
+# or <run>/0), nobody plants a link named WHAT in it, pointing at TARGET.
+shared, at, what, target = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+real_mkdir, made = os.mkdir, []
+
+def mkdir(path, mode=0o777, *, dir_fd=None):
+    real_mkdir(path, mode, dir_fd=dir_fd)
+    name = os.path.basename(os.fspath(path))
+    if not made and re.fullmatch(RUN_ID, name):
+        made.append(shared / name)
+        folder, this = made[0], "run"
+    elif made and name == "0":
+        folder, this = made[0] / "0", "0"
+    else:
+        return
+    if this == at:
+        os.chmod(folder, 0o777)  # as under umask 0: others may write in it
+        subprocess.run(NOBODY + ["ln", "-s", target, str(folder / what)], check=True)
+
+os.mkdir = mkdir
+from cpulaunch.cli import main
+sys.exit(main(sys.argv[5:]))
+"""
+
+
+@pytest.mark.parametrize("at, what", [("run", "plan.json"), ("run", "0"), ("0", "stdout.log")])
+def test_names_planted_while_the_run_folder_is_made_are_never_followed(shared, tmp_path, at, what):
+    """Another user plants a link in the new run folder (writable by others under umask
+    0) between its mkdir and the launcher's next step: plan.json is renamed over the
+    link (the run goes on); a link at <index>/ or <index>/stdout.log stops the run
+    before anything starts with one line, exit 2. Never entered, never written through."""
+    precious = precious_file(tmp_path)
+    elsewhere = shared / "elsewhere"
+    as_nobody("mkdir", "-m", "777", str(elsewhere))
+    target = elsewhere if what == "0" else precious
+    driver = PLANT_DRIVER.replace("RUN_ID", repr(RUN_ID)).replace("NOBODY", repr(NOBODY))
+    ran = tmp_path / "ran"
+    proc = subprocess.run([PY, "-c", driver, str(shared), at, what, str(target), "--bind", "none",
+                           "--log-dir", str(shared), "touch", str(ran)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert precious.read_text() == "keep" and list(elsewhere.iterdir()) == []
+    (run,) = owned_runs(shared)
+    planted = run / what if at == "run" else run / "0" / what
+    if what == "plan.json":
+        assert proc.returncode == 0, proc.stderr
+        assert not planted.is_symlink() and json.loads(planted.read_text())["instances"]
+        assert ran.exists()
+        return
+    assert os.readlink(planted) == str(target)  # the link is still there, untouched
+    assert proc.returncode == 2 and not ran.exists()
+    assert proc.stderr.splitlines() == [
+        f"cpulaunch: error: cannot use log folder {str(shared)!r} ({planted}): it exists already "
+        "(put there by someone else); pass a folder only you can write to --log-dir"]
+
+
+PLANTING_CHILD = r"""
+import os, subprocess, sys, time
+from pathlib import Path
+
+shared, precious = Path(sys.argv[1]), Path(sys.argv[2])
+(run,) = [d for d in shared.iterdir() if not d.is_symlink() and d.is_dir() and d.stat().st_uid == os.getuid()]
+if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "0":  # written at the end: a link waits for it
+    subprocess.run(NOBODY + ["ln", "-s", str(precious), str(run / "result.json")], check=True)
+verify = run / "verify.json"
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and precious.read_text() == "keep" and not (
+        verify.exists() and not verify.is_symlink()):
+    time.sleep(0.02)  # until --verify has written, here or through a link
+"""
+
+
+@need2
+def test_run_files_never_written_through_links_in_a_shared_log_folder(shared, tmp_path):
+    """--log-dir a world-writable sticky folder where another user planted, before the
+    run: every predictable run id for two minutes (a link to their folder) and, in that
+    folder, links at plan.json, result.json and verify.json with the newest mtime; during
+    the run (umask 0: the run folder is writable by others) a link at result.json. The
+    run picks a free name, writes its own plan.json, result.json and verify.json as
+    files of its own, and the links' target is untouched."""
+    precious = precious_file(tmp_path)
+    trap = shared / "trap"
+    as_nobody("mkdir", "-m", "777", str(trap))
+    for name in ("plan.json", "result.json", "verify.json"):
+        as_nobody("ln", "-s", str(precious), str(trap / name))
+    now = int(time.time())
+    stamps = [time.strftime("%Y%m%d-%H%M%S", time.localtime(t)) for t in range(now - 1, now + 120)]
+    as_nobody("sh", "-c", 'cd "$0" && for s in "$@"; do ln -s trap "$s"; done', str(shared), *stamps)
+    as_nobody("touch", "-d", f"@{now + 3600}", str(trap))  # the newest folder holding a plan.json
+    child = write(tmp_path, "child.py", PLANTING_CHILD.replace("NOBODY", repr(NOBODY)))
+    proc = subprocess.run(cpulaunch("--ninstances", "2", "--bind", "none", "--allocator", "default", "--verify",
+                                    "--verify-after", "0.3", "--log-dir", str(shared), child, str(shared),
+                                    str(precious)),
+                          capture_output=True, text=True, timeout=90, cwd=REPO, preexec_fn=lambda: os.umask(0))
+    assert proc.returncode == 0, proc.stderr
+    assert precious.read_text() == "keep"
+    (run,) = owned_runs(shared)
+    assert re.fullmatch(RUN_ID, run.name) and run.name not in stamps  # a planted name is skipped
+    for name in ("plan.json", "result.json", "verify.json"):
+        assert not (run / name).is_symlink() and os.readlink(trap / name) == str(precious)
+    result = json.loads((run / "result.json").read_text())
+    verified = json.loads((run / "verify.json").read_text())
+    assert sorted(i["pid"] for i in verified["instances"]) == sorted(i["pid"] for i in result["instances"])
