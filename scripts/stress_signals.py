@@ -245,6 +245,38 @@ def spawn_kill(args, env: dict) -> int:
     return 1 if bad else 0
 
 
+def random_signals(rng: random.Random, args, env: dict) -> int:
+    """The default mode: --trials trials of :func:`trial`; prints the counts."""
+    t0 = time.monotonic()
+    results = []
+    for i in range(args.trials):
+        r = trial(rng, args, env)
+        results.append(r)
+        bad = r["hang"] or r["orphans"] or not r["code_ok"]
+        if args.verbose or bad:
+            print(f"trial {i:3d}: {r['action']:8s} at {r['delay']:.2f}s  {r['kind']:13s} "
+                  f"started={int(r['started'])} -> {r['returncode']}"
+                  + (f"  HANG" if r["hang"] else "")
+                  + (f"  ORPHANS={r['orphans']}" if r["orphans"] else "")
+                  + ("" if r["code_ok"] else "  WRONG EXIT CODE")
+                  + (f"  stderr: {r['stderr']}" if bad else ""), flush=True)
+    took = time.monotonic() - t0
+    orphans = sum(1 for r in results if r["orphans"])
+    hangs = sum(1 for r in results if r["hang"])
+    wrong = sum(1 for r in results if not r["code_ok"])
+    by_action = collections.Counter(r["action"] for r in results)
+    early = sum(1 for r in results if not r["started"])
+    print(f"{len(results)} trials (seed {args.seed}) in {took:.0f} s; signals: "
+          + ", ".join(f"{a} {by_action[a]}" for a in ACTIONS)
+          + f"; {early} hit the launcher before it had started anything")
+    pystart = sum(1 for r in results if r["python_start_up"])
+    if pystart:
+        print(f"{pystart} SIGINT(s) landed in Python's own start-up before any cpulaunch module ran "
+              "(KeyboardInterrupt traceback from site/importlib, exit 1): Python's, not counted below")
+    print(f"orphans: {orphans}  hangs: {hangs}  wrong exit codes: {wrong}")
+    return 1 if orphans or hangs or wrong else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -267,45 +299,18 @@ def main(argv=None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per trial")
     args = ap.parse_args(argv)
 
-    rng = random.Random(args.seed)
     env = dict(os.environ)
     env.pop("CPULAUNCH_INSTANCE_INDEX", None)
     with tempfile.TemporaryDirectory(prefix="cpulaunch-stress-") as tmp:
         env["PYTHONPYCACHEPREFIX"] = env.get("PYTHONPYCACHEPREFIX", os.path.join(tmp, "pycache"))
         if args.mode == "spawn-kill":
             return spawn_kill(args, env)
+        rng = random.Random(args.seed)
         if args.max_delay is None:
             startup = calibrate(args, env)
             args.max_delay = max(1.5 * startup, 0.5)
             print(f"launcher start-up here: {startup:.2f} s; signals at 0-{args.max_delay:.2f} s", flush=True)
-        t0 = time.monotonic()
-        results = []
-        for i in range(args.trials):
-            r = trial(rng, args, env)
-            results.append(r)
-            bad = r["hang"] or r["orphans"] or not r["code_ok"]
-            if args.verbose or bad:
-                print(f"trial {i:3d}: {r['action']:8s} at {r['delay']:.2f}s  {r['kind']:13s} "
-                      f"started={int(r['started'])} -> {r['returncode']}"
-                      + (f"  HANG" if r["hang"] else "")
-                      + (f"  ORPHANS={r['orphans']}" if r["orphans"] else "")
-                      + ("" if r["code_ok"] else "  WRONG EXIT CODE")
-                      + (f"  stderr: {r['stderr']}" if bad else ""), flush=True)
-        took = time.monotonic() - t0
-    orphans = sum(1 for r in results if r["orphans"])
-    hangs = sum(1 for r in results if r["hang"])
-    wrong = sum(1 for r in results if not r["code_ok"])
-    by_action = collections.Counter(r["action"] for r in results)
-    early = sum(1 for r in results if not r["started"])
-    print(f"{len(results)} trials (seed {args.seed}) in {took:.0f} s; signals: "
-          + ", ".join(f"{a} {by_action[a]}" for a in ACTIONS)
-          + f"; {early} hit the launcher before it had started anything")
-    pystart = sum(1 for r in results if r["python_start_up"])
-    if pystart:
-        print(f"{pystart} SIGINT(s) landed in Python's own start-up before any cpulaunch module ran "
-              "(KeyboardInterrupt traceback from site/importlib, exit 1): Python's, not counted below")
-    print(f"orphans: {orphans}  hangs: {hangs}  wrong exit codes: {wrong}")
-    return 1 if orphans or hangs or wrong else 0
+        return random_signals(rng, args, env)
 
 
 if __name__ == "__main__":
