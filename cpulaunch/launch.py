@@ -46,7 +46,6 @@ import math
 import os
 import select
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -1083,11 +1082,16 @@ class RunDir:
             fd = self._mkdir(self.fd, folder)
         except FileExistsError:  # nothing else makes names in a new run folder
             raise _Planted(errno.EEXIST, _TAKEN, str(folder)) from None
-        files = []
-        for path in (folder / "stdout.log", folder / "stderr.log"):
-            files.append((path, _create_at(fd, path.name, str(path), os.O_APPEND)))
-            self._made.append((fd, path.name, False))
-            self._logs[index] = (files[0], files[-1])  # closed by close() until taken
+        paths, fds = (folder / "stdout.log", folder / "stderr.log"), []
+        try:
+            for path in paths:
+                fds.append(_create_at(fd, path.name, str(path), os.O_APPEND))
+                self._made.append((fd, path.name, False))
+        except BaseException:
+            for log_fd in fds:
+                os.close(log_fd)
+            raise
+        self._logs[index] = ((paths[0], fds[0]), (paths[1], fds[1]))  # closed by close() until taken
 
     def take_logs(self) -> Dict[int, Tuple[Tuple[Path, int], Tuple[Path, int]]]:
         """``{index: ((stdout.log path, fd), (stderr.log path, fd))}``; the caller now
