@@ -339,23 +339,35 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
     stdin_for = lopts.stdin_instance
     if stdin_for is None and len(specs) == 1:
         stdin_for = specs[0].index
-    after = (lopts.verify_after, lambda pids: _verify(p, pids)) if lopts.verify_after is not None else None
+    verified: list = []
+
+    def check(pids: Mapping[int, int], run) -> None:
+        verified.append(pids)
+        _verify(p, pids, run)
+
+    after = (lopts.verify_after, check) if lopts.verify_after is not None else None
     outcome = launch.run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
         stdin_for=stdin_for, after=after,
     )
+    if after is not None and not verified:  # the check never ran: say why, in one line
+        starts = [r.start for r in outcome.results if r.start is not None]
+        ends = [r.end for r in outcome.results]
+        done = bool(starts) and None not in ends and max(ends) - min(starts) < lopts.verify_after
+        log.warning("verify: nothing to check: %s %g s (--verify-after)", "every instance had exited "
+                    "before" if done else "the run was being stopped at", lopts.verify_after)
     if outcome.exit_code != 0 or outcome.signalled:
         log.warning("%s", launch.describe_failure(outcome, specs, keep_going=lopts.keep_going))
     return outcome.exit_code
 
 
-def _verify(p: Prepared, pids: Mapping[int, int]) -> None:
+def _verify(p: Prepared, pids: Mapping[int, int], run=None) -> None:
     """``--verify``: what each running instance really got (its threads' CPUs, libraries,
-    memory), compared with the plan; printed once and kept as verify.json in the run's log
-    folder (the newest run folder under --log-dir)."""
-    from pathlib import Path
-
+    memory), compared with the plan; printed once and kept as verify.json in this run's
+    own folder ``run`` (a :class:`cpulaunch.launch.RunDir`, None without --log-dir; never
+    a folder found by its time stamp: two runs share a log folder), written without
+    following a link planted at the name."""
     from cpulaunch import verify
 
     by_index = {i.index: i for i in p.rendered.instances}
@@ -366,15 +378,11 @@ def _verify(p: Prepared, pids: Mapping[int, int]) -> None:
     sys.stderr.write(verify.render_text(report))
     for w in report.warnings:
         log.warning("verify: %s", w)
-    log_dir = p.opts.launch.log_dir
-    if log_dir is not None:
-        runs = sorted((d for d in Path(log_dir).iterdir() if (d / "plan.json").exists()),
-                      key=lambda d: d.stat().st_mtime)
-        if runs:
-            try:
-                (runs[-1] / "verify.json").write_text(_json_text(verify.report_json(report)))
-            except OSError as exc:
-                log.warning("cannot write verify.json: %s", exc.strerror or exc)
+    if run is not None:
+        try:
+            run.write("verify.json", _json_text(verify.report_json(report)))
+        except OSError as exc:
+            log.warning("cannot write %s: %s", exc.filename, exc.strerror or exc)
 
 
 def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:

@@ -10,6 +10,8 @@ start / poll / stop(deadline) / close, failures named with their signal):
   group the launcher can signal as a whole), relays their output and reports exits.
 * :func:`run_group` is the supervisor: signals, the first failure as root cause, the
   grace period, the ``--log-dir`` files and the :class:`Outcome`.
+* :class:`RunDir` is a run's ``--log-dir`` folder: nothing in it is written through a
+  link someone else planted (issue 19).
 
 Promises (issue 8), each with a real-process test in ``tests/test_launch*.py``:
 
@@ -17,11 +19,13 @@ Promises (issue 8), each with a real-process test in ``tests/test_launch*.py``:
   ignores SIGPIPE and SIGXFSZ and handles SIGINT; ignored dispositions survive exec). The
   one exception: SIGHUP ignored by the launcher's own parent (``nohup``) stays ignored,
   in the launcher (not forwarded) and in its children, as ``nohup PROGRAM`` would have it.
-* Nothing outlives the launcher, even when it is SIGKILLed: every child sets
-  PR_SET_PDEATHSIG=SIGKILL before exec (and checks its parent is still the launcher, as
-  prctl(2) advises), and a watchdog process killpg()s every registered group with SIGKILL
-  when the launcher's end of its pipe closes. A program that leaves its process group
-  (setsid, daemons) is beyond reach; only a cgroup could follow it.
+* Nothing outlives the launcher, even when it is SIGKILLed at any moment: a watchdog
+  process exists before the first child; every child sets PR_SET_PDEATHSIG=SIGKILL
+  before exec (and checks its parent is still the launcher, as prctl(2) advises), then
+  registers its own process group with the watchdog, still before exec (issue 19: see
+  :func:`cpulaunch.spawn._child_setup`); the watchdog killpg()s every registered group
+  with SIGKILL when the last write end of its pipe closes. A program that leaves its
+  process group (setsid, daemons) is beyond reach; only a cgroup could follow it.
 * No signal is lost while starting: the forwarded signals are blocked while children are
   spawned and registered, then unblocked and delivered to every group.
 * SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every group
@@ -42,7 +46,6 @@ import math
 import os
 import select
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -50,21 +53,20 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
+from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.render import json_text
 from cpulaunch.spawn import (  # noqa: F401 - re-exported: launch's public names stay here
     LaunchError, ProcessSpec, _cannot_run, _child_setup, _environ, _load_prctl, _signals_to_reset,
-    exec_spec, exit_code_of, signal_name, spec_from_instance,
+    exec_spec, exit_code_of, signal_name,
 )
 
 __all__ = [
     "LaunchError", "ProcessSpec", "InstanceResult", "Outcome", "ProcessGroup",
-    "exec_spec", "run_group", "describe_failure", "spec_from_instance",
+    "exec_spec", "run_group", "describe_failure", "RunDir", "write_file",
     "exit_code_of", "signal_name", "FORWARDED_SIGNALS", "STOPPING_SIGNALS",
-    "exec_instance", "supervise",
 ]
 
 log = _log.get(__name__)
@@ -93,10 +95,14 @@ class _Watchdog:
     """A forked process that outlives a SIGKILLed launcher just long enough to killpg()
     every registered group with SIGKILL.
 
-    It blocks reading a pipe whose only write end is the launcher's: "+PGID" registers a
-    group, "q" ends it quietly; end of file (the launcher died) kills every group. It
-    runs in a session of its own with catchable signals ignored, so neither Ctrl-C on
-    the terminal nor a kill of the launcher's process group reaches it.
+    It blocks reading a pipe whose write ends are the launcher's and, between fork and
+    exec, each child's: a child writes "+PGID" (its own pid: it leads its group) before
+    it execs, so its group is known before anything can run in it; the launcher writes
+    "-PGID" just before it reaps a group's leader (the id may be reused after that) and
+    "q" to end it quietly. End of file (the launcher died, and no child is still between
+    fork and exec) kills every registered group; the data written before it is read
+    first. It runs in a session of its own with catchable signals ignored, so neither
+    Ctrl-C on the terminal nor a kill of the launcher's process group reaches it.
     """
 
     def __init__(self) -> None:
@@ -113,8 +119,15 @@ class _Watchdog:
         self.pid: Optional[int] = pid
         self._fd: Optional[int] = w
 
-    def register(self, pgid: int) -> None:
-        self._send(b"+%d\n" % pgid)
+    @property
+    def fd(self) -> Optional[int]:
+        """The pipe's write end (close-on-exec), for children to register with before
+        exec; None once closed."""
+        return self._fd
+
+    def forget(self, pgid: int) -> None:
+        """The group's leader is about to be reaped: its id may be reused afterwards."""
+        self._send(b"-%d\n" % pgid)
 
     def _send(self, data: bytes) -> None:
         if self._fd is None:
@@ -159,7 +172,7 @@ def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the fo
         os.dup2(null, fd)
     os.closerange(3, r)  # hold nothing of the launcher's open (its stdout pipe, say)
     os.closerange(r + 1, max(os.sysconf("SC_OPEN_MAX"), r + 1))
-    groups: List[int] = []
+    groups: set = set()
     buf = b""
     while True:
         data = os.read(r, 4096)
@@ -176,7 +189,9 @@ def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the fo
             if line == b"q":
                 return
             if line.startswith(b"+"):
-                groups.append(int(line[1:]))
+                groups.add(int(line[1:]))
+            elif line.startswith(b"-"):
+                groups.discard(int(line[1:]))
 
 
 # --------------------------------------------------------------------------- output relay
@@ -541,7 +556,9 @@ class ProcessGroup:
             reads /dev/null. None: all read /dev/null.
         prefix_output: prefix each console line with ``[index] ``.
         stdout, stderr: binary streams to relay to (default: the launcher's).
-        log_paths: ``{index: (stdout_path, stderr_path)}`` of open-able new files.
+        log_files: ``{index: ((stdout_path, fd), (stderr_path, fd))}``: each instance's
+            log files, open for writing (:meth:`RunDir.take_logs`); the group owns and
+            closes the descriptors. The paths are for messages only.
         kill_timeout: seconds to wait for processes to go after SIGKILL.
 
     The methods run in the thread that created the group (the main thread, for
@@ -552,13 +569,13 @@ class ProcessGroup:
     def __init__(self, specs: Sequence[ProcessSpec], base_environ: Mapping[str, str], *,
                  stdin_for: Optional[int] = None, prefix_output: bool = True,
                  stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[bytes]] = None,
-                 log_paths: Optional[Mapping[int, Tuple[Path, Path]]] = None,
+                 log_files: Optional[Mapping[int, Tuple[Tuple[Path, int], Tuple[Path, int]]]] = None,
                  kill_timeout: float = KILL_TIMEOUT) -> None:
         self.specs = tuple(specs)
         self.base_environ = base_environ
         self.stdin_for = stdin_for
         self.prefix_output = prefix_output
-        self.log_paths = dict(log_paths or {})
+        self._log_files = dict(log_files or {})
         self.kill_timeout = kill_timeout
         self.out = _Console(stdout if stdout is not None else _std_buffer(sys.stdout), "stdout")
         self.err = _Console(stderr if stderr is not None else _std_buffer(sys.stderr), "stderr")
@@ -596,8 +613,10 @@ class ProcessGroup:
                 self._watchdog = _Watchdog()
             except OSError as exc:  # fork refused: PR_SET_PDEATHSIG still covers the children
                 log.info("no watchdog for grandchildren: %s", exc.strerror)
+            watchdog_fd = self._watchdog.fd if self._watchdog is not None else None
             for spec in self.specs:
-                pipes[spec.index] = self._spawn(spec, _child_setup(signals, spec.affinity, me, prctl))
+                setup = _child_setup(signals, spec.affinity, me, prctl, watchdog_fd)
+                pipes[spec.index] = self._spawn(spec, setup)
             for spec in self.specs:
                 self._start_relays(spec, *pipes.pop(spec.index))
         except BaseException:
@@ -627,9 +646,7 @@ class ProcessGroup:
                               "between fork and exec") from None
         finally:
             os.close(out_w), os.close(err_w)
-        self.procs[spec.index] = _Proc(spec, popen, start)
-        if self._watchdog is not None:
-            self._watchdog.register(popen.pid)
+        self.procs[spec.index] = _Proc(spec, popen, start)  # registered itself with the watchdog
         return out_r, err_r
 
     def _start_relays(self, spec: ProcessSpec, out_r: int, err_r: int) -> None:
@@ -641,18 +658,11 @@ class ProcessGroup:
             self._relays.append((spec.index, relay))
 
     def _open_logs(self, index: int) -> Tuple[Optional[_LogFile], Optional[_LogFile]]:
-        if index not in self.log_paths:
+        """The instance's log files (already open: never reopened by name), or Nones."""
+        if index not in self._log_files:
             return None, None
-        files = []
-        for path in self.log_paths[index]:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-            except OSError as exc:
-                self._say(f"cpulaunch: logging to {path} stopped: {exc.strerror}\n")
-                files.append(None)
-            else:
-                files.append(_LogFile(path, fd, self._say))
-        return files[0], files[1]
+        out, err = self._log_files.pop(index)
+        return _LogFile(out[0], out[1], self._say), _LogFile(err[0], err[1], self._say)
 
     def _say(self, message: str) -> None:
         """A line of the launcher's own on stderr, whole, between relayed lines."""
@@ -734,6 +744,10 @@ class ProcessGroup:
         if self._closed:
             return
         self._closed = True
+        for files in self._log_files.values():  # of instances never started
+            for _, fd in files:
+                os.close(fd)
+        self._log_files = {}
         for p in self.procs.values():
             p.signal_group(signal.SIGKILL)
         if self.paused:
@@ -774,6 +788,8 @@ class ProcessGroup:
             if p.reaped:
                 continue
             p.check()
+            if self._watchdog is not None:  # the group has had its SIGKILL; reaping the
+                self._watchdog.forget(p.pid)  # leader below frees the id for reuse
             try:
                 p.popen.wait(timeout=max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
@@ -894,60 +910,254 @@ def _check_specs(specs: Sequence[ProcessSpec], stdin_for: Optional[int]) -> None
         raise LaunchError(f"stdin_for={stdin_for} names no process (indices {indices})")
 
 
-def _new_run_dir(log_dir: Path) -> Path:
-    """``DIR/<YYYYmmdd-HHMMSS>``, or ``...-2``, ``-3`` when taken (earlier runs are kept)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for n in range(1, 10000):
-        run_dir = log_dir / (stamp if n == 1 else f"{stamp}-{n}")
+# --------------------------------------------------------------------------- the run folder
+
+
+class _Planted(OSError):
+    """A name the launcher was making in its run folder was taken meanwhile: someone
+    else can write there."""
+
+
+_TAKEN = "it exists already (put there by someone else)"
+_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _mkdir_at(parent_fd: int, name: str, shown: str) -> int:
+    """mkdir ``name`` in the folder ``parent_fd`` and open it; returns its descriptor.
+    ``shown``: its path, as errors name it.
+
+    mkdir fails on any existing name, a symlink included (FileExistsError). The new
+    folder is then opened with O_NOFOLLOW and must be the caller's: a link or another
+    user's folder swapped in between (a log folder others can write to without the
+    sticky bit) raises :class:`_Planted`, never entered.
+    """
+    try:
+        os.mkdir(name, 0o777, dir_fd=parent_fd)
+    except OSError as exc:
+        exc.filename = shown
+        raise
+    try:
+        fd = os.open(name, _O_DIR, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):  # a link, a file, gone
+            raise _Planted(exc.errno, "replaced while it was being made", shown) from None
+        exc.filename = shown
+        raise
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise _Planted(errno.EPERM, "replaced by another user's folder while it was being made", shown)
+    return fd
+
+
+def _create_at(dir_fd: int, name: str, shown: str, flags: int = 0) -> int:
+    """A new file ``name`` in ``dir_fd`` (O_CREAT|O_EXCL|O_NOFOLLOW: nothing existing is
+    opened, a link is never followed); :class:`_Planted` when the name is taken.
+    ``shown``: its path, as errors name it."""
+    try:
+        return os.open(name, _O_NEW | flags, 0o666, dir_fd=dir_fd)
+    except FileExistsError:
+        raise _Planted(errno.EEXIST, _TAKEN, shown) from None
+    except OSError as exc:
+        exc.filename = shown
+        raise
+
+
+def _write_fd(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _replace_at(dir_fd: int, name: str, text: str, shown: str) -> None:
+    """Write ``text`` as ``name`` in the folder ``dir_fd``: to a new temporary file there
+    (O_EXCL, a random name), then rename()d over ``name``. rename(2) replaces a link
+    planted at the name, never follows it; a folder planted there fails (EISDIR).
+
+    Raises:
+        OSError: the write or the rename failed (the temporary file is removed);
+            its ``filename`` is ``shown``.
+    """
+    for _ in range(100):
+        tmp = f".{name}.{os.urandom(6).hex()}.tmp"
         try:
-            run_dir.mkdir()
-            return run_dir
+            fd = os.open(tmp, _O_NEW, 0o666, dir_fd=dir_fd)
+            break
         except FileExistsError:
             continue
-    raise OSError(errno.EEXIST, "too many runs in the same second", str(log_dir))
+    else:
+        raise OSError(errno.EEXIST, "no free temporary name", shown)
+    try:
+        try:
+            _write_fd(fd, text.encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            exc.filename, exc.filename2 = shown, None
+        raise
 
 
-def _prepare_run_dir(log_dir: Path, specs: Sequence[ProcessSpec],
-                     run_info: Optional[str]) -> Tuple[Path, Dict[int, Tuple[Path, Path]]]:
-    """Create ``DIR/<run-id>/<index>/`` for every spec and ``plan.json``.
+def write_file(folder: Path, name: str, text: str) -> None:
+    """Write ``text`` (UTF-8, surrogate escapes as the bytes they stand for) to
+    ``folder/name`` without ever writing through a link planted at ``name``: a new
+    temporary file in ``folder`` renamed over it (:func:`_replace_at`).
+
+    Raises:
+        OSError: ``folder`` cannot be opened, or the write or rename failed.
+    """
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _replace_at(fd, name, text, os.path.join(folder, name))
+    finally:
+        os.close(fd)
+
+
+class RunDir:
+    """``DIR/<run-id>``: the folder of one run with ``--log-dir`` and every file written
+    in it, made so that nothing someone else put there is followed, entered or
+    overwritten (issue 19; ``DIR`` may be shared or world-writable):
+
+    * the run folder and ``<index>/`` are made with mkdir relative to open folder
+      descriptors (mkdir fails on any existing name, a link included), then opened
+      O_NOFOLLOW and checked to be ours (:func:`_mkdir_at`); everything after goes
+      through those descriptors, so a folder renamed away or a path swapped later
+      changes nothing;
+    * ``stdout.log`` and ``stderr.log`` are created O_CREAT|O_EXCL|O_NOFOLLOW and kept
+      open (never reopened by name);
+    * ``plan.json``, ``result.json``, ``verify.json`` are written to a new temporary file
+      and renamed over the name (:func:`_replace_at`).
+
+    ``DIR`` itself is the user's own path and is followed if it is a link. The run id
+    is the start time, ``YYYYmmdd-HHMMSS``, then ``-2``, ``-3``... for a name taken
+    (earlier runs are kept; a name someone else took is skipped).
+
+    Attributes:
+        path: the run folder (for messages and :attr:`Outcome.run_dir`).
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        """Make a new run folder under ``log_dir`` (an existing folder).
+
+        Raises:
+            OSError: it cannot be made (the cause and file name in the exception).
+        """
+        self._made: List[Tuple[int, str, bool]] = []  # (folder fd, name, is a folder)
+        self._logs: Dict[int, Tuple[Tuple[Path, int], Tuple[Path, int]]] = {}
+        self._fds = [os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in range(1, 10000):
+            self.path = Path(log_dir) / (stamp if n == 1 else f"{stamp}-{n}")
+            try:
+                self.fd = self._mkdir(self._fds[0], self.path)
+                return
+            except FileExistsError:
+                continue
+            except BaseException:
+                self.close()
+                raise
+        self.close()
+        raise OSError(errno.EEXIST, "too many runs in the same second", str(log_dir))
+
+    def _mkdir(self, parent_fd: int, path: Path) -> int:
+        fd = _mkdir_at(parent_fd, path.name, str(path))
+        self._fds.append(fd)
+        self._made.append((parent_fd, path.name, True))
+        return fd
+
+    def add_instance(self, index: int) -> None:
+        """Make ``<index>/`` with new, empty ``stdout.log`` and ``stderr.log`` open for
+        appending (handed to the group by :meth:`take_logs`).
+
+        Raises:
+            OSError: as :meth:`__init__`; :class:`_Planted` when a name was taken.
+        """
+        folder = self.path / str(index)
+        try:
+            fd = self._mkdir(self.fd, folder)
+        except FileExistsError:  # nothing else makes names in a new run folder
+            raise _Planted(errno.EEXIST, _TAKEN, str(folder)) from None
+        paths, fds = (folder / "stdout.log", folder / "stderr.log"), []
+        try:
+            for path in paths:
+                fds.append(_create_at(fd, path.name, str(path), os.O_APPEND))
+                self._made.append((fd, path.name, False))
+        except BaseException:
+            for log_fd in fds:
+                os.close(log_fd)
+            raise
+        self._logs[index] = ((paths[0], fds[0]), (paths[1], fds[1]))  # closed by close() until taken
+
+    def take_logs(self) -> Dict[int, Tuple[Tuple[Path, int], Tuple[Path, int]]]:
+        """``{index: ((stdout.log path, fd), (stderr.log path, fd))}``; the caller now
+        owns (and closes) the descriptors."""
+        logs, self._logs = self._logs, {}
+        return logs
+
+    def write(self, name: str, text: str) -> None:
+        """Write ``name`` (``plan.json``...) in the run folder; never through a link.
+
+        Raises:
+            OSError: the write or rename failed (disk full, a folder planted at the name).
+        """
+        _replace_at(self.fd, name, text, str(self.path / name))
+
+    def remove(self) -> None:
+        """Undo a half-made run folder (disk full): remove what this object made, by
+        name in the folders it made, newest first. Errors are ignored."""
+        for dir_fd, name, is_dir in reversed(self._made):
+            try:
+                os.rmdir(name, dir_fd=dir_fd) if is_dir else os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
+        self._made = []
+
+    def close(self) -> None:
+        """Close every descriptor this object still holds (logs not taken included)."""
+        for out, err in self._logs.values():
+            self._fds += [out[1], err[1]]
+        self._logs = {}
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds = []
+
+
+def _prepare_run_dir(log_dir: Path, specs: Sequence[ProcessSpec], run_info: Optional[str]) -> RunDir:
+    """Make ``DIR/<run-id>/<index>/`` with its logs for every spec, and ``plan.json``.
 
     Raises:
         LaunchError: naming the log folder and the cause (a file in the way, read-only,
-            permission denied, name too long, no space left).
+            permission denied, name too long, no space left, a name someone else took
+            while the folder was being made).
     """
-    log_dir, run_dir = Path(log_dir), None
+    log_dir, run = Path(log_dir), None
     try:
         if log_dir.exists() and not log_dir.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "it exists and is not a folder", str(log_dir))
         log_dir.mkdir(parents=True, exist_ok=True)
-        run_dir = _new_run_dir(log_dir)
-        paths = {}
+        run = RunDir(log_dir)
         for spec in specs:
-            d = run_dir / str(spec.index)
-            d.mkdir()
-            paths[spec.index] = (d / "stdout.log", d / "stderr.log")
-            for p in paths[spec.index]:
-                os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+            run.add_instance(spec.index)
         if run_info is not None:
-            _write_file(run_dir / "plan.json", run_info)
+            run.write("plan.json", run_info)
     except OSError as exc:
-        if run_dir is not None:  # leave no half-made run folder (disk full)
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if run is not None:  # leave no half-made run folder (disk full)
+            run.remove()
+            run.close()
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(log_dir) else ""
+        hint = ("pass a folder only you can write to --log-dir" if isinstance(exc, _Planted)
+                else "pass a writable folder to --log-dir")
         raise LaunchError(f"cannot use log folder {str(log_dir)!r}{where}: {exc.strerror or exc}; "
-                          "pass a writable folder to --log-dir") from None
-    return run_dir, paths
-
-
-def _write_file(path: Path, text: str) -> None:
-    data = text.encode("utf-8", "surrogateescape")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
+                          f"{hint}") from None
+    return run
 
 
 def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec]) -> str:
@@ -993,7 +1203,8 @@ def run_group(
         log_dir: torchrun's layout: ``DIR/<run-id>/<index>/stdout.log`` and
             ``stderr.log``, ``DIR/<run-id>/plan.json`` (``run_info``, written before
             anything starts) and ``DIR/<run-id>/result.json`` (written at the end). The
-            run id is a timestamp made unique, so earlier runs are kept. Output still
+            run id is a timestamp made unique, so earlier runs are kept. Nothing is
+            written through a link someone planted (:class:`RunDir`). Output still
             goes to the console too. A write error on a log (disk full) is said once per
             file on stderr; the run and its exit code are unaffected.
         run_info: text for ``plan.json`` (the dry-run JSON); None writes no plan.json.
@@ -1011,8 +1222,10 @@ def run_group(
         has been SIGKILLed and reaped (or reported stuck), the relays drained, the
         signal handlers and mask restored.
 
-    ``after=(seconds, fn)``: once, ``seconds`` after start while instances still run,
-    ``fn({index: pid})`` is called (``--verify``); its exceptions are logged, never fatal.
+    ``after=(seconds, fn)``: once, ``seconds`` after start while instances still run
+    and no stop is under way, ``fn({index: pid}, run)`` is called (``--verify``), ``run``
+    being this run's :class:`RunDir` (None without ``log_dir``): write files there with
+    ``run.write(name, text)``. Its exceptions are logged, never fatal.
 
     Raises:
         LaunchError: bad ``grace_period``/specs, unusable log folder (before anything
@@ -1020,21 +1233,28 @@ def run_group(
     """
     grace_period = _check_grace_period(grace_period)
     _check_specs(specs, stdin_for)
-    run_dir, log_paths = (None, {}) if log_dir is None else _prepare_run_dir(log_dir, specs, run_info)
-    for spec in specs:
-        log.info("%s: %s", spec.label, shlex.join(spec.argv))
-        if spec.index in log_paths:
-            log.info("%s: output in %s and %s", spec.label, *log_paths[spec.index])
-    group = ProcessGroup(specs, base_environ, stdin_for=stdin_for, prefix_output=prefix_output,
-                         stdout=stdout, stderr=stderr, log_paths=log_paths, kill_timeout=kill_timeout)
-    outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going, after=after)
-    outcome = replace(outcome, run_dir=run_dir)
-    if run_dir is not None:
+    run = None if log_dir is None else _prepare_run_dir(log_dir, specs, run_info)
+    try:
+        log_files = run.take_logs() if run is not None else {}
+        for spec in specs:
+            log.info("%s: %s", spec.label, shlex.join(spec.argv))
+            if spec.index in log_files:
+                log.info("%s: output in %s and %s", spec.label, *(f[0] for f in log_files[spec.index]))
+        group = ProcessGroup(specs, base_environ, stdin_for=stdin_for, prefix_output=prefix_output,
+                             stdout=stdout, stderr=stderr, log_files=log_files, kill_timeout=kill_timeout)
+        hook = (after[0], lambda pids: after[1](pids, run)) if after is not None else None
+        outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going, after=hook)
+        if run is None:
+            return outcome
+        outcome = replace(outcome, run_dir=run.path)
         try:
-            _write_file(run_dir / "result.json", _result_json(outcome, specs))
+            run.write("result.json", _result_json(outcome, specs))
         except OSError as exc:
-            group._say(f"cpulaunch: cannot write {run_dir / 'result.json'}: {exc.strerror}\n")
-    return outcome
+            group._say(f"cpulaunch: cannot write {exc.filename}: {exc.strerror}\n")
+        return outcome
+    finally:
+        if run is not None:
+            run.close()
 
 
 def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, after=None) -> Outcome:
@@ -1091,30 +1311,3 @@ def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, af
         code = next((r.exit_code for r in results if r.failed and r.exit_code is not None), 0)
     return Outcome(exit_code=code, root_cause=root, results=results, signalled=sig.signalled,
                    forwarded=tuple(sig.forwarded), stopped=tuple(stopped))
-
-
-# --------------------------------------------------------------------------- compatibility
-
-
-def exec_instance(inst, environ: Mapping[str, str]) -> NoReturn:
-    """Compatibility for the current cli: :func:`exec_spec` of a ``RenderedInstance``;
-    raises OSError (as before) when exec fails."""
-    try:
-        exec_spec(spec_from_instance(inst), environ)
-    except LaunchError as exc:
-        raise OSError(None, str(exc).split(": ", 1)[-1]) from None
-
-
-def supervise(instances, environ: Mapping[str, str], *, log_dir: Optional[Path] = None,
-              keep_going: bool = False, grace_period: float = 10.0, prefix_output: bool = True,
-              stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[bytes]] = None) -> Outcome:
-    """Compatibility for the current cli: :func:`run_group` of ``RenderedInstance``s; a
-    single instance reads the launcher's stdin; LaunchError becomes OSError as before."""
-    specs = [spec_from_instance(i) for i in instances]
-    try:
-        return run_group(specs, environ, log_dir=log_dir, keep_going=keep_going,
-                         grace_period=grace_period, prefix_output=prefix_output,
-                         stdin_for=specs[0].index if len(specs) == 1 else None,
-                         stdout=stdout, stderr=stderr)
-    except LaunchError as exc:
-        raise OSError(None, str(exc)) from None

@@ -40,8 +40,8 @@ def main() -> int:
     outcome = launch.run_group([spec], environ, prefix_output=False, stdin_for=None)
     record = {"rank": int(environ.get("RANK", local)), "exit_code": outcome.exit_code, "time": time.time(),
               "how": launch.describe_failure(outcome, [spec]) if outcome.exit_code else ""}
-    try:
-        Path(status_dir, f"rank{record['rank']}.json").write_text(json.dumps(record))
+    try:  # never through a link planted at the name (issue 19)
+        launch.write_file(Path(status_dir), f"rank{record['rank']}.json", json.dumps(record))
     except OSError:
         pass
     return outcome.exit_code

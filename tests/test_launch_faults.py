@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -125,11 +128,11 @@ sys.exit(out.exit_code)
 def drive(tmp_path: Path, argv: list, timeout=20, **cfg):
     """Run DRIVER (launch.run_group in a fresh Python) with these instances; returns
     (CompletedProcess, the outcome as a dict)."""
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
     result = tmp_path / "result.json"
     cfg.update(argv=argv, result=str(result))
-    proc = subprocess.run([PY, str(driver), json.dumps(cfg)], capture_output=True, text=True,
+    # -c: sys.path[0] is the cwd, this checkout (a script's folder would not be, and the
+    # cpulaunch imported would be whichever is installed)
+    proc = subprocess.run([PY, "-c", DRIVER, json.dumps(cfg)], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, **cfg.pop("popen", {}))
     return proc, (json.loads(result.read_text()) if result.exists() else None)
 
@@ -283,6 +286,85 @@ def test_launcher_sigkill_leaves_nothing_behind(tmp_path):
     proc.kill()
     proc.wait(timeout=10)
     wait_until(lambda: with_marker(marker) == [], timeout=5, what="every marked process gone")
+
+
+STALL_DRIVER = r"""
+import os, signal, sys, time
+from pathlib import Path
+from cpulaunch import launch
+
+moment, tmp = sys.argv[1], Path(sys.argv[2])
+launcher = os.getpid()
+
+def stall(name):
+    # Say who is held, then wait: the launcher for the test's SIGKILL (its handled
+    # signals are blocked while it starts instances); a child until its launcher is gone
+    # (then it carries on, unless its parent-death signal killed it).
+    (tmp / name).write_text(str(os.getpid()))
+    if os.getpid() == launcher:
+        signal.pause()
+    while os.getppid() == launcher:
+        time.sleep(0.005)
+
+if moment == "before-prctl":  # child forked (and setsid), PR_SET_PDEATHSIG not yet set
+    real = launch._load_prctl()
+    launch._load_prctl = lambda: (lambda *a: (stall("stalled"), real(*a))[1])
+elif moment == "before-exec":  # PDEATHSIG set, registered with the watchdog, not exec'd
+    setaffinity = os.sched_setaffinity
+    os.sched_setaffinity = lambda pid, cpus: (stall("stalled"), setaffinity(pid, cpus))
+elif moment == "after-exec":  # the program runs and has forked; Popen has just returned
+    init = launch._Proc.__init__
+    def stalled_init(self, spec, popen, start):
+        init(self, spec, popen, start)
+        if spec.index == 0:
+            while not (tmp / "grandchild").exists() or not (tmp / "grandchild").read_text():
+                time.sleep(0.005)
+            stall("stalled")
+    launch._Proc.__init__ = stalled_init
+cpus = tuple(sorted(os.sched_getaffinity(0)))[:1]
+argv = ("sh", "-c", f"sleep 61 & echo $! > {tmp}/grandchild; wait")
+specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=argv if i == 0 else ("sleep", "62"),
+                            affinity=cpus) for i in (0, 1)]
+launch.run_group(specs, os.environ)
+"""
+
+
+@pytest.mark.parametrize("moment", ["before-prctl", "before-exec", "after-exec"])
+def test_launcher_sigkill_in_the_spawn_window_leaves_nothing_behind(tmp_path, moment):
+    """kill -9 of the launcher while it starts instance 0, held at each moment of the
+    child's start (issue 19): forked but PR_SET_PDEATHSIG not set yet (the child sees
+    its launcher gone and kills itself before exec); set and registered with the
+    watchdog but not exec'd (PDEATHSIG); exec'd and forked a grandchild but Popen only
+    just returned in the launcher (the watchdog knew the group before exec, so it
+    kills the grandchild). Nothing carrying the run's marker is left."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen([PY, "-c", STALL_DRIVER, moment, str(tmp_path)], cwd=REPO,
+                            env=dict(os.environ, CPULAUNCH_TEST_MARKER=marker),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        stalled = tmp_path / "stalled"
+        wait_until(lambda: stalled.exists() and stalled.read_text(), timeout=20, what=f"launcher held at {moment}")
+        held = int(stalled.read_text())
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_until(lambda: with_marker(marker) == [], timeout=5, what="every marked process gone")
+    finally:
+        for pid in with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive(held)  # a zombie until its new parent reaps it
+    assert (tmp_path / "grandchild").exists() == (moment == "after-exec")  # the program ran
+
+
+@pytest.mark.slow
+def test_stress_spawn_kill_mode_leaves_nothing(tmp_path):
+    """scripts/stress_signals.py --mode spawn-kill, a few trials: the launcher SIGKILLed
+    the moment it has its first, second or third child (watchdog, instance 0, 1)."""
+    for at in ("1", "2", "3"):
+        proc = subprocess.run([PY, str(REPO / "scripts" / "stress_signals.py"), "--mode", "spawn-kill",
+                               "--trials", "3", "--at-child", at], capture_output=True, text=True,
+                              timeout=120, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "trials that left processes behind: 0 (0 processes)" in proc.stdout
 
 
 def test_run_group_restores_handlers_and_mask_and_reaps_watchdog():
@@ -461,7 +543,8 @@ def test_console_epipe_with_sigpipe_default_in_launcher(tmp_path):
     cfg = {"argv": [["yes"], ["yes"]], "default": ["SIGPIPE"], "result": str(tmp_path / "r.json")}
     (tmp_path / "d.py").write_text(DRIVER)
     cmd = f"{PY} {tmp_path / 'd.py'} '{json.dumps(cfg)}' | head -1; echo ${{PIPESTATUS[0]}} >&2"
-    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20, cwd=REPO)
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # this checkout's cpulaunch
     assert proc.stderr.splitlines()[-1] == "141", proc.stderr
     out = json.loads((tmp_path / "r.json").read_text())
     assert out["exit_code"] == 141 and out["results"][out["root_cause"]]["signal"] == "SIGPIPE"
@@ -497,18 +580,19 @@ def test_process_group_start_poll_stop_close(tmp_path):
 
 def test_after_hook_sees_running_instances_and_cannot_break_the_run(caplog):
     """``after=(seconds, fn)`` (used by --verify): called once with {index: pid} of the
-    running instances; an exception in it is logged, the run goes on."""
+    running instances and the run folder (None: no log_dir); an exception in it is
+    logged, the run goes on."""
     seen = []
 
-    def check(pids):
-        seen.append({i: state(p) for i, p in pids.items()})
+    def check(pids, run):
+        seen.append(({i: state(p) for i, p in pids.items()}, run))
         raise RuntimeError("boom")
 
     specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=("sleep", "0.6")) for i in (0, 1)]
     with open(os.devnull, "wb") as null:
         outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null, after=(0.2, check))
     assert outcome.exit_code == 0
-    assert seen == [{0: "S", 1: "S"}]
+    assert seen == [({0: "S", 1: "S"}, None)]
     assert "after-start check failed: boom" in caplog.text
 
 
@@ -615,3 +699,149 @@ def test_log_folder_read_only_or_full(tiny_tmpfs, tmp_path):
     assert log_dir_error(tiny_tmpfs / "other", tmp_path) == (
         f"cannot use log folder {str(tiny_tmpfs / 'other')!r}: Read-only file system; "
         "pass a writable folder to --log-dir")
+
+
+# --------------------------------------------------------------------------- planted links (issue 19)
+
+
+NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run(NOBODY + list(argv), check=True, timeout=20)
+
+
+@pytest.fixture
+def shared():
+    """A world-writable sticky folder in /tmp (a pytest tmp_path is private: another
+    user could not reach it), where another user (nobody, via setpriv) plants links;
+    removed afterwards."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("plants links as another user: needs root and setpriv")
+    d = Path(tempfile.mkdtemp(prefix="cpulaunch-shared-", dir="/tmp"))
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def precious_file(tmp_path: Path) -> Path:
+    p = tmp_path / "precious"
+    p.write_text("keep")
+    return p
+
+
+def owned_runs(shared: Path) -> list:
+    """The run folders a launcher made: real folders of ours (not links, not nobody's)."""
+    return [d for d in shared.iterdir() if not d.is_symlink() and d.is_dir() and d.stat().st_uid == os.geteuid()]
+
+
+RUN_ID = r"\d{8}-\d{6}(-\d+)?"
+
+PLANT_DRIVER = r"""
+import os, re, subprocess, sys
+from pathlib import Path
+
+# Another user wins the race: right after the launcher's mkdir of AT (its run folder,
+# or <run>/0), nobody plants a link named WHAT in it, pointing at TARGET.
+shared, at, what, target = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+real_mkdir, made = os.mkdir, []
+
+def mkdir(path, mode=0o777, *, dir_fd=None):
+    real_mkdir(path, mode, dir_fd=dir_fd)
+    name = os.path.basename(os.fspath(path))
+    if not made and re.fullmatch(RUN_ID, name):
+        made.append(shared / name)
+        folder, this = made[0], "run"
+    elif made and name == "0":
+        folder, this = made[0] / "0", "0"
+    else:
+        return
+    if this == at:
+        os.chmod(folder, 0o777)  # as under umask 0: others may write in it
+        subprocess.run(NOBODY + ["ln", "-s", target, str(folder / what)], check=True)
+
+os.mkdir = mkdir
+from cpulaunch.cli import main
+sys.exit(main(sys.argv[5:]))
+"""
+
+
+@pytest.mark.parametrize("at, what", [("run", "plan.json"), ("run", "0"), ("0", "stdout.log")])
+def test_names_planted_while_the_run_folder_is_made_are_never_followed(shared, tmp_path, at, what):
+    """Another user plants a link in the new run folder (writable by others under umask
+    0) between its mkdir and the launcher's next step: plan.json is renamed over the
+    link (the run goes on); a link at <index>/ or <index>/stdout.log stops the run
+    before anything starts with one line, exit 2. Never entered, never written through."""
+    precious = precious_file(tmp_path)
+    elsewhere = shared / "elsewhere"
+    as_nobody("mkdir", "-m", "777", str(elsewhere))
+    target = elsewhere if what == "0" else precious
+    driver = PLANT_DRIVER.replace("RUN_ID", repr(RUN_ID)).replace("NOBODY", repr(NOBODY))
+    ran = tmp_path / "ran"
+    proc = subprocess.run([PY, "-c", driver, str(shared), at, what, str(target), "--bind", "none",
+                           "--log-dir", str(shared), "touch", str(ran)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert precious.read_text() == "keep" and list(elsewhere.iterdir()) == []
+    (run,) = owned_runs(shared)
+    planted = run / what if at == "run" else run / "0" / what
+    if what == "plan.json":
+        assert proc.returncode == 0, proc.stderr
+        assert not planted.is_symlink() and json.loads(planted.read_text())["instances"]
+        assert ran.exists()
+        return
+    assert os.readlink(planted) == str(target)  # the link is still there, untouched
+    assert proc.returncode == 2 and not ran.exists()
+    assert proc.stderr.splitlines() == [
+        f"cpulaunch: error: cannot use log folder {str(shared)!r} ({planted}): it exists already "
+        "(put there by someone else); pass a folder only you can write to --log-dir"]
+
+
+PLANTING_CHILD = r"""
+import os, subprocess, sys, time
+from pathlib import Path
+
+shared, precious = Path(sys.argv[1]), Path(sys.argv[2])
+(run,) = [d for d in shared.iterdir() if not d.is_symlink() and d.is_dir() and d.stat().st_uid == os.getuid()]
+if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "0":  # written at the end: a link waits for it
+    subprocess.run(NOBODY + ["ln", "-s", str(precious), str(run / "result.json")], check=True)
+verify = run / "verify.json"
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and precious.read_text() == "keep" and not (
+        verify.exists() and not verify.is_symlink()):
+    time.sleep(0.02)  # until --verify has written, here or through a link
+"""
+
+
+@need2
+def test_run_files_never_written_through_links_in_a_shared_log_folder(shared, tmp_path):
+    """--log-dir a world-writable sticky folder where another user planted, before the
+    run: every predictable run id for two minutes (a link to their folder) and, in that
+    folder, links at plan.json, result.json and verify.json with the newest mtime; during
+    the run (umask 0: the run folder is writable by others) a link at result.json. The
+    run picks a free name, writes its own plan.json, result.json and verify.json as
+    files of its own, and the links' target is untouched."""
+    precious = precious_file(tmp_path)
+    trap = shared / "trap"
+    as_nobody("mkdir", "-m", "777", str(trap))
+    for name in ("plan.json", "result.json", "verify.json"):
+        as_nobody("ln", "-s", str(precious), str(trap / name))
+    now = int(time.time())
+    stamps = [time.strftime("%Y%m%d-%H%M%S", time.localtime(t)) for t in range(now - 1, now + 120)]
+    as_nobody("sh", "-c", 'cd "$0" && for s in "$@"; do ln -s trap "$s"; done', str(shared), *stamps)
+    as_nobody("touch", "-d", f"@{now + 3600}", str(trap))  # the newest folder holding a plan.json
+    child = write(tmp_path, "child.py", PLANTING_CHILD.replace("NOBODY", repr(NOBODY)))
+    proc = subprocess.run(cpulaunch("--ninstances", "2", "--bind", "none", "--allocator", "default", "--verify",
+                                    "--verify-after", "0.3", "--log-dir", str(shared), child, str(shared),
+                                    str(precious)),
+                          capture_output=True, text=True, timeout=90, cwd=REPO, preexec_fn=lambda: os.umask(0))
+    assert proc.returncode == 0, proc.stderr
+    assert precious.read_text() == "keep"
+    (run,) = owned_runs(shared)
+    assert re.fullmatch(RUN_ID, run.name) and run.name not in stamps  # a planted name is skipped
+    for name in ("plan.json", "result.json", "verify.json"):
+        assert not (run / name).is_symlink() and os.readlink(trap / name) == str(precious)
+    result = json.loads((run / "result.json").read_text())
+    verified = json.loads((run / "verify.json").read_text())
+    assert sorted(i["pid"] for i in verified["instances"]) == sorted(i["pid"] for i in result["instances"])
