@@ -27,7 +27,8 @@ from cpulaunch.options import ALIASES, Format, OptionsError
 #: Options whose count is optional: a bare flag means 1 (``--instances-per-socket
 #: python x.py``).
 OPTIONAL_COUNT_OPTIONS = ("--instances-per-socket", "--instances-per-node")
-#: Subcommands, dispatched on the first word (a program of that name: ``cpulaunch -- doctor``).
+#: Subcommands, dispatched on the first word to ``cpulaunch.tools.<word>.main`` (a program of
+#: that name: ``cpulaunch -- doctor``).
 SUBCOMMANDS = ("doctor", "verify", "tune")
 #: Python's own short options that start a Python program (``-m mod``, ``-c code``).
 PYTHON_PROGRAM_OPTIONS = ("-m", "-c", "--module")
@@ -336,10 +337,10 @@ def main(argv=None) -> int:
                   for a in args[: (args.index("--") if "--" in args else len(args))])
     try:
         if args and args[0] in SUBCOMMANDS:
-            from cpulaunch import subcommands
+            import importlib
 
             _configure_logging(1 if verbose else 0, now=True)
-            code = subcommands.main(args[0], args[1:])
+            code = importlib.import_module(f"cpulaunch.tools.{args[0]}").main(args[1:])
         else:
             code = command.main(args=args, prog_name="cpulaunch", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -63,8 +63,7 @@ def probe_topology(opts: Options) -> Topology:
     not read: half the per-core reads on a big machine (issue 12)."""
     from cpulaunch.machine import probe
 
-    if not os.path.isdir(opts.sysroot):
-        raise CpulaunchError(f"--sysroot {opts.sysroot}: no such folder")
+    probe.check_sysroot(opts.sysroot)
     return probe.probe(opts.sysroot, core_ids=False)
 
 
@@ -368,7 +367,7 @@ def _verify(p: Prepared, pids: Mapping[int, int], run=None) -> None:
     own folder ``run`` (a :class:`cpulaunch.launch.RunDir`, None without --log-dir; never
     a folder found by its time stamp: two runs share a log folder), written without
     following a link planted at the name."""
-    from cpulaunch import verify
+    from cpulaunch.tools import verify
 
     by_index = {i.index: i for i in p.rendered.instances}
     targets = [(pid, verify.Expected.from_rendered(by_index[idx], allocator=p.settings.allocator,

@@ -22,7 +22,6 @@ still sets SLURM_* for the job, but its own variables describe the ranks.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence

@@ -193,11 +193,6 @@ class Options(NamedTuple):
     kmp_blocktime: Optional[int] = None
     verbose: int = 0
 
-    @property
-    def live(self) -> bool:
-        """True when the machine described is the one we run on (no --sysroot)."""
-        return self.sysroot in ("/", "") or Path(self.sysroot).resolve() == Path("/")
-
 
 # --------------------------------------------------------------------------- building
 

@@ -10,7 +10,7 @@ load around its runs, the CPU time that went to anyone but us:
               + steal (time the hypervisor gave our virtual CPUs to other guests)
 
 divided by the wall time of the window. The meter (``Load``, ``LoadWindow``, ``sample``) is
-``cpulaunch.tune``'s, re-exported here, so the benchmarks and ``cpulaunch tune`` measure
+``cpulaunch.tools.tune.load``'s, re-exported here, so the benchmarks and ``cpulaunch tune`` measure
 with one formula. A window is busy when that is above a threshold,
 in percent of the whole machine (``os.cpu_count()`` CPUs, not only the ones this process
 may use: a foreign thread on any CPU can stall a run that spans them).
@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from cpulaunch.tune import BUSIEST_MIN_PCT, Load, LoadWindow  # noqa: E402,F401
-from cpulaunch.tune import sample_load as sample  # noqa: E402,F401
+from cpulaunch.tools.tune.load import BUSIEST_MIN_PCT, Load, LoadWindow  # noqa: E402,F401
+from cpulaunch.tools.tune.load import sample_load as sample  # noqa: E402,F401
 
 
 def busy(loads: Iterable[Load], threshold: float) -> bool:

@@ -1,4 +1,4 @@
-"""cpulaunch.doctor: on this machine, on every fixture dump, on generated trees; the ELF reader
+"""cpulaunch.tools.doctor: on this machine, on every fixture dump, on generated trees; the ELF reader
 on the real libtorch_cpu.so and on hand-built ELF files."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch import cpulist, doctor
+from cpulaunch import cpulist
+from cpulaunch.tools import doctor
 from cpulaunch.machine import libraries
 from tests.conftest import MACHINES
 

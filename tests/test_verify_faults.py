@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch import verify
-from cpulaunch.machine import libraries
-from cpulaunch.verify import Expected, Verdict
+from cpulaunch.tools import verify
+from cpulaunch.machine import libraries, proc
+from cpulaunch.tools.verify import Expected, Verdict
 from tests.conftest import REPO, run_cli
 from tests.test_verify import ALLOWED, C, TWO_CPUS, _fake_proc, child
 
@@ -150,7 +150,7 @@ def test_kernel_thread_cannot_be_checked():
     assert (cli.returncode, cli.stderr) == (3, "")
     assert cli.stdout == (f"verify pid {pid} (pid {pid})\n  pid {pid}: cannot check: it is a kernel thread "
                           f"({name}): it has no program, libraries or memory of its own\n")
-    view = verify.inspect(pid)
+    view = proc.inspect(pid)
     assert view.children == () and view.threads == () and view.uncheckable
 
 
@@ -166,7 +166,7 @@ def test_pid_without_a_process_is_a_usage_error():
 
 def test_exit_code_is_the_worst_verdict():
     """differs (1) outranks cannot-check / gone (3), which outrank ok (0)."""
-    view = verify.ProcessView(pid=1, ppid=0, name="x", cmdline=(), cpus=frozenset({0}), threads=(),
+    view = proc.ProcessView(pid=1, ppid=0, name="x", cmdline=(), cpus=frozenset({0}), threads=(),
                               libraries=(), numa=None)
     ok = verify.InstanceResult(1, None, view, ())
     differs = verify.InstanceResult(1, None, view, ("pid 1: two allocators mapped",))
@@ -292,7 +292,7 @@ def test_escapes_in_process_and_thread_names_are_not_printed():
 
 BOUNDED = """
 import json, sys
-from cpulaunch import verify
+from cpulaunch.tools import verify
 r = verify.verify([(100, None)], sys.argv[1]).instances[0]
 print(json.dumps([r.status.value, r.error, dict(r.view.unreadable)]))
 """
@@ -323,9 +323,9 @@ def test_endless_and_huge_files_under_a_root(tmp_path):
     (tmp_path / "proc/100/environ").unlink()
     (tmp_path / "proc/100/environ").symlink_to("/dev/zero")
     with open(tmp_path / "proc/100/maps", "wb") as f:
-        f.truncate(verify.PROC_FILE_BYTES + 1)  # sparse: no disk used
+        f.truncate(proc.PROC_FILE_BYTES + 1)  # sparse: no disk used
     status, _, unreadable = _under_root(tmp_path)
     assert (status, unreadable) == ("cannot-check", {
-        "maps": f"larger than {verify.PROC_FILE_BYTES} bytes",
+        "maps": f"larger than {proc.PROC_FILE_BYTES} bytes",
         "environ": "not a regular file (a character device)",
     })

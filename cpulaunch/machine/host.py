@@ -118,9 +118,9 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     """
     import importlib.util
 
-    from cpulaunch.machine.probe import check_numactl
+    from cpulaunch.machine.probe import check_numactl, is_live
 
-    live = opts.live
+    live = is_live(opts.sysroot)
     found = {name: libraries.find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
     numactl = shutil.which("numactl") if opts.bind is BindMode.NUMACTL else None
     usable, reason = None, ""

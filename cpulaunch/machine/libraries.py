@@ -23,7 +23,8 @@ from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional, Sequence
 
 __all__ = ["Library", "REGISTRY", "ALLOCATORS", "OPENMP", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
-           "search_dirs", "find", "is_loadable_elf", "preload_entries", "identify"]
+           "search_dirs", "find", "is_loadable_elf", "preload_entries", "identify", "openmp_runtime_of",
+           "AUTO_ALLOCATOR", "AUTO_OPENMP"]
 
 
 class Library(NamedTuple):
@@ -37,12 +38,15 @@ class Library(NamedTuple):
         filenames: file names to look for, preferred first; empty when nothing is
             preloaded (torch's bundled libgomp is already linked).
         install: how to get it on Debian/Ubuntu and from PyPI.
-        marker: file-name prefix identifying it in LD_PRELOAD and /proc/PID/maps.
+        markers: file-name prefixes identifying it in LD_PRELOAD and /proc/PID/maps
+            (torch's bundled ``libgomp-<hash>.so.1`` is libgomp too).
         env: variables it wants whenever it is used (e.g. jemalloc's MALLOC_CONF).
         idle_env: OpenMP only: variables that make idle threads yield (KMP_BLOCKTIME).
         pin_style: OpenMP only: how threads are pinned to an instance's CPUs when bound:
             "kmp" (KMP_AFFINITY, Intel/LLVM runtimes) or "omp" (OMP_PLACES/OMP_PROC_BIND).
         help: one line for --help.
+        selectable: users can choose it (``--allocator``/``--omp-runtime``); False for
+            a runtime cpulaunch only recognises where it is mapped (LLVM's libomp).
 
     A NamedTuple (immutable), not a frozen dataclass: a tenth of the class-creation cost,
     paid by every launch (issue 12).
@@ -53,11 +57,12 @@ class Library(NamedTuple):
     choice: str
     filenames: tuple
     install: str
-    marker: str
+    markers: tuple
     env: Mapping[str, str] = MappingProxyType({})
     idle_env: Mapping[str, str] = MappingProxyType({})
     pin_style: str = ""
     help: str = ""
+    selectable: bool = True
 
 
 REGISTRY: dict = {
@@ -74,7 +79,7 @@ REGISTRY: dict = {
                 "libtcmalloc_minimal.so",
             ),
             install="apt-get install libtcmalloc-minimal4 (or libgoogle-perftools4)",
-            marker="libtcmalloc",
+            markers=("libtcmalloc",),
             help="gperftools' tcmalloc (measured 1.0-1.4x here: docs/performance.md)",
         ),
         Library(
@@ -83,7 +88,7 @@ REGISTRY: dict = {
             choice="jemalloc",
             filenames=("libjemalloc.so.2", "libjemalloc.so"),
             install="apt-get install libjemalloc2",
-            marker="libjemalloc",
+            markers=("libjemalloc",),
             # The PyTorch CPU performance tuning guide's setting.
             env={
                 "MALLOC_CONF": "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
@@ -97,7 +102,7 @@ REGISTRY: dict = {
             choice="intel",
             filenames=("libiomp5.so",),
             install="pip install intel-openmp (puts libiomp5.so in sys.prefix/lib)",
-            marker="libiomp5",
+            markers=("libiomp5",),
             # Intel's OpenMP documentation and the tuning guide: idle threads stop
             # spinning after 1 ms; threads pinned one per CPU when the instance is bound.
             idle_env={"KMP_BLOCKTIME": "1"},
@@ -110,18 +115,38 @@ REGISTRY: dict = {
             choice="gnu",
             filenames=(),
             install="bundled with torch",
-            marker="libgomp",
+            markers=("libgomp.", "libgomp-"),
             pin_style="omp",
             help="GNU OpenMP, the runtime torch links (nothing preloaded)",
+        ),
+        Library(
+            name="llvm-omp",
+            kind="openmp",
+            choice="llvm",
+            filenames=("libomp.so.5", "libomp.so"),
+            install="apt-get install libomp5",
+            markers=("libomp.", "libomp-"),
+            pin_style="kmp",
+            help="LLVM OpenMP (recognised where mapped; not offered as a choice)",
+            selectable=False,
         ),
     )
 }
 
+#: What ``auto`` means, as data (PLATFORM.md, docs/performance.md): ``--allocator auto``
+#: preloads tcmalloc when it is found (1.0-1.4x measured here; jemalloc 0.68-0.91x), else
+#: the C library's malloc; ``--omp-runtime auto`` keeps the runtime torch links (libiomp5
+#: measured within noise of it).
+AUTO_ALLOCATOR = "tcmalloc"
+AUTO_OPENMP = "gnu"
+
 #: --allocator values: "auto" (tcmalloc when found), "default" (the C library's malloc)
 #: and every allocator of the registry.
-ALLOCATOR_CHOICES = ("auto", "default") + tuple(l.choice for l in REGISTRY.values() if l.kind == "allocator")
+ALLOCATOR_CHOICES = ("auto", "default") + tuple(
+    lib.choice for lib in REGISTRY.values() if lib.kind == "allocator" and lib.selectable)
 #: --omp-runtime values: "auto" (torch's own runtime) and every OpenMP runtime of the registry.
-OPENMP_CHOICES = ("auto",) + tuple(l.choice for l in REGISTRY.values() if l.kind == "openmp")
+OPENMP_CHOICES = ("auto",) + tuple(
+    lib.choice for lib in REGISTRY.values() if lib.kind == "openmp" and lib.selectable)
 
 
 def by_choice(kind: str, choice: str) -> Library:
@@ -132,8 +157,8 @@ def by_choice(kind: str, choice: str) -> Library:
     raise KeyError(choice)
 
 
-ALLOCATORS = tuple(n for n, lib in REGISTRY.items() if lib.kind == "allocator")
-OPENMP = tuple(n for n, lib in REGISTRY.items() if lib.kind == "openmp")
+ALLOCATORS = tuple(n for n, lib in REGISTRY.items() if lib.kind == "allocator" and lib.selectable)
+OPENMP = tuple(n for n, lib in REGISTRY.items() if lib.kind == "openmp" and lib.selectable)
 
 # e_machine values (System V ABI / elf.h) for the machines we may run on.
 _E_MACHINE = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "ppc64": 21, "s390x": 22, "riscv64": 243, "i686": 3}
@@ -296,9 +321,19 @@ def preload_entries(value: str) -> list:
 
 
 def identify(entry: str) -> Optional[str]:
-    """The registry name of a preload entry (path or bare name), e.g. "jemalloc"."""
+    """The registry name of a library file (a path or bare name, from LD_PRELOAD, an ELF
+    DT_NEEDED list or /proc/PID/maps), by its base name's prefix: ``"/x/libjemalloc.so.2"``
+    -> "jemalloc", ``"libgomp-a34b3233.so.1"`` -> "gomp", ``"libomp.so.5"`` -> "llvm-omp";
+    None for anything else."""
     base = os.path.basename(entry)
     for name, lib in REGISTRY.items():
-        if base.startswith(lib.marker):
+        if base.startswith(lib.markers):
             return name
     return None
+
+
+def openmp_runtime_of(entry: str) -> Optional[str]:
+    """The OpenMP runtime a library file is, as users name it: "gnu" (libgomp), "intel"
+    (libiomp5), "llvm" (libomp); None for a file that is no OpenMP runtime (``identify``)."""
+    name = identify(entry)
+    return REGISTRY[name].choice if name is not None and REGISTRY[name].kind == "openmp" else None

@@ -65,7 +65,7 @@ from typing import Optional
 from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.cpulist import CpulistError, excerpt
-from cpulaunch.errors import printable
+from cpulaunch.errors import CpulaunchError, printable
 from cpulaunch.machine.topology import (
     CpuFacts,
     HostFacts,
@@ -80,6 +80,8 @@ __all__ = [
     "FileReader",
     "probe",
     "read_facts",
+    "check_sysroot",
+    "is_live",
     "corrupt",
     "cpu_limit",
     "parse_proc_cgroup",
@@ -265,6 +267,22 @@ def _parse(fs: FileReader, text: str, rel: str, limit: int, mask: bool = False) 
         return (cpulist.parse_mask if mask else cpulist.parse)(text, limit)
     except CpulistError as exc:
         raise corrupt(fs.root, "/" + rel, str(exc)) from None
+
+
+def check_sysroot(root: str | os.PathLike) -> None:
+    """Refuse a ``--sysroot`` that is not a folder.
+
+    Raises:
+        CpulaunchError: ``--sysroot ROOT: no such folder``.
+    """
+    if not os.path.isdir(root):
+        raise CpulaunchError(f"--sysroot {printable(os.fspath(root))}: no such folder")
+
+
+def is_live(root: str | os.PathLike) -> bool:
+    """True when ``root`` is this running machine's ``/`` (links resolved), so that what is
+    read below it may be acted on (numactl run, the process's own affinity taken)."""
+    return os.path.realpath(root) == "/"
 
 
 # --------------------------------------------------------------------------- parsing where read
@@ -656,7 +674,7 @@ def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
             beyond the limit.
     """
     fs = FileReader(root) if files is None else files
-    live = os.path.realpath(fs.root) == "/"
+    live = is_live(fs.root)
     limit = cpu_limit(fs.read(f"{CPU_DIR}/kernel_max", strict=False),
                       fs.read(f"{CPU_DIR}/possible", strict=False), fs.notes)
     online_text = fs.read(f"{CPU_DIR}/online")

@@ -45,14 +45,17 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
+
+import click
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine.libraries import openmp_runtime_of
 from cpulaunch.machine.probe import CPUINFO_BYTES, FileReader
 from cpulaunch.plan import MemPolicy
 from cpulaunch.render import ISA_FLAGS
-from cpulaunch.verify import openmp_runtime_of
+from cpulaunch.tools import CLICK_CONTEXT
 
 __all__ = [
     "SEVERITIES",
@@ -73,6 +76,7 @@ __all__ = [
     "exit_code",
     "render_text",
     "to_json",
+    "main",
     "SCHEMA_VERSION",
 ]
 
@@ -650,7 +654,7 @@ def _libraries(host: FileReader, environ: Mapping[str, str], findings: list) -> 
 
     out = []
     for lib in libraries.REGISTRY.values():
-        if not lib.filenames:  # nothing to preload (e.g. torch's bundled runtime)
+        if not lib.filenames or not lib.selectable:  # nothing to preload (torch's own runtime)
             continue
         found = libraries.find(lib, environ)
         if found is None:
@@ -1118,3 +1122,35 @@ def render_text(report: Report) -> str:
         if f.fix and f.severity != "ok":
             lines.append(f"        fix: {f.fix}")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@click.command("doctor", context_settings=CLICK_CONTEXT)
+@click.option("--sysroot", type=click.Path(file_okay=False), default="/", show_default=True,
+              help="Examine a dump of another machine (numactl is then not run).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--mem-policy", type=click.Choice([p.value for p in MemPolicy]),
+              default="bind", show_default=True,
+              help="The --mem-policy of the launch to check numactl for (the launcher's own check).")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
+def command(sysroot, fmt, mem_policy, strict):
+    """What to know before trusting a pinned run on this machine, each finding with its fix.
+
+    Exit status: 0 when no finding is an error (with --strict: no error and no warning),
+    1 when one is (the report is printed either way), 2 on a usage error."""
+    from cpulaunch import core
+    from cpulaunch.machine import probe
+    from cpulaunch.render import json_text
+
+    probe.check_sysroot(sysroot)
+    report = diagnose(sysroot, os.environ, live=probe.is_live(sysroot), mem_policy=MemPolicy(mem_policy))
+    core.write_text(json_text(to_json(report)) + "\n" if fmt == "json" else render_text(report))
+    return exit_code(report, strict=strict)
+
+
+def main(args: Sequence[str]) -> int:
+    """``cpulaunch doctor ARGS``: returns the exit status (raises CpulaunchError and click's
+    usage errors for :func:`cpulaunch.cli.main` to map)."""
+    return command.main(args=list(args), prog_name="cpulaunch doctor", standalone_mode=False)
