@@ -132,7 +132,7 @@ def test_this_machine_torch_without_import():
     spec = importlib.util.find_spec("torch")
     if spec is None:
         pytest.skip("torch not installed")
-    code = ("import sys, json; from cpulaunch import doctor; r = doctor.diagnose('/', live=True); "
+    code = ("import sys, json; from cpulaunch.tools import doctor; r = doctor.diagnose('/', live=True); "
             "print(json.dumps({'torch': doctor.to_json(r)['torch'], 'imported': 'torch' in sys.modules}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parent.parent, check=True)

@@ -74,7 +74,7 @@ def _read_paths(root: Path) -> list:
         "    if event == 'open' and isinstance(args[0], str) and args[0].startswith(root + '/'):\n"
         "        seen.append(args[0][len(root):])\n"
         "sys.addaudithook(hook)\n"
-        "from cpulaunch import doctor\n"
+        "from cpulaunch.tools import doctor\n"
         "doctor.diagnose(root, {'PATH': ''}, live=False)\n"
         "print(json.dumps(list(dict.fromkeys(seen))))\n"
     )

@@ -19,7 +19,8 @@ import pytest
 
 from cpulaunch import cpulist
 from cpulaunch.tools import verify
-from cpulaunch.machine import libraries, proc
+from cpulaunch.machine import libraries
+from cpulaunch.machine import proc as procfs
 from cpulaunch.tools.verify import Expected
 
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -45,7 +46,7 @@ def child(script: str, env: dict | None = None, prefix: tuple = ()):
     """Start ``python -c PRELUDE+script`` (after ``prefix``, e.g. numactl), wait for its
     ``ready {json}`` line, yield (pid of the python process, info); kill its group after."""
     # Nothing the test runner carries (OMP_*, KMP_*, CPULAUNCH_*, LD_PRELOAD) leaks into the child.
-    full_env = {k: v for k, v in os.environ.items() if not verify.ENV_KEPT.match(k)}
+    full_env = {k: v for k, v in os.environ.items() if not procfs.ENV_KEPT.match(k)}
     full_env.update(env or {})
     proc = subprocess.Popen([*prefix, sys.executable, "-c", PRELUDE + script], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=full_env, start_new_session=True)
@@ -77,7 +78,7 @@ ts = [threading.Thread(target=ev.wait, daemon=True) for _ in range(3)]
 ready(tids=[t.native_id for t in ts])
 """
     with child(script) as (pid, info):
-        view = proc.inspect(pid)
+        view = procfs.inspect(pid)
     assert view.pid == pid and view.name == _comm() and view.cmdline[:2] == (sys.executable, "-c")
     assert view.cpus == frozenset({C})
     assert [t.tid for t in view.threads] == [pid] + sorted(info["tids"])
@@ -102,7 +103,7 @@ ts = [threading.Thread(target=work, args=(d,), daemon=True) for d in done]
 ready(tids=[t.native_id for t in ts])
 """
     with child(script) as (pid, info):
-        view = proc.inspect(pid)
+        view = procfs.inspect(pid)
     assert [t.busy for t in view.threads[1:]] == [True, True, True]
     assert all(t.cpu_seconds >= 0.3 - 0.011 for t in view.threads[1:])  # one clock tick of rounding
     assert verify.compare(Expected(index=0, bound_cpus=(C,), cpus=(C,)), view) == [
@@ -128,7 +129,7 @@ os.sched_setaffinity(0, {set(ALLOWED)!r})   # the main thread only
 ready(tid=t.native_id)
 """
     with child(script) as (pid, info):
-        view = proc.inspect(pid)
+        view = procfs.inspect(pid)
     assert {t.tid: t.cpus for t in view.threads} == {pid: frozenset(ALLOWED), info["tid"]: frozenset({C})}
     others = fmt(set(ALLOWED) - {C})
     assert verify.compare(Expected(index=1, bound_cpus=(C,), cpus=(C,)), view) == [
@@ -154,7 +155,7 @@ ready(tids=[t.native_id for t in ts])
 """
     bound = (ALLOWED[0], C)
     with child(script, prefix=("taskset", "-c", fmt(bound))) as (pid, info):
-        view = proc.inspect(pid)
+        view = procfs.inspect(pid)
     t1, t2 = sorted(info["tids"])
     warnings = verify.compare(Expected(index=0, bound_cpus=bound), view)
     assert warnings[0] == (f"instance 0: 2 busy threads pinned to CPU {C} alone (threads {t1}, {t2}): "
@@ -171,8 +172,8 @@ kid = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], s
 ready(kid=kid.pid)
 """
     with child(script) as (pid, info):
-        view = proc.inspect(pid)
-        assert proc.inspect(pid, children=False).children == ()
+        view = procfs.inspect(pid)
+        assert procfs.inspect(pid, children=False).children == ()
     assert [c.pid for c in view.children] == [info["kid"]]
     assert view.children[0].ppid == pid and view.children[0].cpus == frozenset({C})
     assert [p.pid for p in view.walk()] == [pid, info["kid"]]
@@ -202,7 +203,7 @@ def _torch_gomp() -> Path:
 def test_preloaded_tcmalloc_is_seen():
     tcmalloc = _lib("tcmalloc")
     with child("ready()", env={"LD_PRELOAD": str(tcmalloc)}) as (pid, _):
-        view = proc.inspect(pid)
+        view = procfs.inspect(pid)
     assert os.path.realpath(tcmalloc) in view.libraries
     assert view.allocators == ("tcmalloc",)
     base = dict(index=0, bound_cpus=tuple(ALLOWED))
@@ -211,7 +212,7 @@ def test_preloaded_tcmalloc_is_seen():
         f"instance 0: jemalloc planned but not mapped in pid {pid} (mapped: tcmalloc; LD_PRELOAD lost?)"
     ]
     with child("ready()") as (pid, _):
-        plain = proc.inspect(pid)
+        plain = procfs.inspect(pid)
     assert plain.allocators == ()
     assert verify.compare(Expected(**base, allocator="tcmalloc"), plain) == [
         f"instance 0: tcmalloc planned but not mapped in pid {pid} (mapped: the C library malloc only; "
@@ -222,7 +223,7 @@ def test_preloaded_tcmalloc_is_seen():
 def test_two_allocators_mapped():
     tcmalloc, jemalloc = _lib("tcmalloc"), _lib("jemalloc")
     with child("ready()", env={"LD_PRELOAD": f"{tcmalloc} {jemalloc}"}) as (pid, _):
-        view = proc.inspect(pid)
+        view = procfs.inspect(pid)
     assert sorted(view.allocators) == ["jemalloc", "tcmalloc"]
     assert verify.compare(Expected(index=0, bound_cpus=tuple(ALLOWED), allocator="tcmalloc"), view) == [
         f"instance 0: two allocators mapped in pid {pid}: jemalloc, tcmalloc"
@@ -235,20 +236,20 @@ def test_openmp_runtimes_mapped():
     base = dict(index=0, bound_cpus=tuple(ALLOWED))
     # --omp-runtime intel: libiomp5 preloaded while torch's libgomp stays mapped (PLATFORM.md).
     with child("ready()", env={"LD_PRELOAD": f"{iomp5} {gomp}"}) as (pid, _):
-        both = proc.inspect(pid)
+        both = procfs.inspect(pid)
     assert dict(both.openmp) == {"intel": real_iomp5, "gnu": real_gomp}
     assert verify.compare(Expected(**base, omp_runtime="intel"), both) == []
     assert verify.compare(Expected(**base, omp_runtime="gnu"), both) == [
         f"instance 0: two OpenMP runtimes mapped in pid {pid}: gnu ({real_gomp}), intel ({real_iomp5})"
     ]
     with child("ready()", env={"LD_PRELOAD": str(gomp)}) as (pid, _):
-        gnu_only = proc.inspect(pid)
+        gnu_only = procfs.inspect(pid)
     assert verify.compare(Expected(**base, omp_runtime="intel"), gnu_only) == [
         f"instance 0: Intel OpenMP planned but libiomp5 is not mapped in pid {pid} (mapped: gnu)"
     ]
     assert verify.compare(Expected(**base, omp_runtime="gnu"), gnu_only) == []
     with child("ready()", env={"LD_PRELOAD": str(iomp5)}) as (pid, _):
-        intel_only = proc.inspect(pid)
+        intel_only = procfs.inspect(pid)
     assert verify.compare(Expected(**base, omp_runtime="gnu"), intel_only) == [
         f"instance 0: GNU OpenMP planned but pid {pid} maps intel"
     ]
@@ -267,7 +268,7 @@ ALLOC = "data = b'\\x01' * (32 << 20)   # 32 MiB, every page written\nready()\n"
 @pytest.mark.skipif(shutil.which("numactl") is None or 0 not in _nodes(), reason="needs numactl and node 0")
 def test_memory_bound_by_numactl():
     with child(ALLOC, prefix=("numactl", "-C", str(C), "-m", "0")) as (pid, _):
-        view = proc.inspect(pid)
+        view = procfs.inspect(pid)
     assert view.cpus == frozenset({C})
     assert view.numa.policy == "bind:0"
     assert view.numa.anon_kb_per_node[0] >= 32 << 10
@@ -285,7 +286,7 @@ def test_memory_bound_by_numactl():
 @pytest.mark.skipif(_nodes() != [0], reason="needs a single NUMA node 0")
 def test_memory_binding_lost():
     with child(ALLOC) as (pid, _):
-        view = proc.inspect(pid)
+        view = procfs.inspect(pid)
     assert view.numa.policy == "default"
     assert verify.compare(Expected(index=4, bound_cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind"), view) == [
         f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did not apply)"
@@ -302,13 +303,13 @@ def test_parse_numa_maps_literal():
         "7ffe00000000 bind:0-1\n"
         "garbage\n"
     )
-    usage = proc.parse_numa_maps(text)
+    usage = procfs.parse_numa_maps(text)
     assert usage.kb_per_node == {0: 12 * 4 + 200 * 4 + 4 + 5 * 4, 1: 8 * 4 + 100 * 4 + 3 * 2048}
     assert usage.anon_kb_per_node == {0: 200 * 4 + 4 + 5 * 4, 1: 100 * 4 + 3 * 2048}
     assert usage.policies == {"default": 1, "bind:0-1": 5}
     assert usage.policy == "bind:0-1"
     assert usage.share_on((1,)) == (100 * 4 + 3 * 2048) / (200 * 4 + 4 + 5 * 4 + 100 * 4 + 3 * 2048)
-    assert proc.parse_numa_maps("").share_on((0,)) is None and proc.parse_numa_maps("").policy is None
+    assert procfs.parse_numa_maps("").share_on((0,)) is None and procfs.parse_numa_maps("").policy is None
 
 
 # --------------------------------------------------------------------------- plan-free and env-based
@@ -357,8 +358,8 @@ def test_plan_free_check_and_vanished_process():
     assert [(r.status, r.missing, r.view) for r in report.instances] == [(verify.Verdict.GONE, True, None)] * 2
     assert not report.ok and report.exit_code == 3
     assert report.warnings == tuple(r.error for r in report.instances)
-    with pytest.raises(proc.NoSuchProcess):
-        proc.inspect(gone)
+    with pytest.raises(procfs.NoSuchProcess):
+        procfs.inspect(gone)
 
 
 def test_expected_from_rendered_instance():
@@ -401,13 +402,13 @@ def test_parse_maps_and_stat():
         "7f05-7f06 r--p 00000000 08:01 14 /usr/lib/locale/C.utf8/LC_CTYPE\n"
         "7f06-7f07 r--p 00000000 08:01 15 /usr/lib/libc.so\n"
     )
-    assert proc.parse_maps(maps) == (
+    assert procfs.parse_maps(maps) == (
         "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.10",
         "/opt/torch/lib/libgomp-a34b3233.so.1",
         "/usr/lib/libc.so",
     )
     stat = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 3 0 100 0 0"
-    assert proc.parse_stat_cpu_ticks(stat) == ("S", 280)
+    assert procfs.parse_stat_cpu_ticks(stat) == ("S", 280)
     assert libraries.openmp_runtime_of("/opt/torch/lib/libgomp-a34b3233.so.1") == "gnu"
     assert [libraries.openmp_runtime_of(n) for n in ("libiomp5.so", "libomp.so.5", "libomptarget.so",
                                                     "libiompstubs5.so")] == ["intel", "llvm", None, None]
@@ -441,7 +442,7 @@ def test_inspect_under_a_generated_root(tmp_path):
     _fake_proc(tmp_path, 300, 1, "0-3", {300: ("other", "0-3", 0)})
     (tmp_path / "proc/300/stat").write_text("garbage")
     (tmp_path / "proc/100/task/102/stat").write_text("garbage")
-    view = proc.inspect(100, tmp_path)
+    view = procfs.inspect(100, tmp_path)
     assert [(t.tid, t.name, fmt(t.cpus), t.busy) for t in view.threads] == [
         (100, "main", "0-3", True), (101, "omp", "0-7", True), (102, "idle", "0-3", False)]
     assert [c.pid for c in view.children] == [200]
@@ -480,13 +481,13 @@ def test_torch_intra_op_threads_counted():
     exp = Expected(index=0, bound_cpus=tuple(ALLOWED), cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind",
                    omp_runtime="gnu")
     with child(TORCH_CHILD.format(threads=n), prefix=prefix) as (pid, info):
-        fits = proc.inspect(pid)
+        fits = procfs.inspect(pid)
     assert info["threads"] == n
     assert "gnu" in fits.openmp and fits.numa.policy == "bind:0"
     assert sum(t.busy or t.tid == pid for t in fits.threads) == n  # the main thread + n-1 OpenMP workers
     assert verify.compare(exp, fits) == []
     with child(TORCH_CHILD.format(threads=2 * n), prefix=prefix) as (pid, info):
-        over = proc.inspect(pid)
+        over = procfs.inspect(pid)
     assert info["threads"] == 2 * n
     assert verify.compare(exp, over) == [
         f"instance 0: {2 * n} busy threads (of {len(over.threads)} threads in 1 process(es)) on {n} CPU(s) "

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from cpulaunch.tools import verify
-from cpulaunch.machine import libraries, proc
+from cpulaunch.machine import libraries
+from cpulaunch.machine import proc as procfs
 from cpulaunch.tools.verify import Expected, Verdict
 from tests.conftest import REPO, run_cli
 from tests.test_verify import ALLOWED, C, TWO_CPUS, _fake_proc, child
@@ -150,7 +151,7 @@ def test_kernel_thread_cannot_be_checked():
     assert (cli.returncode, cli.stderr) == (3, "")
     assert cli.stdout == (f"verify pid {pid} (pid {pid})\n  pid {pid}: cannot check: it is a kernel thread "
                           f"({name}): it has no program, libraries or memory of its own\n")
-    view = proc.inspect(pid)
+    view = procfs.inspect(pid)
     assert view.children == () and view.threads == () and view.uncheckable
 
 
@@ -166,7 +167,7 @@ def test_pid_without_a_process_is_a_usage_error():
 
 def test_exit_code_is_the_worst_verdict():
     """differs (1) outranks cannot-check / gone (3), which outrank ok (0)."""
-    view = proc.ProcessView(pid=1, ppid=0, name="x", cmdline=(), cpus=frozenset({0}), threads=(),
+    view = procfs.ProcessView(pid=1, ppid=0, name="x", cmdline=(), cpus=frozenset({0}), threads=(),
                               libraries=(), numa=None)
     ok = verify.InstanceResult(1, None, view, ())
     differs = verify.InstanceResult(1, None, view, ("pid 1: two allocators mapped",))
@@ -323,9 +324,9 @@ def test_endless_and_huge_files_under_a_root(tmp_path):
     (tmp_path / "proc/100/environ").unlink()
     (tmp_path / "proc/100/environ").symlink_to("/dev/zero")
     with open(tmp_path / "proc/100/maps", "wb") as f:
-        f.truncate(proc.PROC_FILE_BYTES + 1)  # sparse: no disk used
+        f.truncate(procfs.PROC_FILE_BYTES + 1)  # sparse: no disk used
     status, _, unreadable = _under_root(tmp_path)
     assert (status, unreadable) == ("cannot-check", {
-        "maps": f"larger than {proc.PROC_FILE_BYTES} bytes",
+        "maps": f"larger than {procfs.PROC_FILE_BYTES} bytes",
         "environ": "not a regular file (a character device)",
     })
