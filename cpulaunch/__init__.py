@@ -10,9 +10,19 @@ __version__ = "0.2.0"
 __all__ = ["plan_instances", "bind_current_process", "__version__"]
 
 
+#: Names loaded from :mod:`cpulaunch.api` on first use (PEP 562).
+_LAZY = ("plan_instances", "bind_current_process")
+
+
 def __getattr__(name):
-    if name in ("plan_instances", "bind_current_process"):
+    if name in _LAZY:
         from cpulaunch import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'cpulaunch' has no attribute {name!r}")
+
+
+def __dir__():
+    """The module's names plus the lazy API (``dir(cpulaunch)``, completion in a REPL),
+    without importing it (PEP 562)."""
+    return sorted(set(globals()) | set(_LAZY))
