@@ -16,7 +16,10 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: cpulaunch's tomli dependency
+    import tomli as tomllib
 from pathlib import Path
 
 import click
