@@ -310,3 +310,30 @@ def test_live_output_is_planned_shown_and_yields_to_the_user(tmp_path):
     assert [i["env"].get("PYTHONUNBUFFERED") for i in mine["instances"]] == [None, None]
     assert ("PYTHONUNBUFFERED= from your environment kept (cpulaunch planned 1); pass --override-env "
             "to use cpulaunch's value") in mine["notes"]
+
+
+# ------------------------------------------------------------------ the torch users have
+
+
+def test_the_torch_extra_gives_a_quiet_torch_import():
+    """`pip install -e '.[torch]'` brings numpy (issue 24): without it every `import torch`
+    prints "Failed to initialize NumPy" (and PowerSGD, --comm-hook powersgd, fails).
+    Run in the tests' environment, which scripts/test.sh installs with that extra."""
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-W", "default", "-c", "import torch, numpy; print(torch.__version__)"],
+                          capture_output=True, text=True, env=user_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+
+
+def test_pyprojects_torch_range_is_the_one_ci_tests():
+    """The [torch] extra's range admits exactly the releases .ci/run tests at its ends."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    torch_req = [r for r in extras["torch"] if r.startswith("torch")]
+    assert torch_req == ["torch>=2.13,<2.16"] and any(r.startswith("numpy") for r in extras["torch"])
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "LOWEST=2.13.0" in ci and "NEWEST=2.15.0" in ci
