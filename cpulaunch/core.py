@@ -296,7 +296,7 @@ def _require_program(program: tuple) -> None:
 
 
 def _specs(rendered: Rendered) -> list:
-    from cpulaunch.spawn import ProcessSpec
+    from cpulaunch.launch.spawn import ProcessSpec
 
     return [ProcessSpec(index=i.index, label=i.label or f"instance {i.index}", argv=tuple(i.argv),
                         env=dict(i.env), affinity=i.affinity, cpus=tuple(i.cpus))
@@ -313,7 +313,7 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
     """Launch a prepared run; returns the exit code (the root cause's, 128+N for signal N).
 
     One instance without a log folder is exec'd (its signals and exit code are its own);
-    several are supervised (launch.run_group); an elastic --ddp run starts torchrun with
+    several are supervised (launch.supervise.run_group); an elastic --ddp run starts torchrun with
     cpulaunch's rank entry.
 
     Raises:
@@ -330,10 +330,10 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
         raise CpulaunchError(f"--stdin-instance {lopts.stdin_instance}: no such instance runs "
                              f"(instances {cpulist.format(s.index for s in specs)})")
     if len(specs) == 1 and lopts.log_dir is None and lopts.verify_after is None:
-        from cpulaunch.spawn import exec_spec  # not launch: no supervisor needed (issue 12)
+        from cpulaunch.launch.spawn import exec_spec  # no supervisor needed (issue 12)
 
         exec_spec(specs[0], environ)
-    from cpulaunch import launch
+    from cpulaunch.launch.supervise import describe_failure, run_group
 
     stdin_for = lopts.stdin_instance
     if stdin_for is None and len(specs) == 1:
@@ -345,7 +345,7 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
         _verify(p, pids, run)
 
     after = (lopts.verify_after, check) if lopts.verify_after is not None else None
-    outcome = launch.run_group(
+    outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
         stdin_for=stdin_for, after=after,
@@ -357,14 +357,14 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
         log.warning("verify: nothing to check: %s %g s (--verify-after)", "every instance had exited "
                     "before" if done else "the run was being stopped at", lopts.verify_after)
     if outcome.exit_code != 0 or outcome.signalled:
-        log.warning("%s", launch.describe_failure(outcome, specs, keep_going=lopts.keep_going))
+        log.warning("%s", describe_failure(outcome, specs, keep_going=lopts.keep_going))
     return outcome.exit_code
 
 
 def _verify(p: Prepared, pids: Mapping[int, int], run=None) -> None:
     """``--verify``: what each running instance really got (its threads' CPUs, libraries,
     memory), compared with the plan; printed once and kept as verify.json in this run's
-    own folder ``run`` (a :class:`cpulaunch.launch.RunDir`, None without --log-dir; never
+    own folder ``run`` (a :class:`cpulaunch.launch.rundir.RunDir`, None without --log-dir; never
     a folder found by its time stamp: two runs share a log folder), written without
     following a link planted at the name."""
     from cpulaunch.tools import verify
@@ -386,41 +386,12 @@ def _verify(p: Prepared, pids: Mapping[int, int], run=None) -> None:
 
 def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:
     """Elastic --ddp: torchrun's c10d agent starts each rank as ``python -m
-    cpulaunch.rank_entry``, which runs that local rank's rendered command (passed as
-    JSON in one variable, so ranks never plan again) and records its exit code."""
-    import json
+    cpulaunch.rank_entry``, which runs that local rank's rendered command
+    (:mod:`cpulaunch.launch.elastic`)."""
+    from cpulaunch.launch.elastic import run_elastic
 
-    import tempfile
-    from pathlib import Path
-
-    from cpulaunch import distributed, launch
-
-    ranks = [{"index": i.index, "label": i.label, "argv": list(i.argv), "env": dict(i.env),
-              "affinity": list(i.affinity) if i.affinity is not None else None, "cpus": list(i.cpus)}
-             for i in p.rendered.instances]
-    with tempfile.TemporaryDirectory(prefix="cpulaunch-ddp-") as status_dir:
-        env = {distributed.RANK_SPECS_ENV: json.dumps(ranks), distributed.STATUS_DIR_ENV: status_dir}
-        if "OMP_NUM_THREADS" not in environ:
-            env["OMP_NUM_THREADS"] = "1"  # keeps torchrun's banner away; each rank sets its own
-        runner = launch.ProcessSpec(index=0, label="torchrun", argv=tuple(p.elastic_argv), env=env,
-                                    affinity=None, cpus=())
-        outcome = launch.run_group([runner], environ, log_dir=p.opts.launch.log_dir, run_info=_run_info(p),
-                                   grace_period=p.opts.launch.grace_period + 5, prefix_output=False,
-                                   stdin_for=None)
-        if outcome.exit_code == 0:
-            return 0
-        records = []
-        for f in Path(status_dir).glob("rank*.json"):
-            try:
-                records.append(json.loads(f.read_text()))
-            except (OSError, ValueError):
-                pass
-    failed = sorted((r for r in records if r.get("exit_code")), key=lambda r: r["time"])
-    if failed:
-        log.warning("rank %d failed first (%s)", failed[0]["rank"], failed[0].get("how", f"exit code {failed[0]['exit_code']}"))
-        return int(failed[0]["exit_code"])
-    log.warning("%s", launch.describe_failure(outcome, [runner]))
-    return outcome.exit_code
+    return run_elastic(p.elastic_argv, _specs(p.rendered), environ, log_dir=p.opts.launch.log_dir,
+                       run_info=_run_info(p), grace_period=p.opts.launch.grace_period)
 
 
 class _CollectorPaused:

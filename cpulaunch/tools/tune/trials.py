@@ -386,7 +386,8 @@ def run_command(argv: Sequence[str], timeout: float, environ: Optional[Mapping[s
     Raises:
         TuneError: the command cannot be started.
     """
-    from cpulaunch.launch import LaunchError, ProcessGroup, ProcessSpec
+    from cpulaunch.launch.group import ProcessGroup
+    from cpulaunch.launch.spawn import LaunchError, ProcessSpec
 
     out, err = _MetricLines(), _Tail(4 * TAIL_CHARS)
     group = ProcessGroup([ProcessSpec(0, "the trial", tuple(argv))], os.environ if environ is None else environ,
@@ -411,7 +412,7 @@ def run_command(argv: Sequence[str], timeout: float, environ: Optional[Mapping[s
 
 
 def _failure_text(res: RunResult) -> str:
-    from cpulaunch.spawn import signal_name
+    from cpulaunch.launch.spawn import signal_name
 
     if res.status == "timeout":
         return f"timed out after {res.wall_s:.1f}s"

@@ -15,7 +15,17 @@ import os
 import signal
 import sys
 from types import MappingProxyType
-from typing import Callable, Dict, Mapping, NamedTuple, NoReturn, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Mapping,
+    NamedTuple,
+    NoReturn,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
@@ -73,6 +83,26 @@ class ProcessSpec(NamedTuple):
     env: Mapping[str, str] = MappingProxyType({})
     affinity: Optional[Tuple[int, ...]] = None
     cpus: Tuple[int, ...] = ()
+
+    def to_json(self) -> Dict[str, Any]:
+        """The spec as JSON-ready values: ``{"index", "label", "argv", "env", "affinity",
+        "cpus"}`` (lists for tuples; ``affinity`` None when inherited). What the elastic
+        launcher hands each rank entry (:mod:`cpulaunch.launch.elastic`)."""
+        return {"index": self.index, "label": self.label, "argv": list(self.argv), "env": dict(self.env),
+                "affinity": list(self.affinity) if self.affinity is not None else None,
+                "cpus": list(self.cpus)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "ProcessSpec":
+        """The spec :meth:`to_json` gave.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``doc`` is not such a value.
+        """
+        affinity = doc["affinity"]
+        return cls(index=int(doc["index"]), label=str(doc["label"]), argv=tuple(doc["argv"]),
+                   env=dict(doc["env"]), affinity=tuple(affinity) if affinity is not None else None,
+                   cpus=tuple(doc["cpus"]))
 
 
 def _environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
