@@ -261,7 +261,7 @@ def _load_config(ctx, param, path) -> None:
         return
     from cpulaunch.options import CONFIG_MAX_BYTES, config_defaults
     from cpulaunch.errors import printable
-    from cpulaunch.machine.probe import UnusableFileError, read_regular
+    from cpulaunch.machine.files import UnusableFileError, read_regular
 
     from_env = ctx.meta.get("cpulaunch.config_source") is click.core.ParameterSource.ENVIRONMENT
     label = "CPULAUNCH_CONFIG" if from_env else "--config"

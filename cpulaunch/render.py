@@ -27,7 +27,8 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
-from cpulaunch.plan import Instance, MemPolicy, Plan
+from cpulaunch.machine import numactl
+from cpulaunch.plan import Instance, Plan
 
 __all__ = [
     "Settings",
@@ -35,7 +36,6 @@ __all__ = [
     "RenderedInstance",
     "ProgramError",
     "resolve_program",
-    "numactl_prefix",
     "json_text",
     "render",
     "shell_exports",
@@ -155,23 +155,6 @@ def resolve_program(args: Sequence[str], no_python: bool = False, python: str = 
     return tuple(args)
 
 
-def numactl_prefix(numactl: str, cpus: Sequence[int], policy: MemPolicy, mem_nodes: Sequence[int]) -> tuple:
-    """``numactl -C <cpulist>`` plus the memory flag (numactl(8)): bind ``-m``, preferred
-    ``-p``, interleave ``-i``, local ``-l``, none nothing."""
-    argv = [numactl, "-C", cpulist.format(cpus)]
-    nodes = cpulist.format(mem_nodes)
-    policy = MemPolicy(policy)
-    if policy is MemPolicy.BIND and nodes:
-        argv += ["-m", nodes]
-    elif policy is MemPolicy.PREFERRED and nodes:
-        argv += ["-p", nodes]
-    elif policy is MemPolicy.INTERLEAVE and nodes:
-        argv += ["-i", nodes]
-    elif policy is MemPolicy.LOCAL:
-        argv += ["-l"]
-    return tuple(argv)
-
-
 def _helper_cpus(inst: Instance) -> bool:
     """True when the instance is bound to CPUs its OpenMP threads must stay off
     (oneCCL workers, DataLoader workers, reserved cores)."""
@@ -273,7 +256,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
         env.update(_budget_env(inst, settings))
         env.update(settings.instance_env.get(inst.index, {}))
         if settings.bind == "numactl":
-            prefix = numactl_prefix(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)
+            prefix = numactl.argv(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)
             affinity = None
         elif settings.bind == "affinity":
             prefix, affinity = (), inst.bound_cpus

@@ -589,15 +589,15 @@ def test_numactl_verdict_is_the_launchers_check(tmp_path, policy):
 @pytest.mark.parametrize("machine", MACHINES)
 @pytest.mark.parametrize("policy", ["bind", "preferred", "interleave", "local"])
 def test_numactl_argv_on_every_dump(sysroots, tmp_path, machine, policy):
-    """On each dumped machine, doctor's numactl command is host.numactl_check_argv's for the
+    """On each dumped machine, doctor's numactl command is numactl.check_argv's for the
     same topology and policy (doctor run as if live, with a numactl that only logs)."""
-    from cpulaunch.machine import host, probe
-    from cpulaunch.plan import MemPolicy
+    from cpulaunch.machine import numactl, probe
+    from cpulaunch.machine.numactl import MemPolicy
 
     exe, log = _logging_numactl(tmp_path / "bin")
     report = doctor.diagnose(sysroots[machine], {"PATH": str(exe.parent)}, live=True,
                              mem_policy=MemPolicy(policy))
-    want = host.numactl_check_argv(str(exe), probe.probe(sysroots[machine]), MemPolicy(policy))
+    want = numactl.check_argv(str(exe), probe.probe(sysroots[machine]), MemPolicy(policy))
     assert list(report.numactl.argv) == want == _calls(log)[0]
 
 

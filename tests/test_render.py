@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from cpulaunch.machine.libraries import REGISTRY, identify, is_loadable_elf, parse_ldconfig, preload_entries
-from cpulaunch.plan import Instance, MemPolicy, Plan
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.machine.numactl import argv as numactl_prefix
+from cpulaunch.plan import Instance, Plan
 from cpulaunch.render import (
     ProgramError,
     Settings,
     dotenv_lines,
-    numactl_prefix,
     plan_json,
     render,
     resolve_program,

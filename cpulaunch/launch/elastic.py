@@ -44,7 +44,7 @@ def run_elastic(torchrun_argv: Sequence[str], ranks: Sequence[ProcessSpec], envi
         LaunchError: torchrun cannot be started, the log folder cannot be used.
     """
     from cpulaunch.launch.supervise import describe_failure, run_group
-    from cpulaunch.machine.probe import FileReader
+    from cpulaunch.machine.files import FileReader
 
     with tempfile.TemporaryDirectory(prefix="cpulaunch-ddp-") as status_dir:
         env = {RANK_SPECS_ENV: json.dumps([r.to_json() for r in ranks]), STATUS_DIR_ENV: status_dir}
@@ -73,9 +73,9 @@ def run_elastic(torchrun_argv: Sequence[str], ranks: Sequence[ProcessSpec], envi
 
 def main() -> int:
     """``python -m cpulaunch.rank_entry``: run this local rank's command; returns its exit code."""
-    from cpulaunch.launch.rundir import write_file
     from cpulaunch.launch.spawn import exec_spec
     from cpulaunch.launch.supervise import describe_failure, run_group
+    from cpulaunch.machine.files import write_file
 
     environ = dict(os.environ)
     try:
@@ -92,7 +92,7 @@ def main() -> int:
     record = {"rank": int(environ.get("RANK", local)), "exit_code": outcome.exit_code, "time": time.time(),
               "how": describe_failure(outcome, [spec]) if outcome.exit_code else ""}
     try:  # never through a link planted at the name (issue 19)
-        write_file(Path(status_dir), f"rank{record['rank']}.json", json.dumps(record))
+        write_file(Path(status_dir, f"rank{record['rank']}.json"), json.dumps(record))
     except OSError:
         pass
     return outcome.exit_code

@@ -29,9 +29,8 @@ from cpulaunch.launch.spawn import (
     _environ,
     _load_prctl,
     _signals_to_reset,
-    exit_code_of,
-    signal_name,
 )
+from cpulaunch.machine.exec import exit_code_of, signal_name
 
 __all__ = ["FORWARDED_SIGNALS", "STOPPING_SIGNALS", "KILL_TIMEOUT", "RELAY_TIMEOUT", "InstanceResult", "ProcessGroup"]
 

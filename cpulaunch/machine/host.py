@@ -16,10 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
 
-from cpulaunch import cpulist
 from cpulaunch.machine import libraries
 from cpulaunch.options import BindMode, Options
-from cpulaunch.plan import MemPolicy
 from cpulaunch.machine.topology import Topology
 
 if TYPE_CHECKING:
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
 #: holds the two lists equal.
 ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
 
-__all__ = ["Host", "gather", "numactl_check_argv", "free_port"]
+__all__ = ["Host", "gather", "free_port"]
 
 
 class Host(NamedTuple):
@@ -77,27 +75,6 @@ def _wanted_libraries(opts: Options) -> list:
     return names
 
 
-def numactl_check_argv(numactl: str, topo: Topology, policy: MemPolicy) -> list:
-    """The one ``numactl ... true`` that tells whether binding works here: every CPU this
-    process may use and every memory node it may allocate on, with the planned policy's
-    flag (numactl(8)). A container without CAP_SYS_NICE refuses ``set_mempolicy`` with
-    EPERM; a cpuset refuses CPUs or nodes outside it."""
-    argv = [numactl, "-C", cpulist.format(topo.allowed)]
-    allowed_mems = getattr(topo, "allowed_mems", None)
-    nodes = sorted(n for n in topo.memory_nodes if allowed_mems is None or n in allowed_mems)
-    nodes = [n for n in nodes if topo.nodes[n].cpus & topo.allowed] or nodes
-    text = cpulist.format(nodes)
-    if text and policy is MemPolicy.BIND:
-        argv += ["-m", text]
-    elif text and policy is MemPolicy.PREFERRED:
-        argv += ["-p", str(nodes[0])]
-    elif text and policy is MemPolicy.INTERLEAVE:
-        argv += ["-i", text]
-    elif policy is MemPolicy.LOCAL:
-        argv += ["-l"]
-    return argv + ["true"]
-
-
 def free_port(host: str = "127.0.0.1") -> Optional[int]:
     """A TCP port free on ``host`` right now (bind to port 0), or None."""
     import socket  # only --ddp needs it: kept off the launch path
@@ -118,15 +95,16 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     """
     import importlib.util
 
-    from cpulaunch.machine.probe import check_numactl, is_live
+    from cpulaunch.machine import numactl as numactl_mod
+    from cpulaunch.machine.probe import is_live
 
     live = is_live(opts.sysroot)
     found = {name: libraries.find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
     numactl = shutil.which("numactl") if opts.bind is BindMode.NUMACTL else None
     usable, reason = None, ""
     if opts.bind is BindMode.NUMACTL and live and numactl and opts.output is not opts.output.SHOW_TOPOLOGY:
-        argv = numactl_check_argv(numactl, topo, opts.request.mem_policy)
-        reason = check_numactl(argv[0], [argv[:-1]]) or ""
+        argv = numactl_mod.check_argv(numactl, topo, opts.request.mem_policy)
+        reason = numactl_mod.check([argv[:-1]]) or ""
         usable = not reason
     engine = None
     if any(v in environ for v in ENGINE_VARIABLES):

@@ -160,6 +160,9 @@ def by_choice(kind: str, choice: str) -> Library:
 ALLOCATORS = tuple(n for n, lib in REGISTRY.items() if lib.kind == "allocator" and lib.selectable)
 OPENMP = tuple(n for n, lib in REGISTRY.items() if lib.kind == "openmp" and lib.selectable)
 
+#: Largest ``ldconfig -p`` output read (a few thousand libraries make a few hundred KiB).
+LDCONFIG_BYTES = 8 << 20
+
 # e_machine values (System V ABI / elf.h) for the machines we may run on.
 _E_MACHINE = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "ppc64": 21, "s390x": 22, "riscv64": 243, "i686": 3}
 
@@ -232,16 +235,17 @@ def parse_ldconfig(text: str) -> dict:
 
 
 def _ldconfig() -> dict:
+    """``ldconfig -p`` parsed (a fallback only, when no folder held the library)."""
+    from cpulaunch.machine.exec import run_quietly
+
     exe = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
     if not exe:
         return {}
-    import subprocess  # a fallback only: off the launch path (issue 12)
-
     try:
-        res = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        code, out = run_quietly([exe, "-p"], timeout=10, stderr=False, max_output=LDCONFIG_BYTES)
+    except (OSError, TimeoutError):
         return {}
-    return parse_ldconfig(res.stdout) if res.returncode == 0 else {}
+    return parse_ldconfig(out) if code == 0 else {}
 
 
 def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list:

@@ -14,12 +14,12 @@ What comes from where:
   launch from here would use): libraries found, torch and its OpenMP runtime, oneCCL
   bindings, environment variables;
 - numactl is run only when ``live``, with the launcher's own check
-  (:func:`cpulaunch.machine.host.numactl_check_argv`: ``numactl -C <allowed CPUs> -m
+  (:func:`cpulaunch.machine.numactl.check_argv`: ``numactl -C <allowed CPUs> -m
   <their memory nodes> true`` for ``--mem-policy bind``); on a dump it is "not checked:
   another machine".
 
 Every file is read through the probe's bounded reader
-(:class:`cpulaunch.machine.probe.FileReader`: regular files only, never blocking, at most
+(:class:`cpulaunch.machine.files.FileReader`: regular files only, never blocking, at most
 1 MiB of a sysfs or procfs file): a FIFO, a device or an oversized file in place of one
 becomes a ``file-not-read:<path>`` finding naming it, never a hang.
 
@@ -52,8 +52,9 @@ import click
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, printable
 from cpulaunch.machine.libraries import openmp_runtime_of
-from cpulaunch.machine.probe import CPUINFO_BYTES, FileReader
-from cpulaunch.plan import MemPolicy
+from cpulaunch.machine.files import FileReader
+from cpulaunch.machine.probe import CPUINFO_BYTES
+from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.render import ISA_FLAGS
 from cpulaunch.tools import CLICK_CONTEXT
 
@@ -563,12 +564,11 @@ def _arm_model(cpuinfo: Optional[str]) -> str:
 def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
              findings: list) -> NumactlStatus:
     """numactl installed? usable here (live only)? Checked with the launcher's own command
-    (:func:`cpulaunch.machine.host.numactl_check_argv`, run by
-    :func:`cpulaunch.machine.probe.check_numactl`, as ``cpulaunch --bind numactl
+    (:func:`cpulaunch.machine.numactl.check_argv`, run by
+    :func:`cpulaunch.machine.numactl.check`, as ``cpulaunch --bind numactl
     --mem-policy POLICY`` does before a launch), so the verdict is about the command a
     launch runs."""
-    from cpulaunch.machine.host import numactl_check_argv
-    from cpulaunch.machine.probe import check_numactl
+    from cpulaunch.machine import numactl as numactl_mod
 
     path = shutil.which("numactl", path=environ.get("PATH", os.defpath))
     if not live:
@@ -581,8 +581,8 @@ def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
             "apt-get install numactl (dnf install numactl)",
         ))
         return NumactlStatus(path=None, checked=False, usable=False, reason="not installed")
-    argv = tuple(numactl_check_argv(path, topo, MemPolicy(policy)))
-    reason = check_numactl(argv[0], [list(argv[:-1])])
+    argv = tuple(numactl_mod.check_argv(path, topo, MemPolicy(policy)))
+    reason = numactl_mod.check([list(argv[:-1])])
     if reason is None:
         findings.append(Finding("numactl", "ok", f"numactl works here: `{' '.join(argv)}` "
                                 f"(the launcher's check for --mem-policy {MemPolicy(policy).value})"))
@@ -971,7 +971,7 @@ def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]]
 
     Args:
         root: ``/`` or a ``--sysroot`` dump; every system file is read below it, through
-            the probe's bounded reader (:class:`cpulaunch.machine.probe.FileReader`).
+            the probe's bounded reader (:class:`cpulaunch.machine.files.FileReader`).
         environ: the user's environment (default ``os.environ``); never modified.
         live: True when ``root`` is this running machine: numactl is then run once, with
             the launcher's own check for ``mem_policy`` (``numactl -C <allowed CPUs> -m

@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Optional
 
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine.files import write_file
 from cpulaunch.tools.tune.load import LoadReading, load_meter
 from cpulaunch.tools.tune.search import (
     Stage,
@@ -50,7 +51,6 @@ from cpulaunch.tools.tune.trials import (
     parse_records,
     read_text,
     run_command,
-    write_file,
 )
 
 __all__ = [
