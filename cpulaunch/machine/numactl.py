@@ -26,7 +26,8 @@ class MemPolicy(str, enum.Enum):
 
 def argv(numactl: str, cpus: Sequence[int], policy: MemPolicy, mem_nodes: Sequence[int]) -> tuple[str, ...]:
     """``numactl -C <cpus>`` plus the memory flag of ``policy`` (numactl(8)): bind ``-m
-    <nodes>``, preferred ``-p <nodes>``, interleave ``-i <nodes>``, local ``-l``, none nothing; no node flag
+    <nodes>``, preferred ``-p <first node>`` (numactl 2.0.16 takes one node there and
+    refuses a list: "<0,1> is invalid"), interleave ``-i <nodes>``, local ``-l``, none nothing; no node flag
     when ``mem_nodes`` is empty.
 
     Args:
@@ -43,7 +44,7 @@ def argv(numactl: str, cpus: Sequence[int], policy: MemPolicy, mem_nodes: Sequen
     if policy is MemPolicy.BIND and nodes:
         out += ["-m", nodes]
     elif policy is MemPolicy.PREFERRED and nodes:
-        out += ["-p", nodes]
+        out += ["-p", str(list(mem_nodes)[0])]
     elif policy is MemPolicy.INTERLEAVE and nodes:
         out += ["-i", nodes]
     elif policy is MemPolicy.LOCAL:
@@ -64,8 +65,6 @@ def check_argv(numactl: str, topo, policy: MemPolicy) -> list[str]:
     allowed_mems = topo.allowed_mems
     nodes = sorted(n for n in topo.memory_nodes if allowed_mems is None or n in allowed_mems)
     nodes = [n for n in nodes if topo.nodes[n].cpus & topo.allowed] or nodes
-    if policy is MemPolicy.PREFERRED:
-        nodes = nodes[:1]
     return list(argv(numactl, sorted(topo.allowed), policy, nodes)) + ["true"]
 
 
