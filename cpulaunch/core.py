@@ -12,20 +12,18 @@ import shutil
 import sys
 from typing import Mapping, NamedTuple, Optional
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine.topology import Topology
 from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan, Request
 from cpulaunch.render import Rendered, Settings
-from cpulaunch.machine.topology import Topology
 
 __all__ = ["Prepared", "probe_topology", "resolve_settings", "prepare", "execute", "output_text"]
 
 log = _log.get("cpulaunch")
 
-#: The variable through which ``--inference-path`` reaches cpulaunch.runtime.inference.optimize.
-INFERENCE_PATH_ENV = "CPULAUNCH_INFERENCE_PATH"
 
 
 class Prepared(NamedTuple):
@@ -97,19 +95,19 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
     from cpulaunch.machine import libraries
 
     notes = []
-    omp = "gnu" if opts.omp_runtime == "auto" else opts.omp_runtime
+    omp = libraries.AUTO_OPENMP if opts.omp_runtime == "auto" else opts.omp_runtime
     omp_lib = libraries.by_choice("openmp", omp)
     openmp_path = None
     if omp_lib.filenames:
         openmp_path = _library_path(host, omp_lib.name, f"--omp-runtime {omp}", "--omp-runtime gnu")
     alloc, alloc_path = None, None
     if opts.allocator == "auto":
-        alloc_path = host.libraries.get("tcmalloc")
+        auto = libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR)
+        alloc_path = host.libraries.get(auto.name)
         if alloc_path is None:
-            notes.append("tcmalloc not found: using the C library's malloc "
-                         f"({libraries.REGISTRY['tcmalloc'].install} to get it)")
+            notes.append(f"{auto.name} not found: using the C library's malloc ({auto.install} to get it)")
         else:
-            alloc = "tcmalloc"
+            alloc = auto.name
     elif opts.allocator != "default":
         alloc = libraries.by_choice("allocator", opts.allocator).name
         alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
@@ -118,7 +116,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         bind, note = _numactl_fallback(opts, host)
         if note:
             notes.append(note)
-    extra = {INFERENCE_PATH_ENV: opts.inference_path} if opts.inference_path else {}
+    extra = {envvars.INFERENCE_PATH: opts.inference_path} if opts.inference_path else {}
     settings = Settings(
         omp_runtime=omp, openmp_path=openmp_path, allocator=alloc, allocator_path=alloc_path,
         bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
@@ -193,8 +191,8 @@ def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
 def _backend(opts: Options, host) -> tuple:
     from cpulaunch import distributed
 
-    return distributed.select_backend(
-        opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None)
+    return distributed.select_backend(opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None,
+                                      version_of=host.dist_versions.get)
 
 
 def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from cpulaunch import envvars
 from cpulaunch import log as _log
-from cpulaunch.distributed import RANK_SPECS_ENV, STATUS_DIR_ENV
 from cpulaunch.launch.spawn import ProcessSpec
 
 __all__ = ["run_elastic", "main"]
@@ -47,7 +47,7 @@ def run_elastic(torchrun_argv: Sequence[str], ranks: Sequence[ProcessSpec], envi
     from cpulaunch.machine.files import FileReader
 
     with tempfile.TemporaryDirectory(prefix="cpulaunch-ddp-") as status_dir:
-        env = {RANK_SPECS_ENV: json.dumps([r.to_json() for r in ranks]), STATUS_DIR_ENV: status_dir}
+        env = {envvars.RANK_SPECS: json.dumps([r.to_json() for r in ranks]), envvars.DDP_STATUS_DIR: status_dir}
         if "OMP_NUM_THREADS" not in environ:
             env["OMP_NUM_THREADS"] = "1"  # keeps torchrun's banner away; each rank sets its own
         runner = ProcessSpec(index=0, label="torchrun", argv=tuple(torchrun_argv), env=env, affinity=None, cpus=())
@@ -79,8 +79,8 @@ def main() -> int:
 
     environ = dict(os.environ)
     try:
-        specs = json.loads(environ.pop(RANK_SPECS_ENV))
-        status_dir = environ.pop(STATUS_DIR_ENV, None)
+        specs = json.loads(environ.pop(envvars.RANK_SPECS))
+        status_dir = environ.pop(envvars.DDP_STATUS_DIR, None)
         local = int(environ["LOCAL_RANK"])
         spec = ProcessSpec.from_json(specs[local])
     except (KeyError, ValueError, IndexError, TypeError):

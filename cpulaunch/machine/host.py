@@ -17,8 +17,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
 
 from cpulaunch.machine import libraries
-from cpulaunch.options import BindMode, Options
 from cpulaunch.machine.topology import Topology
+from cpulaunch.options import BindMode, Options
 
 if TYPE_CHECKING:
     from cpulaunch.distributed import RankContext
@@ -49,6 +49,8 @@ class Host(NamedTuple):
         engine: the engine that started this process (torchrun, MPI, Slurm), if any.
         free_port: a TCP port free on 127.0.0.1 now (one-machine DDP), or None.
         ccl_found: oneccl_bindings_for_pytorch is importable (checked without import).
+        dist_versions: installed versions of "torch" and "oneccl_bind_pt" (package
+            metadata; None when not installed), gathered for --ddp's backend choice.
     """
 
     live: bool
@@ -62,17 +64,28 @@ class Host(NamedTuple):
     engine: Optional["RankContext"] = None
     free_port: Optional[int] = None
     ccl_found: bool = False
+    dist_versions: Mapping[str, Optional[str]] = MappingProxyType({})
 
 
 def _wanted_libraries(opts: Options) -> list:
     names = []
     if opts.allocator == "auto":
-        names.append("tcmalloc")  # measured 1.0-1.4x here, jemalloc 0.68-0.91x
+        names.append(libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR).name)
     elif opts.allocator != "default":
         names.append(libraries.by_choice("allocator", opts.allocator).name)
     if opts.omp_runtime not in ("auto",):
         names.append(libraries.by_choice("openmp", opts.omp_runtime).name)
     return names
+
+
+def _dist_version(name: str) -> Optional[str]:
+    """The installed version of distribution ``name`` (package metadata), None if absent."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def free_port(host: str = "127.0.0.1") -> Optional[int]:
@@ -115,9 +128,10 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     if opts.ddp is not None and engine is None and opts.ddp.master_port is None and opts.ddp.nnodes == "1" \
             and not opts.ddp.master_addr and not opts.ddp.elastic:
         port = free_port()
-    ccl = False
+    ccl, versions = False, {}
     if opts.ddp is not None and opts.ddp.backend != "gloo":
         ccl = importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None
+        versions = {name: _dist_version(name) for name in ("torch", "oneccl_bind_pt")}
     return Host(
         live=live,
         environ=dict(environ),
@@ -130,4 +144,5 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
         engine=engine,
         free_port=port,
         ccl_found=ccl,
+        dist_versions=versions,
     )

@@ -59,7 +59,7 @@ from typing import Mapping, Optional, Sequence
 
 import click
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError, printable
 from cpulaunch.machine.libraries import openmp_runtime_of
 from cpulaunch.machine.proc import (
@@ -174,20 +174,20 @@ class Expected:
         CPULAUNCH_MEM_NODES when present; LD_PRELOAD -> allocator and, with libiomp5 in
         it, omp_runtime "intel" (else unknown).
         """
-        if "CPULAUNCH_CPUS" not in env:
+        if envvars.CPUS not in env:
             return None
         from cpulaunch.machine.libraries import REGISTRY, identify
 
         try:
-            cpus = tuple(sorted(cpulist.parse(env["CPULAUNCH_CPUS"])))
-            if "CPULAUNCH_BOUND_CPUS" in env:
-                bound_set = cpulist.parse(env["CPULAUNCH_BOUND_CPUS"])
+            cpus = tuple(sorted(cpulist.parse(env[envvars.CPUS])))
+            if envvars.BOUND_CPUS in env:
+                bound_set = cpulist.parse(env[envvars.BOUND_CPUS])
             else:
                 bound_set = frozenset(cpus).union(*(cpulist.parse(env.get(k, "")) for k in (
-                    "CPULAUNCH_RESERVED_CPUS", "CPULAUNCH_DATALOADER_CPUS")))
+                    envvars.RESERVED_CPUS, envvars.DATALOADER_CPUS)))
             bound = tuple(sorted(bound_set))
-            nodes = tuple(sorted(cpulist.parse(env.get("CPULAUNCH_MEM_NODES", ""))))
-            index = int(env["CPULAUNCH_INSTANCE_INDEX"]) if "CPULAUNCH_INSTANCE_INDEX" in env else None
+            nodes = tuple(sorted(cpulist.parse(env.get(envvars.MEM_NODES, ""))))
+            index = int(env[envvars.INSTANCE_INDEX]) if envvars.INSTANCE_INDEX in env else None
         except (CpulaunchError, ValueError):
             return None
         entries = env.get("LD_PRELOAD", "").replace(":", " ").split()
@@ -196,7 +196,7 @@ class Expected:
         intel = any(openmp_runtime_of(e) == "intel" for e in entries)
         return cls(
             index=index, bound_cpus=bound, cpus=cpus, mem_nodes=nodes,
-            mem_policy=env.get("CPULAUNCH_MEM_POLICY"),
+            mem_policy=env.get(envvars.MEM_POLICY),
             allocator=allocs[0] if allocs else None,
             omp_runtime="intel" if intel else None,
         )

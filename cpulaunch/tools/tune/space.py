@@ -233,7 +233,8 @@ def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
     inst = {c.label: c for c in instance_choices(topo)} if "instances" in wanted else {}
     allocs = tuple(lib.choice for name, lib in libraries.REGISTRY.items()
                    if lib.kind == "allocator" and name in available)
-    default_alloc = "tcmalloc" if "tcmalloc" in available else "default"
+    auto = libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR)
+    default_alloc = auto.choice if auto.name in available else "default"
     intel = "iomp5" in available
     usable = topo.online & topo.allowed
     smt = any(len(set(c.cpus) & usable) > 1 for c in topo.cores)
