@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cpulaunch import cpulist
+from cpulaunch.machine import elf
 from cpulaunch.tools import doctor
 from cpulaunch.machine import libraries
 from tests.conftest import MACHINES
@@ -173,7 +174,7 @@ def test_elf_needed_on_real_libraries():
             paths.append(found)
     paths.append(Path(sys.executable).resolve())  # an executable: PT_DYNAMIC too
     for path in paths:
-        assert list(doctor.read_elf_needed(path)) == _readelf_needed(path), path
+        assert list(elf.read_elf_needed(path)) == _readelf_needed(path), path
 
 
 def _elf(needed, *, cls64=True, little=True, phdrs=True, shdrs=False, strtab_in_load=True) -> bytes:
@@ -231,34 +232,34 @@ def _elf(needed, *, cls64=True, little=True, phdrs=True, shdrs=False, strtab_in_
 @pytest.mark.parametrize("little", [True, False])
 def test_elf_needed_hand_built(cls64, little):
     needed = ["libfoo.so.1", "libgomp.so.1", "libc.so.6"]
-    assert doctor.elf_needed(_elf(needed, cls64=cls64, little=little)) == tuple(needed)
+    assert elf.elf_needed(_elf(needed, cls64=cls64, little=little)) == tuple(needed)
     # Section headers only (no program headers): SHT_DYNAMIC and the DT_STRTAB section.
-    assert doctor.elf_needed(_elf(needed, cls64=cls64, little=little, phdrs=False, shdrs=True)) == tuple(needed)
+    assert elf.elf_needed(_elf(needed, cls64=cls64, little=little, phdrs=False, shdrs=True)) == tuple(needed)
     # DT_STRTAB outside every PT_LOAD, but a section says where it is.
     data = _elf(needed, cls64=cls64, little=little, shdrs=True, strtab_in_load=False)
-    assert doctor.elf_needed(data) == tuple(needed)
-    assert doctor.elf_needed(_elf([], cls64=cls64, little=little)) == ()
+    assert elf.elf_needed(data) == tuple(needed)
+    assert elf.elf_needed(_elf([], cls64=cls64, little=little)) == ()
 
 
 def test_elf_needed_garbage(tmp_path):
     good = _elf(["libx.so"])
     for bad in (b"", b"not an elf file at all" * 4, good[:70], b"\x7fELF" + bytes([3, 1]) + bytes(60)):
-        with pytest.raises(doctor.ElfError):
-            doctor.elf_needed(bad)
+        with pytest.raises(elf.ElfError):
+            elf.elf_needed(bad)
     # A LOAD that misses the string table and no section headers: nowhere to read names.
-    with pytest.raises(doctor.ElfError, match="DT_STRTAB"):
-        doctor.elf_needed(_elf(["libx.so"], strtab_in_load=False))
+    with pytest.raises(elf.ElfError, match="DT_STRTAB"):
+        elf.elf_needed(_elf(["libx.so"], strtab_in_load=False))
     # A static executable: no dynamic section.
     static = bytearray(_elf(["libx.so"]))
     struct.pack_into("<I", static, 64 + 56, 4)  # PT_DYNAMIC -> PT_NOTE
-    with pytest.raises(doctor.ElfError, match="no dynamic section"):
-        doctor.elf_needed(bytes(static))
+    with pytest.raises(elf.ElfError, match="no dynamic section"):
+        elf.elf_needed(bytes(static))
     empty = tmp_path / "empty.so"
     empty.write_bytes(b"")
-    with pytest.raises(doctor.ElfError):
-        doctor.read_elf_needed(empty)
-    with pytest.raises(doctor.ElfError):
-        doctor.read_elf_needed(tmp_path / "missing.so")
+    with pytest.raises(elf.ElfError):
+        elf.read_elf_needed(empty)
+    with pytest.raises(elf.ElfError):
+        elf.read_elf_needed(tmp_path / "missing.so")
 
 
 # --------------------------------------------------------------------------- ISA (pure)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 #: holds the two lists equal.
 ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
 
-__all__ = ["Host", "gather", "free_port"]
+__all__ = ["Host", "gather", "free_port", "dist_version"]
 
 
 class Host(NamedTuple):
@@ -78,14 +78,18 @@ def _wanted_libraries(opts: Options) -> list:
     return names
 
 
-def _dist_version(name: str) -> Optional[str]:
-    """The installed version of distribution ``name`` (package metadata), None if absent."""
+def dist_version(*names: str) -> Optional[str]:
+    """The installed version of the first of the distributions ``names`` that is installed
+    (package metadata, nothing imported): ``dist_version("torch")`` -> "2.13.0+cpu"; None
+    when none is."""
     from importlib import metadata
 
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> Optional[int]:
@@ -131,7 +135,7 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     ccl, versions = False, {}
     if opts.ddp is not None and opts.ddp.backend != "gloo":
         ccl = importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None
-        versions = {name: _dist_version(name) for name in ("torch", "oneccl_bind_pt")}
+        versions = {name: dist_version(name) for name in ("torch", "oneccl_bind_pt")}
     return Host(
         live=live,
         environ=dict(environ),
