@@ -10,7 +10,7 @@ import gc
 import os
 import shutil
 import sys
-from typing import Mapping, NamedTuple, Optional
+from typing import Callable, Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist, envvars
 from cpulaunch import log as _log
@@ -24,6 +24,11 @@ __all__ = ["Prepared", "probe_topology", "resolve_settings", "prepare", "execute
 
 log = _log.get("cpulaunch")
 
+
+
+#: ``--verify``'s check, called once with (the rendered plan, the settings, {instance index:
+#: pid}, the run's folder or None) while the instances run.
+Verifier = Callable[[Rendered, Settings, Mapping[int, int], object], None]
 
 
 class Prepared(NamedTuple):
@@ -307,12 +312,13 @@ def _run_info(p: Prepared) -> str:
     return r.plan_json(p.rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None)
 
 
-def execute(p: Prepared, environ: Mapping[str, str]) -> int:
+def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier] = None) -> int:
     """Launch a prepared run; returns the exit code (the root cause's, 128+N for signal N).
 
     One instance without a log folder is exec'd (its signals and exit code are its own);
     several are supervised (launch.supervise.run_group); an elastic --ddp run starts torchrun with
-    cpulaunch's rank entry.
+    cpulaunch's rank entry. ``verifier``: what ``--verify`` calls once the instances run
+    (``cli`` hands in ``cpulaunch.tools.verify.check_run``; the core imports no tool).
 
     Raises:
         CpulaunchError: the program cannot be started, the log folder cannot be made.
@@ -340,9 +346,9 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
 
     def check(pids: Mapping[int, int], run) -> None:
         verified.append(pids)
-        _verify(p, pids, run)
+        verifier(p.rendered, p.settings, pids, run)
 
-    after = (lopts.verify_after, check) if lopts.verify_after is not None else None
+    after = (lopts.verify_after, check) if lopts.verify_after is not None and verifier else None
     outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
@@ -357,29 +363,6 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
     if outcome.exit_code != 0 or outcome.signalled:
         log.warning("%s", describe_failure(outcome, specs, keep_going=lopts.keep_going))
     return outcome.exit_code
-
-
-def _verify(p: Prepared, pids: Mapping[int, int], run=None) -> None:
-    """``--verify``: what each running instance really got (its threads' CPUs, libraries,
-    memory), compared with the plan; printed once and kept as verify.json in this run's
-    own folder ``run`` (a :class:`cpulaunch.launch.rundir.RunDir`, None without --log-dir; never
-    a folder found by its time stamp: two runs share a log folder), written without
-    following a link planted at the name."""
-    from cpulaunch.tools import verify
-
-    by_index = {i.index: i for i in p.rendered.instances}
-    targets = [(pid, verify.Expected.from_rendered(by_index[idx], allocator=p.settings.allocator,
-                                                  omp_runtime=p.settings.omp_runtime))
-               for idx, pid in sorted(pids.items()) if idx in by_index]
-    report = verify.verify(targets)
-    sys.stderr.write(verify.render_text(report))
-    for w in report.warnings:
-        log.warning("verify: %s", w)
-    if run is not None:
-        try:
-            run.write("verify.json", _json_text(verify.report_json(report)))
-        except OSError as exc:
-            log.warning("cannot write %s: %s", exc.filename, exc.strerror or exc)
 
 
 def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:
@@ -410,10 +393,12 @@ class _CollectorPaused:
             gc.enable()
 
 
-def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None) -> int:
+def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
+        verifier: Optional[Verifier] = None) -> int:
     """Carry out one invocation: prepare, then print (--dry-run, --print-env,
-    --show-topology) or launch. Returns the exit code. The garbage collector is paused
-    while the plan is prepared and printed (:class:`_CollectorPaused`)."""
+    --show-topology) or launch (``verifier``: see :func:`execute`). Returns the exit code.
+    The garbage collector is paused while the plan is prepared and printed
+    (:class:`_CollectorPaused`)."""
     environ = dict(os.environ if environ is None else environ)
     with _CollectorPaused():
         p = prepare(opts, environ)
@@ -424,7 +409,7 @@ def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None) ->
             for note in p.rendered.notes:
                 log.info("note: %s", note)
         return 0
-    return execute(p, environ)
+    return execute(p, environ, verifier)
 
 
 def write_text(text: str, out=None) -> None:

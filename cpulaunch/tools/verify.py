@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
@@ -83,6 +84,7 @@ __all__ = [
     "verify",
     "render_text",
     "report_json",
+    "check_run",
     "main",
 ]
 
@@ -560,6 +562,40 @@ def render_text(report: VerifyReport) -> str:
         lines += [f"  warning: {w}" for w in r.warnings]
         lines += [f"  {r.error}"] if r.error else []
     return "".join(printable(line) + "\n" for line in lines)
+
+
+# --------------------------------------------------------------------------- --verify during a run
+
+
+def check_run(rendered, settings, pids: Mapping[int, int], run=None) -> None:
+    """``cpulaunch --verify``: what each running instance really got (its threads' CPUs,
+    libraries, memory), compared with the plan; printed once on stderr and kept as
+    verify.json in this run's own folder ``run`` (a :class:`cpulaunch.launch.rundir.RunDir`,
+    None without --log-dir; never a folder found by its time stamp: two runs share a log
+    folder), written without following a link planted at the name.
+
+    Args:
+        rendered: the run's :class:`cpulaunch.render.Rendered` plan.
+        settings: its :class:`cpulaunch.render.Settings` (the allocator and OpenMP runtime).
+        pids: {instance index: pid} of the instances running.
+    """
+    from cpulaunch import log as _log
+    from cpulaunch.render import json_text
+
+    log = _log.get(__name__)
+    by_index = {i.index: i for i in rendered.instances}
+    targets = [(pid, Expected.from_rendered(by_index[idx], allocator=settings.allocator,
+                                            omp_runtime=settings.omp_runtime))
+               for idx, pid in sorted(pids.items()) if idx in by_index]
+    report = verify(targets)
+    sys.stderr.write(render_text(report))
+    for w in report.warnings:
+        log.warning("verify: %s", w)
+    if run is not None:
+        try:
+            run.write("verify.json", json_text(report_json(report)) + "\n")
+        except OSError as exc:
+            log.warning("cannot write %s: %s", exc.filename, exc.strerror or exc)
 
 
 # --------------------------------------------------------------------------- the command
