@@ -404,7 +404,7 @@ def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
         p = prepare(opts, environ)
         text = output_text(p) if opts.output is not Output.RUN else None
     if text is not None:
-        write_text(text, out)
+        write_out(text, out)
         if p.rendered is not None:
             for note in p.rendered.notes:
                 log.info("note: %s", note)
@@ -412,7 +412,7 @@ def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
     return execute(p, environ, verifier)
 
 
-def write_text(text: str, out=None) -> None:
+def write_out(text: str, out=None) -> None:
     """Write ``text`` to stdout as bytes, so values holding non-UTF-8 bytes (carried as
     surrogate escapes, as os.environ does) come out exactly as they came in."""
     stream = out or sys.stdout.buffer

@@ -19,7 +19,7 @@ import pytest
 
 from cpulaunch import cpulist
 from cpulaunch.tools import verify
-from cpulaunch.machine import libraries
+from cpulaunch.machine import libfinder, libraries
 from cpulaunch.machine import proc as procfs
 from cpulaunch.tools.verify import Expected
 
@@ -186,7 +186,7 @@ ready(kid=kid.pid)
 
 
 def _lib(name: str) -> Path:
-    path = libraries.find(libraries.REGISTRY[name], os.environ)
+    path = libfinder.find(libraries.REGISTRY[name], os.environ)
     if path is None:
         pytest.skip(f"{name} not installed ({libraries.REGISTRY[name].install})")
     return path

@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch.machine import libraries
 from cpulaunch.machine.topology import Topology
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 #: holds the two lists equal.
 ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
 
-__all__ = ["Host", "gather", "free_port", "dist_version"]
+__all__ = ["Host", "gather", "free_port", "dist_version", "check_numactl"]
 
 
 class Host(NamedTuple):
@@ -78,6 +78,36 @@ def _wanted_libraries(opts: Options) -> list:
     return names
 
 
+def check_numactl(prefixes: Sequence[Sequence[str]], timeout: float = 10.0) -> Optional[str]:
+    """Run each planned ``numactl ... true`` once; None if all work, else numactl's reason.
+
+    Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
+    CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
+    and a cpuset may refuse some CPUs. One short exec per distinct prefix, through
+    :func:`cpulaunch.machine.exec.run_quietly` (no subprocess import).
+
+    Args:
+        prefixes: numactl command lines without the program (each
+            :func:`cpulaunch.machine.numactl.argv`).
+    """
+    from cpulaunch.machine.exec import run_quietly
+
+    seen = set()
+    for prefix in prefixes:
+        key = tuple(prefix)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            code, output = run_quietly(list(prefix) + ["true"], timeout)
+        except (OSError, TimeoutError) as exc:
+            return f"{' '.join(prefix)} could not run ({exc})"
+        if code != 0:
+            msg = output.strip().splitlines()
+            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
+    return None
+
+
 def dist_version(*names: str) -> Optional[str]:
     """The installed version of the first of the distributions ``names`` that is installed
     (package metadata, nothing imported): ``dist_version("torch")`` -> "2.13.0+cpu"; None
@@ -116,12 +146,14 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     from cpulaunch.machine.probe import is_live
 
     live = is_live(opts.sysroot)
-    found = {name: libraries.find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
+    from cpulaunch.machine.libfinder import find
+
+    found = {name: find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
     numactl = shutil.which("numactl") if opts.bind is BindMode.NUMACTL else None
     usable, reason = None, ""
     if opts.bind is BindMode.NUMACTL and live and numactl and opts.output is not opts.output.SHOW_TOPOLOGY:
         argv = numactl_mod.check_argv(numactl, topo, opts.request.mem_policy)
-        reason = numactl_mod.check([argv[:-1]]) or ""
+        reason = check_numactl([argv[:-1]]) or ""
         usable = not reason
     engine = None
     if any(v in environ for v in ENGINE_VARIABLES):

@@ -436,10 +436,11 @@ def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
              findings: list) -> NumactlStatus:
     """numactl installed? usable here (live only)? Checked with the launcher's own command
     (:func:`cpulaunch.machine.numactl.check_argv`, run by
-    :func:`cpulaunch.machine.numactl.check`, as ``cpulaunch --bind numactl
+    :func:`cpulaunch.machine.host.check_numactl`, as ``cpulaunch --bind numactl
     --mem-policy POLICY`` does before a launch), so the verdict is about the command a
     launch runs."""
     from cpulaunch.machine import numactl as numactl_mod
+    from cpulaunch.machine.host import check_numactl
 
     path = shutil.which("numactl", path=environ.get("PATH", os.defpath))
     if not live:
@@ -453,7 +454,7 @@ def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
         ))
         return NumactlStatus(path=None, checked=False, usable=False, reason="not installed")
     argv = tuple(numactl_mod.check_argv(path, topo, MemPolicy(policy)))
-    reason = numactl_mod.check([list(argv[:-1])])
+    reason = check_numactl([list(argv[:-1])])
     if reason is None:
         findings.append(Finding("numactl", "ok", f"numactl works here: `{' '.join(argv)}` "
                                 f"(the launcher's check for --mem-policy {MemPolicy(policy).value})"))
@@ -521,13 +522,13 @@ def _package_of(host: FileReader, real: str, install: str) -> Optional[str]:
 
 
 def _libraries(host: FileReader, environ: Mapping[str, str], findings: list) -> tuple:
-    from cpulaunch.machine import libraries
+    from cpulaunch.machine import libfinder, libraries
 
     out = []
     for lib in libraries.REGISTRY.values():
         if not lib.filenames or not lib.selectable:  # nothing to preload (torch's own runtime)
             continue
-        found = libraries.find(lib, environ)
+        found = libfinder.find(lib, environ)
         if found is None:
             out.append(LibraryStatus(lib.name, lib.kind, None, None, None, None, lib.install))
             findings.append(Finding(f"lib-{lib.name}", "info", f"{lib.name} not found",
@@ -1008,7 +1009,7 @@ def command(sysroot, fmt, mem_policy, strict):
 
     probe.check_sysroot(sysroot)
     report = diagnose(sysroot, os.environ, live=probe.is_live(sysroot), mem_policy=MemPolicy(mem_policy))
-    core.write_text(json_text(to_json(report)) + "\n" if fmt == "json" else render_text(report))
+    core.write_out(json_text(to_json(report)) + "\n" if fmt == "json" else render_text(report))
     return exit_code(report, strict=strict)
 
 

@@ -620,7 +620,7 @@ def command(fmt, pids):
     if missing:
         raise CpulaunchError(f"no process with PID {', '.join(missing)} (it does not exist or has already "
                              "exited); give the PID of a running process (ps -e lists them)")
-    core.write_text(json_text(report_json(report)) + "\n" if fmt == "json" else render_text(report))
+    core.write_out(json_text(report_json(report)) + "\n" if fmt == "json" else render_text(report))
     return report.exit_code
 
 

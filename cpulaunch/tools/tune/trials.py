@@ -23,7 +23,7 @@ __all__ = [
     "parse_metrics",
     "attribute_metrics",
     "combine_metric",
-    "read_text",
+    "read_tune_file",
     "record_problem",
     "parse_records",
     "read_records",
@@ -133,7 +133,7 @@ _STATUSES = ("ok", "failed", "timeout")
 _STAGES = ("warmup", "grid", "coarse", "fine")
 
 
-def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
+def read_tune_file(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     """The text of one of tune's own files (trials.jsonl, tune.json) through the probe's
     bounded reader (:class:`cpulaunch.machine.files.FileReader`: opened without blocking,
     regular files only, at most ``cap`` bytes; bytes that are not UTF-8 read as U+FFFD);
@@ -205,7 +205,7 @@ def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
     trial record (:func:`record_problem`) is skipped and counted; blank lines are not.
 
     Args:
-        text: the file's text (:func:`read_text`).
+        text: the file's text (:func:`read_tune_file`).
         reasons: when a list, ``(line number, why)`` of each skipped line is appended.
     """
     records, skipped = [], 0
@@ -229,12 +229,12 @@ def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
 
 def read_records(path: Path, reasons: Optional[list] = None) -> tuple:
     """The trials of ``DIR/trials.jsonl``: ``(records, skipped line count)``
-    (:func:`read_text`, :func:`parse_records`); ``([], 0)`` when there is no file.
+    (:func:`read_tune_file`, :func:`parse_records`); ``([], 0)`` when there is no file.
 
     Raises:
-        TuneError: the file is refused by :func:`read_text`.
+        TuneError: the file is refused by :func:`read_tune_file`.
     """
-    return parse_records(read_text(path) or "", reasons)
+    return parse_records(read_tune_file(path) or "", reasons)
 
 
 def append_record(path: Path, record: Mapping, newline_first: bool = False) -> None:
