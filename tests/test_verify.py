@@ -385,6 +385,12 @@ def test_expected_from_environ_budgets():
         index=1, bound_cpus=tuple(range(8)), cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind",
         allocator="jemalloc", omp_runtime="intel")
     assert Expected.from_environ({"OMP_NUM_THREADS": "4"}) is None
+    # LD_PRELOAD split as glibc does (spaces and colons only, ld.so(8)): a tab keeps two names
+    # one entry (issue 20: it was split on any whitespace, so libiomp5 counted as preloaded)
+    base = {"CPULAUNCH_CPUS": "0-1"}
+    both = Expected.from_environ({**base, "LD_PRELOAD": "/x/libjemalloc.so.2:/y/libiomp5.so"})
+    assert (both.allocator, both.omp_runtime) == ("jemalloc", "intel")
+    assert Expected.from_environ({**base, "LD_PRELOAD": "libtcmalloc.so.4\tlibiomp5.so"}).omp_runtime is None
     assert Expected.from_environ({"CPULAUNCH_CPUS": "3-1"}) is None  # garbage: no expectation, no crash
 
 

@@ -62,7 +62,7 @@ import click
 
 from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError, printable
-from cpulaunch.machine.libraries import openmp_runtime_of
+from cpulaunch.machine.libraries import openmp_runtime_of, preload_entries
 from cpulaunch.machine.proc import (
     BUSY_CPU_SECONDS,
     NoSuchProcess,
@@ -192,7 +192,7 @@ class Expected:
             index = int(env[envvars.INSTANCE_INDEX]) if envvars.INSTANCE_INDEX in env else None
         except (CpulaunchError, ValueError):
             return None
-        entries = env.get("LD_PRELOAD", "").replace(":", " ").split()
+        entries = preload_entries(env.get("LD_PRELOAD", ""))
         names = [identify(e) for e in entries]
         allocs = [n for n in names if n and REGISTRY[n].kind == "allocator"]
         intel = any(openmp_runtime_of(e) == "intel" for e in entries)
