@@ -13,7 +13,7 @@ import re
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional
 
-__all__ = ["Library", "REGISTRY", "ALLOCATORS", "OPENMP", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
+__all__ = ["Library", "REGISTRY", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
            "preload_entries", "identify", "openmp_runtime_of", "AUTO_ALLOCATOR", "AUTO_OPENMP"]
 
 
@@ -147,8 +147,6 @@ def by_choice(kind: str, choice: str) -> Library:
     raise KeyError(choice)
 
 
-ALLOCATORS = tuple(n for n, lib in REGISTRY.items() if lib.kind == "allocator" and lib.selectable)
-OPENMP = tuple(n for n, lib in REGISTRY.items() if lib.kind == "openmp" and lib.selectable)
 
 
 def preload_entries(value: str) -> list:
