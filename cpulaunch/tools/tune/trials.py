@@ -156,11 +156,11 @@ def read_tune_file(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     return text
 
 
-def _number(v, low: float = -MAX_VALUE) -> bool:
+def _is_number(v, low: float = -MAX_VALUE) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= MAX_VALUE
 
 
-def _count(v, low: int) -> bool:
+def _is_count(v, low: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and low <= v < 1 << 31
 
 
@@ -182,17 +182,17 @@ def record_problem(rec) -> Optional[str]:
         ("key", isinstance(rec.get("key"), str), "a string"),
         ("status", rec.get("status") in _STATUSES, "one of " + "/".join(_STATUSES)),
         ("stage", rec.get("stage") in _STAGES, "one of " + "/".join(_STAGES)),
-        ("round", _count(rec.get("round"), 0), "an integer >= 0"),
-        ("attempt", _count(rec.get("attempt", 1), 1), "an integer >= 1"),
+        ("round", _is_count(rec.get("round"), 0), "an integer >= 0"),
+        ("attempt", _is_count(rec.get("attempt", 1), 1), "an integer >= 1"),
         ("config", isinstance(rec.get("config"), dict), "an object"),
-        ("cost_s", _number(rec.get("cost_s"), 0.0), "a number >= 0"),
-        ("wall_s", _number(rec.get("wall_s"), 0.0), "a number >= 0"),
+        ("cost_s", _is_number(rec.get("cost_s"), 0.0), "a number >= 0"),
+        ("wall_s", _is_number(rec.get("wall_s"), 0.0), "a number >= 0"),
         ("busy", isinstance(rec.get("busy", False), bool), "true or false"),
         ("repeat", isinstance(rec.get("repeat", False), bool), "true or false"),
     )
     if rec.get("status") == "ok":
         checks += (("metric", isinstance(rec.get("metric"), str), "a string"),
-                   ("value", _number(rec.get("value")), f"a finite number (at most {MAX_VALUE:g} in size)"))
+                   ("value", _is_number(rec.get("value")), f"a finite number (at most {MAX_VALUE:g} in size)"))
     for name, ok, what in checks:
         if not ok:
             return f"{name!r} is not {what}"

@@ -54,7 +54,7 @@ from cpulaunch.tools.tune.trials import (
 )
 
 __all__ = [
-    "Settings",
+    "TuneSettings",
     "Tuner",
 ]
 
@@ -66,7 +66,7 @@ log = _log.get(__name__)
 
 
 @dataclass(frozen=True)
-class Settings:
+class TuneSettings:
     """What ``cpulaunch tune`` was asked (typed, checked).
 
     Attributes:
@@ -104,7 +104,7 @@ class Settings:
     dry_run: bool = False
 
 
-#: Settings a resumed tune must share with the recorded one (tune.json).
+#: TuneSettings a resumed tune must share with the recorded one (tune.json).
 _IDENTITY = ("program", "axes", "lower_is_better", "rounds", "metric", "seed")
 
 
@@ -120,7 +120,7 @@ class Tuner:
     :func:`load_meter`), ``clock`` is ``time.monotonic``. Tests pass fakes.
     """
 
-    def __init__(self, settings: Settings, space: Space, *, runner=None, meter=None,
+    def __init__(self, settings: TuneSettings, space: Space, *, runner=None, meter=None,
                  clock: Callable[[], float] = time.monotonic, python: str = sys.executable,
                  progress: bool = True, err=None) -> None:
         self.s = settings
