@@ -1052,19 +1052,22 @@ def _follow_note(groups: list, labels: list) -> Optional[str]:
 
 
 def _share_note(topo: Topology, groups: list) -> Optional[str]:
-    """Where caches were read and the plan's cores span several L3 domains: the instances
-    that share an L3 with another (unavoidable at this count or size, or asked for with
-    --equal-sizes)."""
+    """Where caches were read and a socket's planned cores span several L3 domains (an
+    AMD CCD, a Kunpeng node; not an Intel socket, which is one L3 that instances sharing
+    a socket must share): the instances that share an L3 with another (unavoidable at
+    this count or size, or asked for with --equal-sizes)."""
     if topo.caches is None or len(groups) < 2:
         return None
     owners: dict = {}
+    per_socket: dict = {}
     for i, g in enumerate(groups):
         for core, _ in g:
             d = topo.cache_of(core.id, "l3")
             if d is not None:
                 owners.setdefault(d, set()).add(i)
+                per_socket.setdefault(core.socket, set()).add(d)
     sharing = sorted({i for who in owners.values() if len(who) > 1 for i in who})
-    if len(owners) < 2 or not sharing:
+    if not sharing or max(map(len, per_socket.values())) < 2:
         return None
     return (f"{len(groups)} instances on {len(owners)} L3 domains: instances {cpulist.format(sharing)} "
             "share an L3 with another instance")
