@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from test_launch_faults import NOBODY
+from test_launch_faults import shared as sticky  # noqa: F401 - a fixture: a sticky /tmp folder, root and setpriv
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine import lease
 from cpulaunch.machine import probe  # noqa: F401 - imported before a child drops its privileges
@@ -231,27 +233,13 @@ def test_lease_folder_that_is_a_link_is_refused(tmp_path):
     assert list(real.iterdir()) == []
 
 
-@pytest.fixture
-def sticky():
-    """A world-writable sticky folder in /tmp, reachable by another user (removed after)."""
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("plants files as another user: needs root and setpriv")
-    d = Path(tempfile.mkdtemp(prefix="cpulaunch-leases-", dir="/tmp"))
-    d.chmod(0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def test_planted_links_and_fifos_are_never_followed(sticky, tmp_path):
     """nobody plants cpu0.lock as a link to a precious file and cpu1.lock as a FIFO: a
     real run coordinates neither (a note), never opens the link's target, never blocks."""
     precious = tmp_path / "precious"
     precious.write_text("keep")
-    nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-    subprocess.run(nobody + ["ln", "-s", str(precious), str(sticky / "cpu0.lock")], check=True, timeout=20)
-    subprocess.run(nobody + ["mkfifo", str(sticky / "cpu1.lock")], check=True, timeout=20)
+    subprocess.run(NOBODY + ["ln", "-s", str(precious), str(sticky / "cpu0.lock")], check=True, timeout=20)
+    subprocess.run(NOBODY + ["mkfifo", str(sticky / "cpu1.lock")], check=True, timeout=20)
     before = precious.stat()
     proc = dry_run(sticky)
     assert ("# note: --share-host: the lease files of CPUs 0-1 are links, not regular files, not readable "
