@@ -245,6 +245,26 @@ def test_issue_23_seven_and_five_follow_the_nodes(trees):
     assert [i["cpulist"] for i in p["instances"]] == ["0-3", "4-6", "7-11"]
 
 
+@pytest.mark.parametrize("machine, args, before, now", [
+    # each node is one 32-core L3: the balanced 43+43+42 shared two of them
+    ("hw-128arm-2pa2n8cluster4co", ["--ninstances", "3"], ["0-42", "43-85", "86-127"],
+     ["0-63", "64-95", "96-127"]),
+    # a Slurm job on CPUs 0-3 of node 0 and 4-5 of node 1 (each node one L3)
+    ("hw-32amd64-4s2n4c-cgroup2", ["--instances-per-socket", "2"], ["0-2", "4-5"], ["0-3", "4-5"]),
+    ("hw-32amd64-4s2n4c-cgroup2", ["--ninstances", "2"], ["0-2", "3-5"], ["0-3", "4-5"]),
+    # POWER9: CPUs 0-7 (two SMT4 cores) share an L3; CPU 8 has its own
+    ("hw-nvidiagpunumanodes", ["--ninstances", "2", "--ncores-per-instance", "1"], ["0", "4"], ["0", "8"]),
+])
+def test_the_hwloc_plans_the_rule_changes(sysroots, machine, args, before, now):
+    """docs/placement.md's table: the plans of the dumps that issue 22 changes (through the
+    command, which reads the caches), and the plans before: the same machine without its
+    caches, and --equal-sizes."""
+    p = plan_json(sysroots[machine], *args)
+    assert [i["cpulist"] for i in p["instances"]] == now
+    counts = {a.lstrip("-").replace("-", "_"): int(v) for a, v in zip(args[::2], args[1::2])}
+    assert lists(plan(probe.probe(sysroots[machine]), Request(**counts, equal_sizes=True))) == before
+
+
 def test_ddp_ranks_follow_the_l3_domains(trees):
     p = plan_json(trees["genoa-nps1"], "--ddp", "--nproc-per-node", "5", "--master-port", "29500")
     assert [i["cpulist"] for i in p["instances"]] == ["0-23", "24-47", "48-63", "64-79", "80-95"]
