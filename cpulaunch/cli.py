@@ -264,7 +264,15 @@ def command(ctx, **values):
                       if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT))
     _configure_logging(values.get("verbose") or 0)
     opts = options.from_values(values, given)
-    return core.run(opts)
+    return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
+
+
+def _verify_run(*args) -> None:
+    """``--verify``'s check (:func:`cpulaunch.tools.verify.check_run`), the tool imported only
+    when a run asks for it."""
+    from cpulaunch.tools import verify
+
+    verify.check_run(*args)
 
 
 def _load_config(ctx, param, path) -> None:
@@ -280,7 +288,7 @@ def _load_config(ctx, param, path) -> None:
         return
     from cpulaunch.options import CONFIG_MAX_BYTES, config_defaults
     from cpulaunch.errors import printable
-    from cpulaunch.machine.probe import UnusableFileError, read_regular
+    from cpulaunch.machine.files import UnusableFileError, read_regular
 
     from_env = ctx.meta.get("cpulaunch.config_source") is click.core.ParameterSource.ENVIRONMENT
     label = "CPULAUNCH_CONFIG" if from_env else "--config"

@@ -10,22 +10,25 @@ import gc
 import os
 import shutil
 import sys
-from typing import Mapping, NamedTuple, Optional
+from typing import Callable, Mapping, NamedTuple, Optional
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine.topology import Topology
 from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan, Request
 from cpulaunch.render import Rendered, Settings
-from cpulaunch.machine.topology import Topology
 
 __all__ = ["Prepared", "probe_topology", "cache_need", "resolve_settings", "prepare", "execute", "output_text"]
 
 log = _log.get("cpulaunch")
 
-#: The variable through which ``--inference-path`` reaches cpulaunch.runtime.inference.optimize.
-INFERENCE_PATH_ENV = "CPULAUNCH_INFERENCE_PATH"
+
+
+#: ``--verify``'s check, called once with (the rendered plan, the settings, {instance index:
+#: pid}, the run's folder or None) while the instances run.
+Verifier = Callable[[Rendered, Settings, Mapping[int, int], object], None]
 
 
 class Prepared(NamedTuple):
@@ -126,19 +129,19 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
     from cpulaunch.machine import libraries
 
     notes = []
-    omp = "gnu" if opts.omp_runtime == "auto" else opts.omp_runtime
+    omp = libraries.AUTO_OPENMP if opts.omp_runtime == "auto" else opts.omp_runtime
     omp_lib = libraries.by_choice("openmp", omp)
     openmp_path = None
     if omp_lib.filenames:
         openmp_path = _library_path(host, omp_lib.name, f"--omp-runtime {omp}", "--omp-runtime gnu")
     alloc, alloc_path = None, None
     if opts.allocator == "auto":
-        alloc_path = host.libraries.get("tcmalloc")
+        auto = libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR)
+        alloc_path = host.libraries.get(auto.name)
         if alloc_path is None:
-            notes.append("tcmalloc not found: using the C library's malloc "
-                         f"({libraries.REGISTRY['tcmalloc'].install} to get it)")
+            notes.append(f"{auto.name} not found: using the C library's malloc ({auto.install} to get it)")
         else:
-            alloc = "tcmalloc"
+            alloc = auto.name
     elif opts.allocator != "default":
         alloc = libraries.by_choice("allocator", opts.allocator).name
         alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
@@ -147,7 +150,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         bind, note = _numactl_fallback(opts, host)
         if note:
             notes.append(note)
-    extra = {INFERENCE_PATH_ENV: opts.inference_path} if opts.inference_path else {}
+    extra = {envvars.INFERENCE_PATH: opts.inference_path} if opts.inference_path else {}
     settings = Settings(
         omp_runtime=omp, openmp_path=openmp_path, allocator=alloc, allocator_path=alloc_path,
         bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
@@ -223,8 +226,8 @@ def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
 def _backend(opts: Options, host) -> tuple:
     from cpulaunch import distributed
 
-    return distributed.select_backend(
-        opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None)
+    return distributed.select_backend(opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None,
+                                      version_of=host.dist_versions.get)
 
 
 def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
@@ -386,7 +389,7 @@ def _require_program(program: tuple) -> None:
 
 
 def _specs(rendered: Rendered) -> list:
-    from cpulaunch.spawn import ProcessSpec
+    from cpulaunch.launch.spawn import ProcessSpec
 
     return [ProcessSpec(index=i.index, label=i.label or f"instance {i.index}", argv=tuple(i.argv),
                         env=dict(i.env), affinity=i.affinity, cpus=tuple(i.cpus))
@@ -399,12 +402,13 @@ def _run_info(p: Prepared) -> str:
     return r.plan_json(p.rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None)
 
 
-def execute(p: Prepared, environ: Mapping[str, str]) -> int:
+def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier] = None) -> int:
     """Launch a prepared run; returns the exit code (the root cause's, 128+N for signal N).
 
     One instance without a log folder is exec'd (its signals and exit code are its own);
-    several are supervised (launch.run_group); an elastic --ddp run starts torchrun with
-    cpulaunch's rank entry.
+    several are supervised (launch.supervise.run_group); an elastic --ddp run starts torchrun with
+    cpulaunch's rank entry. ``verifier``: what ``--verify`` calls once the instances run
+    (``cli`` hands in ``cpulaunch.tools.verify.check_run``; the core imports no tool).
 
     Raises:
         CpulaunchError: the program cannot be started, the log folder cannot be made.
@@ -420,12 +424,12 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
         raise CpulaunchError(f"--stdin-instance {lopts.stdin_instance}: no such instance runs "
                              f"(instances {cpulist.format(s.index for s in specs)})")
     if len(specs) == 1 and lopts.log_dir is None and lopts.verify_after is None:
-        from cpulaunch.spawn import exec_spec  # not launch: no supervisor needed (issue 12)
+        from cpulaunch.launch.spawn import exec_spec  # no supervisor needed (issue 12)
 
         if p.lease is not None:  # the program holds the --share-host lease while it runs
             p.lease.keep_across_exec()
         exec_spec(specs[0], environ)
-    from cpulaunch import launch
+    from cpulaunch.launch.supervise import describe_failure, run_group
 
     stdin_for = lopts.stdin_instance
     if stdin_for is None and len(specs) == 1:
@@ -434,10 +438,10 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
 
     def check(pids: Mapping[int, int], run) -> None:
         verified.append(pids)
-        _verify(p, pids, run)
+        verifier(p.rendered, p.settings, pids, run)
 
-    after = (lopts.verify_after, check) if lopts.verify_after is not None else None
-    outcome = launch.run_group(
+    after = (lopts.verify_after, check) if lopts.verify_after is not None and verifier else None
+    outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
         stdin_for=stdin_for, after=after,
@@ -449,70 +453,18 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
         log.warning("verify: nothing to check: %s %g s (--verify-after)", "every instance had exited "
                     "before" if done else "the run was being stopped at", lopts.verify_after)
     if outcome.exit_code != 0 or outcome.signalled:
-        log.warning("%s", launch.describe_failure(outcome, specs, keep_going=lopts.keep_going))
+        log.warning("%s", describe_failure(outcome, specs, keep_going=lopts.keep_going))
     return outcome.exit_code
-
-
-def _verify(p: Prepared, pids: Mapping[int, int], run=None) -> None:
-    """``--verify``: what each running instance really got (its threads' CPUs, libraries,
-    memory), compared with the plan; printed once and kept as verify.json in this run's
-    own folder ``run`` (a :class:`cpulaunch.launch.RunDir`, None without --log-dir; never
-    a folder found by its time stamp: two runs share a log folder), written without
-    following a link planted at the name."""
-    from cpulaunch.tools import verify
-
-    by_index = {i.index: i for i in p.rendered.instances}
-    targets = [(pid, verify.Expected.from_rendered(by_index[idx], allocator=p.settings.allocator,
-                                                  omp_runtime=p.settings.omp_runtime))
-               for idx, pid in sorted(pids.items()) if idx in by_index]
-    report = verify.verify(targets)
-    sys.stderr.write(verify.render_text(report))
-    for w in report.warnings:
-        log.warning("verify: %s", w)
-    if run is not None:
-        try:
-            run.write("verify.json", _json_text(verify.report_json(report)))
-        except OSError as exc:
-            log.warning("cannot write %s: %s", exc.filename, exc.strerror or exc)
 
 
 def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:
     """Elastic --ddp: torchrun's c10d agent starts each rank as ``python -m
-    cpulaunch.rank_entry``, which runs that local rank's rendered command (passed as
-    JSON in one variable, so ranks never plan again) and records its exit code."""
-    import json
+    cpulaunch.rank_entry``, which runs that local rank's rendered command
+    (:mod:`cpulaunch.launch.elastic`)."""
+    from cpulaunch.launch.elastic import run_elastic
 
-    import tempfile
-    from pathlib import Path
-
-    from cpulaunch import distributed, launch
-
-    ranks = [{"index": i.index, "label": i.label, "argv": list(i.argv), "env": dict(i.env),
-              "affinity": list(i.affinity) if i.affinity is not None else None, "cpus": list(i.cpus)}
-             for i in p.rendered.instances]
-    with tempfile.TemporaryDirectory(prefix="cpulaunch-ddp-") as status_dir:
-        env = {distributed.RANK_SPECS_ENV: json.dumps(ranks), distributed.STATUS_DIR_ENV: status_dir}
-        if "OMP_NUM_THREADS" not in environ:
-            env["OMP_NUM_THREADS"] = "1"  # keeps torchrun's banner away; each rank sets its own
-        runner = launch.ProcessSpec(index=0, label="torchrun", argv=tuple(p.elastic_argv), env=env,
-                                    affinity=None, cpus=())
-        outcome = launch.run_group([runner], environ, log_dir=p.opts.launch.log_dir, run_info=_run_info(p),
-                                   grace_period=p.opts.launch.grace_period + 5, prefix_output=False,
-                                   stdin_for=None)
-        if outcome.exit_code == 0:
-            return 0
-        records = []
-        for f in Path(status_dir).glob("rank*.json"):
-            try:
-                records.append(json.loads(f.read_text()))
-            except (OSError, ValueError):
-                pass
-    failed = sorted((r for r in records if r.get("exit_code")), key=lambda r: r["time"])
-    if failed:
-        log.warning("rank %d failed first (%s)", failed[0]["rank"], failed[0].get("how", f"exit code {failed[0]['exit_code']}"))
-        return int(failed[0]["exit_code"])
-    log.warning("%s", launch.describe_failure(outcome, [runner]))
-    return outcome.exit_code
+    return run_elastic(p.elastic_argv, _specs(p.rendered), environ, log_dir=p.opts.launch.log_dir,
+                       run_info=_run_info(p), grace_period=p.opts.launch.grace_period)
 
 
 class _CollectorPaused:
@@ -533,24 +485,26 @@ class _CollectorPaused:
             gc.enable()
 
 
-def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None) -> int:
+def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
+        verifier: Optional[Verifier] = None) -> int:
     """Carry out one invocation: prepare, then print (--dry-run, --print-env,
-    --show-topology) or launch. Returns the exit code. The garbage collector is paused
-    while the plan is prepared and printed (:class:`_CollectorPaused`)."""
+    --show-topology) or launch (``verifier``: see :func:`execute`). Returns the exit code.
+    The garbage collector is paused while the plan is prepared and printed
+    (:class:`_CollectorPaused`)."""
     environ = dict(os.environ if environ is None else environ)
     with _CollectorPaused():
         p = prepare(opts, environ)
         text = output_text(p) if opts.output is not Output.RUN else None
     if text is not None:
-        write_text(text, out)
+        write_out(text, out)
         if p.rendered is not None:
             for note in p.rendered.notes:
                 log.info("note: %s", note)
         return 0
-    return execute(p, environ)
+    return execute(p, environ, verifier)
 
 
-def write_text(text: str, out=None) -> None:
+def write_out(text: str, out=None) -> None:
     """Write ``text`` to stdout as bytes, so values holding non-UTF-8 bytes (carried as
     surrogate escapes, as os.environ does) come out exactly as they came in."""
     stream = out or sys.stdout.buffer

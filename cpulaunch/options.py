@@ -16,7 +16,8 @@ from typing import Mapping, NamedTuple, Optional
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES
-from cpulaunch.plan import MemPolicy, Request
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.plan import Request
 
 __all__ = [
     "OptionsError",

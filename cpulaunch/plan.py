@@ -48,16 +48,15 @@ The rules, in the order they are applied:
 """
 
 import bisect
-import enum
 import math
 from typing import NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, InternalError
+from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
 
 __all__ = [
-    "MemPolicy",
     "Request",
     "Instance",
     "Plan",
@@ -74,16 +73,6 @@ LATENCY_CORES = 4
 
 class PlanError(CpulaunchError, ValueError):
     """A request this machine cannot satisfy; the message says what and how to fix it."""
-
-
-class MemPolicy(str, enum.Enum):
-    """NUMA memory policy of an instance (numactl(8) option in brackets)."""
-
-    BIND = "bind"  #: allocate only on the instance's nodes (--membind)
-    PREFERRED = "preferred"  #: prefer the instance's first node, fall back elsewhere (--preferred)
-    INTERLEAVE = "interleave"  #: round-robin pages over the instance's nodes (--interleave)
-    LOCAL = "local"  #: allocate on the node of the CPU that faults the page (--localalloc)
-    NONE = "none"  #: no memory flag: the kernel default (local allocation)
 
 
 class Request(NamedTuple):

@@ -24,10 +24,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional, Sequence
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine import numactl
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
-from cpulaunch.plan import Instance, MemPolicy, Plan
+from cpulaunch.plan import Instance, Plan
 
 __all__ = [
     "Settings",
@@ -35,7 +36,6 @@ __all__ = [
     "RenderedInstance",
     "ProgramError",
     "resolve_program",
-    "numactl_prefix",
     "json_text",
     "render",
     "shell_exports",
@@ -155,23 +155,6 @@ def resolve_program(args: Sequence[str], no_python: bool = False, python: str = 
     return tuple(args)
 
 
-def numactl_prefix(numactl: str, cpus: Sequence[int], policy: MemPolicy, mem_nodes: Sequence[int]) -> tuple:
-    """``numactl -C <cpulist>`` plus the memory flag (numactl(8)): bind ``-m``, preferred
-    ``-p``, interleave ``-i``, local ``-l``, none nothing."""
-    argv = [numactl, "-C", cpulist.format(cpus)]
-    nodes = cpulist.format(mem_nodes)
-    policy = MemPolicy(policy)
-    if policy is MemPolicy.BIND and nodes:
-        argv += ["-m", nodes]
-    elif policy is MemPolicy.PREFERRED and nodes:
-        argv += ["-p", nodes]
-    elif policy is MemPolicy.INTERLEAVE and nodes:
-        argv += ["-i", nodes]
-    elif policy is MemPolicy.LOCAL:
-        argv += ["-l"]
-    return tuple(argv)
-
-
 def _helper_cpus(inst: Instance) -> bool:
     """True when the instance is bound to CPUs its OpenMP threads must stay off
     (oneCCL workers, DataLoader workers, reserved cores)."""
@@ -210,11 +193,11 @@ def _budget_env(inst: Instance, settings: Settings) -> dict:
     env = {}
     dl = tuple(getattr(inst, "dataloader_cpus", ()) or ())
     if dl:
-        env["CPULAUNCH_DATALOADER_CPUS"] = cpulist.format(dl)
-        env["CPULAUNCH_DATALOADER_WORKERS"] = str(settings.dataloader_workers or len(dl))
+        env[envvars.DATALOADER_CPUS] = cpulist.format(dl)
+        env[envvars.DATALOADER_WORKERS] = str(settings.dataloader_workers or len(dl))
     reserved = tuple(getattr(inst, "reserved_cpus", ()) or ())
     if reserved and hasattr(inst, "ccl_cpus"):
-        env["CPULAUNCH_RESERVED_CPUS"] = cpulist.format(reserved)
+        env[envvars.RESERVED_CPUS] = cpulist.format(reserved)
     return env
 
 
@@ -267,13 +250,13 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
             env[name] = value
         if preload:
             env["LD_PRELOAD"] = preload
-        env["CPULAUNCH_INSTANCE_INDEX"] = str(inst.index)
-        env["CPULAUNCH_NUM_INSTANCES"] = str(plan.num_instances)
-        env["CPULAUNCH_CPUS"] = inst.cpulist
+        env[envvars.INSTANCE_INDEX] = str(inst.index)
+        env[envvars.NUM_INSTANCES] = str(plan.num_instances)
+        env[envvars.CPUS] = inst.cpulist
         env.update(_budget_env(inst, settings))
         env.update(settings.instance_env.get(inst.index, {}))
         if settings.bind == "numactl":
-            prefix = numactl_prefix(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)
+            prefix = numactl.argv(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)
             affinity = None
         elif settings.bind == "affinity":
             prefix, affinity = (), inst.bound_cpus
@@ -334,7 +317,7 @@ def dotenv_lines(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> 
     import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
 
     env = dict(inst.env)
-    env["CPULAUNCH_PREFIX"] = _print_prefix(inst, taskset)
+    env[envvars.PREFIX] = _print_prefix(inst, taskset)
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
 
 

@@ -30,7 +30,8 @@ from cpulaunch import cpulist
 from cpulaunch.machine import probe
 from cpulaunch import plan as plan_module
 from cpulaunch.errors import InternalError
-from cpulaunch.plan import LATENCY_CORES, MemPolicy, PlanError, Request, plan, validate
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.plan import LATENCY_CORES, PlanError, Request, plan, validate
 from cpulaunch.machine.topology import CpuFacts, HostFacts, NodeFacts, Topology, build
 
 XEON = "hw-32intel64-2p8co2t+8ve"  # 2x Xeon Silver 4108, SMT siblings 0,16

@@ -25,6 +25,7 @@ import bigtree
 from conftest import FACTS, FIXTURES, MACHINES, plan_json, run_cli
 from cpulaunch import cpulist
 from cpulaunch.machine import probe
+from cpulaunch.machine.files import MAX_FILE_BYTES
 from cpulaunch.machine.probe import parse_cpuinfo, parse_lscpu
 from cpulaunch.machine.topology import (
     CpuFacts,
@@ -937,8 +938,8 @@ def test_file_over_the_size_bound_is_refused(tmp_path):
     with pytest.raises(TopologyError) as info:
         probe.probe(root)
     assert str(info.value) == corrupt_message(
-        root, "/sys/devices/system/node/has_memory", f"larger than {probe.MAX_FILE_BYTES} bytes")
-    assert probe.MAX_FILE_BYTES == 1 << 20
+        root, "/sys/devices/system/node/has_memory", f"larger than {MAX_FILE_BYTES} bytes")
+    assert MAX_FILE_BYTES == 1 << 20
 
 
 def test_optional_files_that_are_unusable_become_notes(tmp_path):

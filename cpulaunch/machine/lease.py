@@ -285,7 +285,7 @@ def _holders(held: Mapping[int, tuple]) -> dict:
     command from /proc/PID/cmdline (both through the probe's bounded reader)."""
     if not held:
         return {}
-    from cpulaunch.machine.probe import FileReader
+    from cpulaunch.machine.files import FileReader
 
     fs = FileReader("/")
     pids = parse_proc_locks(fs.read("proc/locks", strict=False, truncate=True) or "")

@@ -58,32 +58,28 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import stat
 from typing import Optional
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.cpulist import CpulistError, excerpt
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine.files import FileReader, corrupt
 from cpulaunch.machine.topology import (
     CacheFacts,
     CpuFacts,
     HostFacts,
     NodeFacts,
     Topology,
-    TopologyError,
     build,
     online_from_folders,
 )
 
 __all__ = [
-    "FileReader",
     "probe",
     "read_facts",
     "check_sysroot",
     "is_live",
-    "corrupt",
     "cpu_limit",
     "parse_proc_cgroup",
     "parse_mounts",
@@ -91,10 +87,6 @@ __all__ = [
     "parse_cpuinfo",
     "parse_lscpu",
     "run_lscpu",
-    "check_numactl",
-    "MAX_FILE_BYTES",
-    "read_regular",
-    "UnusableFileError",
 ]
 
 log = _log.get(__name__)
@@ -104,144 +96,10 @@ NODE_DIR = "sys/devices/system/node"
 #: Where the files live, as shown in messages (below the root).
 CPU_PATH = "/" + CPU_DIR
 NODE_PATH = "/" + NODE_DIR
-
-#: Largest file the probe reads (sysfs attributes are at most a page; a cpulist of 8,192
-#: CPUs is under 40 KiB). A bigger file is an error where it matters, else a note.
-MAX_FILE_BYTES = 1 << 20
+#: Largest lscpu -p output read (8,192 CPUs make about 110 KiB).
+LSCPU_BYTES = 4 << 20
 #: Of /proc/cpuinfo only the first processor is used: 1,024 CPUs make it 1.5 MB.
 CPUINFO_BYTES = 64 << 10
-
-_FIRST_READ = 65536
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
-_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a link"}
-
-
-class UnusableFileError(Exception):
-    """A file that opened but cannot be used: ``str(exc)`` says why, without the path
-    (``"not a regular file (a FIFO)"``, ``"larger than 1048576 bytes"``, ``"cannot read
-    (Input/output error)"``); the caller names the file."""
-
-
-def read_regular(path: str, cap: int = MAX_FILE_BYTES, truncate: bool = False) -> bytes:
-    """The bytes of the regular file ``path``, at most ``cap`` of them; never blocks.
-
-    Opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a FIFO, a
-    device (``/dev/zero``), a socket or a folder is refused at once instead of hanging or
-    growing without bound. ``truncate``: keep the first ``cap`` bytes of a longer file
-    instead of refusing it. The one bounded reader of the project: the probe's sysfs and
-    procfs reads and ``cpulaunch --config`` both use it.
-
-    Raises:
-        OSError: the file cannot be opened (FileNotFoundError, PermissionError, ...).
-        ValueError: ``path`` holds a NUL byte.
-        UnusableFileError: not a regular file, over ``cap`` bytes, or a read failed.
-    """
-    fd = os.open(path, _OPEN_FLAGS)
-    try:
-        st = os.fstat(fd)
-        if st.st_mode & 0o170000 != stat.S_IFREG:
-            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "special")
-            raise UnusableFileError(f"not a regular file ({kind})")
-        data = os.read(fd, _FIRST_READ if cap >= _FIRST_READ else cap + 1)
-        # A file on disk is whole when its size is read; sysfs (4096) and procfs (0)
-        # sizes say nothing, so read on to the end there.
-        if data and len(data) != st.st_size:
-            chunks = [data]
-            size = len(data)
-            while size <= cap:
-                chunk = os.read(fd, min(_FIRST_READ, cap + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
-    except OSError as exc:
-        raise UnusableFileError(f"cannot read ({exc.strerror})") from None
-    finally:
-        os.close(fd)
-    if len(data) > cap:
-        if not truncate:
-            raise UnusableFileError(f"larger than {cap} bytes")
-        data = data[:cap]
-    return data
-
-
-class FileReader:
-    """Reads text files below ``root`` with plain ``os`` calls: the one bounded reader of
-    host files (the probe and ``cpulaunch doctor`` read through it).
-
-    ``read`` returns None for an absent file (ENOENT, ENOTDIR) and for one this user may
-    not read (a note). A file that is present but unusable (not a regular file, over
-    ``cap`` bytes, an I/O error) raises a TopologyError naming it when ``strict``, else
-    reads as None with a note. Bytes that are not UTF-8 become U+FFFD. It never blocks:
-    the file is opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a
-    FIFO or a device (``/dev/zero`` linked in place of a file) is refused unread.
-
-    Attributes:
-        root: the root given (``/`` or a ``--sysroot`` dump).
-        notes: one line per file not read, for messages ("/proc/cpuinfo: not a regular
-            file (a FIFO): ignored"), and the probe's other notes.
-        skipped: the files not read as data, in read order: ``(path below root with a
-            leading "/", why it was not read)``, e.g. ``("/proc/cpuinfo", "not a regular
-            file (a FIFO)")``. Files refused with ``strict`` are not listed: the error
-            raised names them.
-        unusable: some file was not a regular file, too big or failed to read.
-    """
-
-    def __init__(self, root: str | os.PathLike = "/"):
-        self.root = os.fspath(root)
-        self.prefix = self.root.rstrip("/")
-        self.notes: list[str] = []
-        self.skipped: list[tuple[str, str]] = []
-        self.unusable = False
-
-    def path(self, rel: str) -> str:
-        """``rel`` (relative, no leading slash) below the root."""
-        return self.prefix + "/" + rel
-
-    def _bad(self, rel: str, what: str, strict: bool) -> None:
-        self.unusable = True
-        if strict:
-            raise corrupt(self.root, "/" + rel, what)
-        self._skip(rel, what)
-
-    def _skip(self, rel: str, what: str) -> None:
-        self.notes.append(f"/{printable(rel)}: {what}: ignored")
-        self.skipped.append(("/" + rel, what))
-
-    def read(self, rel: str, strict: bool = True, cap: int = MAX_FILE_BYTES,
-             truncate: bool = False) -> Optional[str]:
-        """The text of ``root/rel``, or None (see the class). ``truncate``: keep the first
-        ``cap`` bytes of a longer file instead of refusing it."""
-        try:
-            data = read_regular(self.prefix + "/" + rel, cap, truncate)
-        except (FileNotFoundError, NotADirectoryError, ValueError):
-            return None  # ValueError: a NUL byte in a path taken from a dump
-        except PermissionError:
-            self._skip(rel, "permission denied")
-            return None
-        except OSError as exc:
-            self._bad(rel, f"cannot open ({exc.strerror})", strict)
-            return None
-        except UnusableFileError as exc:
-            self._bad(rel, str(exc), strict)
-            return None
-        return data.decode("utf-8", "replace")
-
-    def listdir(self, rel: str) -> list[str]:
-        """Names in the folder ``root/rel``; [] when it is absent or not a folder."""
-        try:
-            return os.listdir(self.path(rel))
-        except (OSError, ValueError):
-            return []
-
-    def isdir(self, rel: str) -> bool:
-        """``root/rel`` is a folder (links followed)."""
-        try:
-            return stat.S_ISDIR(os.stat(self.path(rel)).st_mode)
-        except (OSError, ValueError):
-            return False
 
 
 _NUMBERED: dict[str, re.Pattern] = {}
@@ -289,21 +147,6 @@ def is_live(root: str | os.PathLike) -> bool:
 # --------------------------------------------------------------------------- parsing where read
 
 _INT = re.compile(r"-?[0-9]{1,10}")
-
-
-def corrupt(root: str, path: str, what: str) -> TopologyError:
-    """The error for a malformed file: ``"<path>: <what>; <which tree is corrupt>"``.
-
-    Args:
-        root: the root the probe read below ("/" for this host, else the --sysroot folder).
-        path: the file as read below the root, e.g. "/sys/devices/system/cpu/online".
-        what: what was wrong, one line (quote file contents with ``cpulist.excerpt``).
-    """
-    if root in ("/", ""):
-        where = "this host's /sys or /proc is corrupt"
-    else:
-        where = f"the tree under --sysroot {printable(root)} is corrupt or not a Linux dump"
-    return TopologyError(f"{printable(path)}: {what}; {where}")
 
 
 def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
@@ -978,21 +821,17 @@ def read_caches(fs: FileReader, online: frozenset, cpus: dict, limit: int) -> Ca
 
 
 def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
-    """``LC_ALL=C lscpu -p=CPU,CORE,SOCKET,NODE [--sysroot DIR]`` output, or None."""
-    exe = shutil.which("lscpu")
-    if not exe:
-        return None
-    argv = [exe, "-p=CPU,CORE,SOCKET,NODE"] + (["--sysroot", sysroot] if sysroot else [])
-    import subprocess  # a fallback only: off the launch path (issue 12)
+    """``LC_ALL=C lscpu -p=CPU,CORE,SOCKET,NODE [--sysroot DIR]`` output, or None (lscpu
+    missing, failing or slower than 3 s)."""
+    from cpulaunch.machine.exec import run_quietly  # a fallback only: off the launch path
 
+    argv = ["lscpu", "-p=CPU,CORE,SOCKET,NODE"] + (["--sysroot", sysroot] if sysroot else [])
     try:
-        res = subprocess.run(
-            argv, capture_output=True, text=True, errors="replace", timeout=3,
-            env={**os.environ, "LC_ALL": "C"}, stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        code, out = run_quietly(argv, timeout=3, env={**os.environ, "LC_ALL": "C"}, stderr=False,
+                                max_output=LSCPU_BYTES)
+    except (OSError, TimeoutError):
         return None
-    return res.stdout if res.returncode == 0 else None
+    return out if code == 0 else None
 
 
 def probe(root: str | os.PathLike = "/", *, core_ids: bool = True, caches: bool = False) -> Topology:
@@ -1003,83 +842,3 @@ def probe(root: str | os.PathLike = "/", *, core_ids: bool = True, caches: bool 
         topology.TopologyError: nothing usable was found under ``root``, or a file is malformed.
     """
     return build(read_facts(root, core_ids=core_ids, caches=caches))
-
-
-def run_quietly(argv: list, timeout: float = 10.0) -> tuple:
-    """Run ``argv`` (looked up on PATH) with stdin from /dev/null; ``(exit code, output)``.
-
-    ``output`` is its stdout and stderr together (at most 64 KiB, decoded with errors
-    replaced); the exit code is shell-style (128+N for signal N). Uses os.posix_spawnp and a
-    pipe, not :mod:`subprocess`, whose import costs about 4 ms of start-up (issue 12) for
-    the one short exec a launch makes.
-
-    Raises:
-        OSError: the program cannot be started (ENOENT, EACCES...).
-        TimeoutError: it ran longer than ``timeout`` seconds (it is then SIGKILLed and reaped).
-    """
-    import select
-    import signal  # only live runs check numactl: a --sysroot dry-run does not need it
-    import time
-
-    r, w = os.pipe()  # both O_CLOEXEC; dup2 makes the child's 1 and 2 inheritable
-    try:
-        pid = os.posix_spawnp(argv[0], list(argv), os.environ, file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, w, 1),
-            (os.POSIX_SPAWN_DUP2, w, 2),
-        ], setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGXFSZ))
-    except BaseException:
-        os.close(r)
-        raise
-    finally:
-        os.close(w)
-    chunks, size = [], 0
-    deadline = time.monotonic() + timeout
-    try:
-        poller = select.poll()
-        poller.register(r, select.POLLIN)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not poller.poll(left * 1000):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise TimeoutError(f"timed out after {timeout:g} s")
-            data = os.read(r, 65536)
-            if not data:
-                break
-            if size < 65536:
-                chunks.append(data)
-                size += len(data)
-    finally:
-        os.close(r)
-    _, status = os.waitpid(pid, 0)
-    return _exit_code(status), b"".join(chunks)[:65536].decode(errors="replace")
-
-
-def _exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
-
-
-def check_numactl(numactl: str, prefixes: list, timeout: float = 10.0) -> Optional[str]:
-    """Run each planned ``numactl ... true`` once; None if all work, else numactl's reason.
-
-    Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
-    CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
-    and a cpuset may refuse some CPUs. One short exec per distinct prefix, through
-    :func:`run_quietly` (no subprocess import).
-    """
-    seen = set()
-    for prefix in prefixes:
-        key = tuple(prefix)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            code, output = run_quietly(list(prefix) + ["true"], timeout)
-        except (OSError, TimeoutError) as exc:
-            return f"{' '.join(prefix)} could not run ({exc})"
-        if code != 0:
-            msg = output.strip().splitlines()
-            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
-    return None

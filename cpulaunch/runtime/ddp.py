@@ -702,9 +702,9 @@ def init_process_group(backend: str | None = None, **kwargs):
     """
     import torch.distributed as dist
 
-    from cpulaunch.distributed import BACKEND_ENV
+    from cpulaunch import envvars
 
-    backend = backend or os.environ.get(BACKEND_ENV) or "gloo"
+    backend = backend or os.environ.get(envvars.DIST_BACKEND) or "gloo"
     if backend == "ccl":
         try:
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)

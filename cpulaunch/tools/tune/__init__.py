@@ -25,7 +25,7 @@ short form:
   scored; one configuration is better than another only when the difference of medians
   exceeds the larger of their spreads (max - min).
 * **Trials** (:func:`run_command`) run through the launcher's
-  :class:`cpulaunch.launch.ProcessGroup`: own session, parent-death signal, a watchdog
+  :class:`cpulaunch.launch.group.ProcessGroup`: own session, parent-death signal, a watchdog
   if tune is SIGKILLed, and the whole group SIGKILLed and reaped when the trial ends, so
   nothing a trial started in its group outlives it.
 * **Files**: ``DIR/trials.jsonl`` (one JSON object per trial, appended as it ends; read

@@ -1,5 +1,5 @@
 """What ``cpulaunch tune`` writes when it ends: report.txt, report.png, best.toml and the
-``--dry-run`` plan; every file written whole (``trials.write_file``), and a recommendation
+``--dry-run`` plan; every file written whole (``machine.files.write_file``), and a recommendation
 that rests on busy trials flagged in each.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from cpulaunch.errors import printable
+from cpulaunch.machine.files import write_file
 from cpulaunch.tools.tune.search import (
     Outcome,
     _cost,
@@ -32,7 +33,7 @@ from cpulaunch.tools.tune.space import (
     config_toml,
     format_duration,
 )
-from cpulaunch.tools.tune.trials import WALL_METRIC, _now_iso, write_file
+from cpulaunch.tools.tune.trials import WALL_METRIC, _now_iso
 
 if TYPE_CHECKING:
     from cpulaunch.tools.tune.tuner import Settings, Tuner
