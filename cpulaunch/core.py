@@ -20,7 +20,7 @@ from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan, Request
 from cpulaunch.render import Rendered, Settings
 
-__all__ = ["Prepared", "probe_topology", "resolve_settings", "prepare", "execute", "output_text"]
+__all__ = ["Prepared", "probe_topology", "cache_need", "resolve_settings", "prepare", "execute", "output_text"]
 
 log = _log.get("cpulaunch")
 
@@ -44,6 +44,8 @@ class Prepared(NamedTuple):
         program: the program's argv (empty when none was given to --dry-run/--print-env).
         ddp_info: the ``ddp`` member of the JSON plan, or None.
         elastic_argv: the torchrun command for an elastic --ddp run, else None.
+        lease: the cores this run claimed with ``--share-host``
+            (:class:`cpulaunch.machine.lease.Lease`), held until the run ends; else None.
     """
 
     opts: Options
@@ -55,19 +57,46 @@ class Prepared(NamedTuple):
     program: tuple = ()
     ddp_info: Optional[Mapping] = None
     elastic_argv: Optional[tuple] = None
+    lease: object = None
 
 
 # --------------------------------------------------------------------------- steps
 
 
-def probe_topology(opts: Options) -> Topology:
+def probe_topology(opts: Options, caches: bool = False) -> Topology:
     """Read the machine at ``opts.sysroot``. Raises CpulaunchError for a missing folder
     or an unusable tree (one line naming the file). Each core's core_id (display only) is
-    not read: half the per-core reads on a big machine (issue 12)."""
+    not read: half the per-core reads on a big machine (issue 12). ``caches``: read the
+    cache domains too (:func:`cache_need`)."""
     from cpulaunch.machine import probe
 
     probe.check_sysroot(opts.sysroot)
-    return probe.probe(opts.sysroot, core_ids=False)
+    return probe.probe(opts.sysroot, core_ids=False, caches=caches)
+
+
+def cache_need(opts: Options, environ: Mapping[str, str]) -> bool:
+    """Whether this invocation needs the machine's cache domains (issue 22), decided from
+    the options before anything is read, so that planning stays pure and a plan that
+    cannot divide a socket or node pays no read for them: ``--show-topology``;
+    ``--ninstances`` above 1; ``--instances-per-socket`` or ``--instances-per-node`` above
+    1; ``--instances-per-l3``; ``--ncores-per-instance``; ``--latency-mode``; ``--ddp``
+    with a number of ranks above 1; and a launch under an engine (torchrun, MPI, Slurm),
+    whose local tasks may divide a node. One instance per socket or node, the default
+    single instance and ``--throughput-mode`` do not."""
+    from cpulaunch.machine.host import ENGINE_VARIABLES
+
+    if opts.output is Output.SHOW_TOPOLOGY:
+        return True
+    req = opts.request
+    if any(count is not None and count > 1 for count in
+           (req.ninstances, req.instances_per_socket, req.instances_per_node)):
+        return True
+    if req.instances_per_l3 or req.ncores_per_instance or req.latency_mode:
+        return True
+    ranks = opts.ddp.nproc_per_node if opts.ddp is not None else None
+    if ranks is not None and ranks.isdigit() and int(ranks) > 1:
+        return True
+    return any(v in environ for v in ENGINE_VARIABLES)
 
 
 def _library_path(host, name: str, option: str, fallback: str) -> object:
@@ -165,9 +194,10 @@ def _engine_request(topo: Topology, req: Request, engine, notes: list) -> Reques
         notes.append(f"{engine.engine} task {engine.local_rank} bound to CPUs {cpulist.format(topo.allowed)}: "
                      "one instance on exactly those")
         return req._replace(ninstances=None, instances_per_socket=None, instances_per_node=None,
-                       throughput_mode=False, latency_mode=False, ncores_per_instance=None, instance_idx=None)
+                            instances_per_l3=None, throughput_mode=False, latency_mode=False,
+                            ncores_per_instance=None, instance_idx=None)
     modes = (req.ninstances, req.instances_per_socket, req.instances_per_node, req.latency_mode,
-             req.throughput_mode, req.ncores_per_instance)
+             req.throughput_mode, req.ncores_per_instance, req.instances_per_l3)
     if req.instance_idx is not None:
         raise CpulaunchError(f"--instance-idx does not apply under {engine.engine}: each task runs the "
                              "instance of its local task id")
@@ -201,18 +231,27 @@ def _backend(opts: Options, host) -> tuple:
 
 
 def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
-    """Probe, gather host facts, plan and render: everything but the launch.
+    """Probe, gather host facts, plan and render: everything but the launch (and, with
+    ``--share-host``, claim the planned cores before a run: :func:`_prepare_shared`).
 
     Raises:
         CpulaunchError: anything the user can fix (one line).
     """
     from cpulaunch.machine import host as host_mod
-    from cpulaunch.render import render
 
-    topo = probe_topology(opts)
+    topo = probe_topology(opts, caches=cache_need(opts, environ))
     if opts.output is Output.SHOW_TOPOLOGY:
         return Prepared(opts=opts, topo=topo)
     host = host_mod.gather(opts, topo, environ)
+    if opts.share_host is not None:
+        return _prepare_shared(opts, topo, host, environ)
+    return _prepare_plan(opts, topo, host, environ)
+
+
+def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
+    """Plan and render on ``topo`` (:func:`prepare` without the probe)."""
+    from cpulaunch.render import render
+
     program = _resolve_program(opts, host.python)
     ddp_info, label, instance_env, run_environ = None, "instance", {}, environ
     if opts.ddp is not None:
@@ -239,6 +278,57 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
         prepared = prepared._replace(elastic_argv=tuple(argv),
                                      ddp_info={**ddp_info, "launcher_argv": list(argv)})
     return prepared
+
+
+#: How often a --share-host run reads, plans and claims again after another job took one
+#: of its cores between its read and its claim.
+_CLAIM_TRIES = 100
+
+
+def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
+    """``--share-host``: read the leases, plan on the cores no other job holds, and (a
+    run only) claim every CPU of the planned cores; a lost race reads and plans again.
+    Where the request does not fit on the free cores: wait for the job holding the
+    lowest held CPU to end (``wait``), or fail naming the holders (``fail``).
+
+    Raises:
+        CpulaunchError: --sysroot given, several local tasks under an engine, the lease
+            folder unusable, or the free cores too few (naming who holds the others).
+    """
+    from cpulaunch.machine import lease
+    from cpulaunch.plan import PlanError
+
+    if not host.live:
+        raise CpulaunchError("--share-host coordinates the jobs of this machine; drop --sysroot")
+    if host.engine is not None and host.engine.local_world_size > 1:
+        raise CpulaunchError(f"--share-host does not apply under {host.engine.engine} with several tasks "
+                             "on this machine (each would plan alone); start one cpulaunch per machine")
+    run = opts.output is Output.RUN
+    where = lease.folder(opts.lease_dir, environ, create=run)
+    for _ in range(_CLAIM_TRIES):
+        leases = lease.read(where, topo.online)
+        try:
+            p = _prepare_plan(opts, lease.without_held(topo, leases), host, environ)
+        except PlanError as exc:
+            if not leases.held:
+                raise
+            if opts.share_host != "wait":
+                raise CpulaunchError(f"--share-host: {lease.held_text(leases)}: {exc}; "
+                                     "wait for them with --share-host wait") from None
+            first = min(leases.held)
+            log.warning("waiting for %s (--share-host wait)", lease.held_text(leases._replace(
+                held={c: h for c, h in leases.held.items() if h == leases.held[first]})))
+            lease.wait(where, first)
+            continue
+        p = p._replace(rendered=p.rendered._replace(notes=p.rendered.notes + lease.notes(leases, run)))
+        if not run:
+            return p
+        cores = {c for i in p.rendered.instances for cpu in i.bound_cpus for c in topo.core_of(cpu).cpus}
+        got, _ = lease.claim(where, cores, topo.online)
+        if got is not None:
+            return p._replace(lease=got)
+    raise CpulaunchError(f"--share-host: other jobs took the planned cores {_CLAIM_TRIES} times "
+                         "between reading and claiming them; run again")
 
 
 # --------------------------------------------------------------------------- output
@@ -336,6 +426,8 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
     if len(specs) == 1 and lopts.log_dir is None and lopts.verify_after is None:
         from cpulaunch.launch.spawn import exec_spec  # no supervisor needed (issue 12)
 
+        if p.lease is not None:  # the program holds the --share-host lease while it runs
+            p.lease.keep_across_exec()
         exec_spec(specs[0], environ)
     from cpulaunch.launch.supervise import describe_failure, run_group
 
