@@ -10,16 +10,17 @@ __version__ = "0.2.0"
 __all__ = ["plan_instances", "bind_current_process", "__version__"]
 
 
-#: Names loaded from :mod:`cpulaunch.api` on first use (PEP 562).
-_LAZY = ("plan_instances", "bind_current_process")
+#: The lazy API: name -> the module that defines it, imported at first use.
+_LAZY = {"plan_instances": "cpulaunch.api", "bind_current_process": "cpulaunch.runtime.bind"}
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        from cpulaunch import api
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cpulaunch' has no attribute {name!r}")
+    import importlib
 
-        return getattr(api, name)
-    raise AttributeError(f"module 'cpulaunch' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def __dir__():

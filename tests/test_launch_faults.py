@@ -26,7 +26,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from cpulaunch import launch
+from cpulaunch.launch.group import FORWARDED_SIGNALS, ProcessGroup, RELAY_TIMEOUT
+from cpulaunch.launch.spawn import LaunchError, ProcessSpec, exec_spec
+from cpulaunch.launch.supervise import describe_failure, run_group
 
 PY = sys.executable
 NCPUS = len(os.sched_getaffinity(0))
@@ -93,7 +95,9 @@ def children_of_me() -> set:
 DRIVER = r'''
 import json, os, signal, sys
 from pathlib import Path
-from cpulaunch import launch
+from cpulaunch.launch.group import ProcessGroup
+from cpulaunch.launch.spawn import LaunchError, ProcessSpec
+from cpulaunch.launch.supervise import describe_failure, run_group
 
 cfg = json.loads(sys.argv[1])
 for name in cfg.get("ignore", []):
@@ -103,24 +107,24 @@ for name in cfg.get("default", []):
 if cfg.get("block"):
     signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, n) for n in cfg["block"]])
 if cfg.get("signal_after_spawn"):  # a signal that arrives while instances are being started
-    spawn, sig = launch.ProcessGroup._spawn, getattr(signal, cfg["signal_after_spawn"])
+    spawn, sig = ProcessGroup._spawn, getattr(signal, cfg["signal_after_spawn"])
     def spawn_then_signal(self, spec, setup):
         fds = spawn(self, spec, setup)
         if spec.index == 0:
             os.kill(os.getpid(), sig)
         return fds
-    launch.ProcessGroup._spawn = spawn_then_signal
-specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=tuple(a), env=cfg.get("env", {}))
+    ProcessGroup._spawn = spawn_then_signal
+specs = [ProcessSpec(index=i, label=f"instance {i}", argv=tuple(a), env=cfg.get("env", {}))
          for i, a in enumerate(cfg["argv"])]
 kw = cfg.get("kw", {})
 try:
-    out = launch.run_group(specs, os.environ, **kw)
-except launch.LaunchError as exc:
+    out = run_group(specs, os.environ, **kw)
+except LaunchError as exc:
     print(f"LaunchError: {exc}", file=sys.stderr)
     sys.exit(2)
 Path(cfg["result"]).write_text(json.dumps({
     "exit_code": out.exit_code, "root_cause": out.root_cause, "signalled": out.signalled,
-    "describe": launch.describe_failure(out, specs), "results": [r.to_dict() for r in out.results]}))
+    "describe": describe_failure(out, specs), "results": [r.to_dict() for r in out.results]}))
 sys.exit(out.exit_code)
 '''
 
@@ -186,9 +190,9 @@ def test_exec_spec_failure_is_launch_error_and_restores_launcher(tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM)}
     for argv, cause in ((["no-such-program-xyz"], "No such file or directory"),
                         ([str(not_exec)], "Permission denied")):
-        spec = launch.ProcessSpec(index=0, label="instance 0", argv=tuple(argv))
-        with pytest.raises(launch.LaunchError) as exc:
-            launch.exec_spec(spec, os.environ)
+        spec = ProcessSpec(index=0, label="instance 0", argv=tuple(argv))
+        with pytest.raises(LaunchError) as exc:
+            exec_spec(spec, os.environ)
         assert str(exc.value) == f"cannot run {argv[0]!r}: {cause}"
     assert {s: signal.getsignal(s) for s in before} == before
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
@@ -196,11 +200,11 @@ def test_exec_spec_failure_is_launch_error_and_restores_launcher(tmp_path):
 
 def test_non_utf8_env_value_reaches_child_byte_for_byte(tmp_path):
     value = os.fsdecode(b"/x/\xff\xfe.so")  # surrogate escapes, as os.environ holds them
-    spec = launch.ProcessSpec(index=0, label="instance 0", env={"CPULAUNCH_T": value},
+    spec = ProcessSpec(index=0, label="instance 0", env={"CPULAUNCH_T": value},
                               argv=(PY, "-c", "import os, sys; sys.stdout.buffer.write(os.environb[b'CPULAUNCH_T'])"))
     out = tmp_path / "out"
     with open(out, "wb") as f:
-        outcome = launch.run_group([spec], os.environ, stdout=f, prefix_output=False)
+        outcome = run_group([spec], os.environ, stdout=f, prefix_output=False)
     assert outcome.exit_code == 0
     assert out.read_bytes() == b"/x/\xff\xfe.so\n"
 
@@ -291,7 +295,9 @@ def test_launcher_sigkill_leaves_nothing_behind(tmp_path):
 STALL_DRIVER = r"""
 import os, signal, sys, time
 from pathlib import Path
-from cpulaunch import launch
+from cpulaunch.launch import group
+from cpulaunch.launch.spawn import ProcessSpec
+from cpulaunch.launch.supervise import run_group
 
 moment, tmp = sys.argv[1], Path(sys.argv[2])
 launcher = os.getpid()
@@ -307,25 +313,25 @@ def stall(name):
         time.sleep(0.005)
 
 if moment == "before-prctl":  # child forked (and setsid), PR_SET_PDEATHSIG not yet set
-    real = launch._load_prctl()
-    launch._load_prctl = lambda: (lambda *a: (stall("stalled"), real(*a))[1])
+    real = group._load_prctl()
+    group._load_prctl = lambda: (lambda *a: (stall("stalled"), real(*a))[1])
 elif moment == "before-exec":  # PDEATHSIG set, registered with the watchdog, not exec'd
     setaffinity = os.sched_setaffinity
     os.sched_setaffinity = lambda pid, cpus: (stall("stalled"), setaffinity(pid, cpus))
 elif moment == "after-exec":  # the program runs and has forked; Popen has just returned
-    init = launch._Proc.__init__
+    init = group._Proc.__init__
     def stalled_init(self, spec, popen, start):
         init(self, spec, popen, start)
         if spec.index == 0:
             while not (tmp / "grandchild").exists() or not (tmp / "grandchild").read_text():
                 time.sleep(0.005)
             stall("stalled")
-    launch._Proc.__init__ = stalled_init
+    group._Proc.__init__ = stalled_init
 cpus = tuple(sorted(os.sched_getaffinity(0)))[:1]
 argv = ("sh", "-c", f"sleep 61 & echo $! > {tmp}/grandchild; wait")
-specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=argv if i == 0 else ("sleep", "62"),
-                            affinity=cpus) for i in (0, 1)]
-launch.run_group(specs, os.environ)
+specs = [ProcessSpec(index=i, label=f"instance {i}", argv=argv if i == 0 else ("sleep", "62"),
+                     affinity=cpus) for i in (0, 1)]
+run_group(specs, os.environ)
 """
 
 
@@ -368,12 +374,12 @@ def test_stress_spawn_kill_mode_leaves_nothing(tmp_path):
 
 
 def test_run_group_restores_handlers_and_mask_and_reaps_watchdog():
-    handled = launch.FORWARDED_SIGNALS + (signal.SIGTSTP, signal.SIGCONT)
+    handled = FORWARDED_SIGNALS + (signal.SIGTSTP, signal.SIGCONT)
     before = {s: signal.getsignal(s) for s in handled}
     kids = children_of_me()
-    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("true",))
+    spec = ProcessSpec(index=0, label="instance 0", argv=("true",))
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group([spec], os.environ, stdout=null, stderr=null)
+        outcome = run_group([spec], os.environ, stdout=null, stderr=null)
     assert outcome.exit_code == 0
     assert {s: signal.getsignal(s) for s in handled} == before
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
@@ -383,10 +389,10 @@ def test_run_group_restores_handlers_and_mask_and_reaps_watchdog():
 @need2
 def test_grandchildren_killed_at_end_of_normal_run(tmp_path):
     pidfile = tmp_path / "gc"
-    spec = launch.ProcessSpec(index=0, label="instance 0", argv=(
+    spec = ProcessSpec(index=0, label="instance 0", argv=(
         "sh", "-c", f"sleep 61 & echo $! > {pidfile}; exit 0"))
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group([spec, launch.ProcessSpec(index=1, label="instance 1", argv=("true",))],
+        outcome = run_group([spec, ProcessSpec(index=1, label="instance 1", argv=("true",))],
                                    os.environ, stdout=null, stderr=null)
     assert outcome.exit_code == 0
     wait_until(lambda: not alive(int(pidfile.read_text())), timeout=2, what="grandchild gone")
@@ -397,35 +403,35 @@ def test_grandchildren_killed_at_end_of_normal_run(tmp_path):
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, "abc"])
 def test_grace_period_must_be_finite_and_not_negative(value):
-    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("true",))
-    with pytest.raises(launch.LaunchError, match="grace period"):
-        launch.run_group([spec], os.environ, grace_period=value)
+    spec = ProcessSpec(index=0, label="instance 0", argv=("true",))
+    with pytest.raises(LaunchError, match="grace period"):
+        run_group([spec], os.environ, grace_period=value)
 
 
 def test_program_not_found_stops_those_already_started(tmp_path):
     marker = uuid.uuid4().hex
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sleep", "30"),
+    specs = [ProcessSpec(index=0, label="instance 0", argv=("sleep", "30"),
                                 env={"CPULAUNCH_TEST_MARKER": marker}),
-             launch.ProcessSpec(index=1, label="instance 1", argv=("no-such-program-xyz",))]
-    with pytest.raises(launch.LaunchError) as exc:
-        launch.run_group(specs, os.environ)
+             ProcessSpec(index=1, label="instance 1", argv=("no-such-program-xyz",))]
+    with pytest.raises(LaunchError) as exc:
+        run_group(specs, os.environ)
     assert str(exc.value) == "cannot run 'no-such-program-xyz': No such file or directory"
     assert with_marker(marker) == []
 
 
 @need2
 def test_describe_failure_names_signal_and_stopped_others(tmp_path):
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sleep", "30")),
-             launch.ProcessSpec(index=1, label="rank 1", argv=(PY, "-c", "import os; os.kill(os.getpid(), 9)"))]
+    specs = [ProcessSpec(index=0, label="instance 0", argv=("sleep", "30")),
+             ProcessSpec(index=1, label="rank 1", argv=(PY, "-c", "import os; os.kill(os.getpid(), 9)"))]
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null)
+        outcome = run_group(specs, os.environ, stdout=null, stderr=null)
     assert outcome.exit_code == 137 and outcome.root_cause == 1
-    assert launch.describe_failure(outcome, specs) == "rank 1 killed by SIGKILL; the others were stopped"
+    assert describe_failure(outcome, specs) == "rank 1 killed by SIGKILL; the others were stopped"
     assert outcome.result(0).describe() == "killed by SIGTERM"
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 3"))]
+    specs = [ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 3"))]
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null)
-    assert (outcome.exit_code, launch.describe_failure(outcome, specs)) == (3, "instance 0 exited with code 3")
+        outcome = run_group(specs, os.environ, stdout=null, stderr=null)
+    assert (outcome.exit_code, describe_failure(outcome, specs)) == (3, "instance 0 exited with code 3")
 
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
@@ -440,9 +446,9 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
     cg.mkdir()
     ready, go = tmp_path / "ready", tmp_path / "go"
     specs = [
-        launch.ProcessSpec(index=0, label="instance 0", argv=(
+        ProcessSpec(index=0, label="instance 0", argv=(
             "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; exit 3")),
-        launch.ProcessSpec(index=1, label="instance 1", argv=("sh", "-c", f"echo $$ > {ready}; exec sleep 60")),
+        ProcessSpec(index=1, label="instance 1", argv=("sh", "-c", f"echo $$ > {ready}; exec sleep 60")),
     ]
     frozen = []
 
@@ -459,7 +465,7 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
     t0 = time.monotonic()
     try:
         with open(os.devnull, "wb") as null:
-            outcome = launch.run_group(specs, os.environ, grace_period=0.2, kill_timeout=0.5,
+            outcome = run_group(specs, os.environ, grace_period=0.2, kill_timeout=0.5,
                                        stdout=null, stderr=null)
         took = time.monotonic() - t0
     finally:
@@ -473,7 +479,7 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
     stuck = outcome.result(1)
     assert stuck.stuck and stuck.returncode is None and stuck.pid == frozen[0]
     assert took < 4
-    assert launch.describe_failure(outcome, specs) == (
+    assert describe_failure(outcome, specs) == (
         f"instance 0 exited with code 3; the others were stopped; "
         f"instance 1 did not exit after SIGKILL (pid {frozen[0]})")
 
@@ -484,11 +490,11 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
 @need2
 def test_relay_lines_never_interleave(tmp_path):
     body = "import sys\nc = sys.argv[1] * 3000\nfor _ in range(300): sys.stdout.write(c + '\\n')\nsys.stdout.write('tail')"
-    specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=(PY, "-c", body, ch))
+    specs = [ProcessSpec(index=i, label=f"instance {i}", argv=(PY, "-c", body, ch))
              for i, ch in ((0, "a"), (1, "b"))]
     out = tmp_path / "out"
     with open(out, "wb") as f:
-        assert launch.run_group(specs, os.environ, stdout=f).exit_code == 0
+        assert run_group(specs, os.environ, stdout=f).exit_code == 0
     lines = out.read_bytes().split(b"\n")
     assert lines[-1] == b""  # the unterminated last line got its newline
     counts = {b"[0] " + b"a" * 3000: 0, b"[1] " + b"b" * 3000: 0, b"[0] tail": 0, b"[1] tail": 0}
@@ -499,10 +505,10 @@ def test_relay_lines_never_interleave(tmp_path):
 
 def test_relay_endless_line_is_bounded_and_whole(tmp_path):
     body = "import sys; sys.stdout.write('x' * 1000000 + '\\nend\\n')"
-    spec = launch.ProcessSpec(index=3, label="instance 3", argv=(PY, "-c", body))
+    spec = ProcessSpec(index=3, label="instance 3", argv=(PY, "-c", body))
     out = tmp_path / "out"
     with open(out, "wb") as f:
-        assert launch.run_group([spec], os.environ, stdout=f).exit_code == 0
+        assert run_group([spec], os.environ, stdout=f).exit_code == 0
     assert out.read_bytes() == b"[3] " + b"x" * 1000000 + b"\n[3] end\n"
 
 
@@ -513,7 +519,7 @@ def test_slow_console_reader_gets_all_output(tmp_path):
     proc = subprocess.Popen([PY, "-c", DRIVER, json.dumps({
         "argv": [[PY, "-c", body]], "kw": {"prefix_output": False}, "result": str(tmp_path / "r.json")})],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(launch.RELAY_TIMEOUT + 0.5)
+    time.sleep(RELAY_TIMEOUT + 0.5)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert out.decode().splitlines() == [f"{i:04d} " + "q" * 95 for i in range(1200)]
@@ -555,12 +561,12 @@ def test_process_group_start_poll_stop_close(tmp_path):
     stubborn member (SIGTERM, then SIGKILL at the deadline), close, results."""
     stubborn = (PY, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('up', flush=True); time.sleep(60)")
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 4")),
-             launch.ProcessSpec(index=1, label="instance 1", argv=("sleep", "60")),
-             launch.ProcessSpec(index=2, label="instance 2", argv=stubborn)]
+    specs = [ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 4")),
+             ProcessSpec(index=1, label="instance 1", argv=("sleep", "60")),
+             ProcessSpec(index=2, label="instance 2", argv=stubborn)]
     out = tmp_path / "out"
     with open(out, "wb") as f:
-        group = launch.ProcessGroup(specs, os.environ, stdout=f, kill_timeout=2)
+        group = ProcessGroup(specs, os.environ, stdout=f, kill_timeout=2)
         group.start()
         try:
             wait_until(lambda: [r.index for r in group.poll()] == [0], what="instance 0 exit seen")
@@ -588,9 +594,9 @@ def test_after_hook_sees_running_instances_and_cannot_break_the_run(caplog):
         seen.append(({i: state(p) for i, p in pids.items()}, run))
         raise RuntimeError("boom")
 
-    specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=("sleep", "0.6")) for i in (0, 1)]
+    specs = [ProcessSpec(index=i, label=f"instance {i}", argv=("sleep", "0.6")) for i in (0, 1)]
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null, after=(0.2, check))
+        outcome = run_group(specs, os.environ, stdout=null, stderr=null, after=(0.2, check))
     assert outcome.exit_code == 0
     assert seen == [({0: "S", 1: "S"}, None)]
     assert "after-start check failed: boom" in caplog.text
@@ -653,11 +659,11 @@ def test_full_disk_under_log_dir_keeps_exit_code_and_says_so_once(tiny_tmpfs, tm
 
 def test_full_disk_on_console_stdout_keeps_exit_code(tiny_tmpfs, tmp_path):
     """stdout redirected to a file on a full disk: said once, logs and exit code kept."""
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=(
+    specs = [ProcessSpec(index=0, label="instance 0", argv=(
         PY, "-c", "import sys\nfor i in range(5000): print('w' * 60)\nsys.exit(5)"))]
     err = tmp_path / "err"
     with open(tiny_tmpfs / "out", "wb") as out, open(err, "wb") as errf:
-        outcome = launch.run_group(specs, os.environ, stdout=out, stderr=errf, log_dir=tmp_path / "logs")
+        outcome = run_group(specs, os.environ, stdout=out, stderr=errf, log_dir=tmp_path / "logs")
     assert outcome.exit_code == 5
     assert err.read_text() == "cpulaunch: relaying output to stdout stopped: No space left on device\n"
     (run_dir,) = (tmp_path / "logs").iterdir()
@@ -666,9 +672,9 @@ def test_full_disk_on_console_stdout_keeps_exit_code(tiny_tmpfs, tmp_path):
 
 def log_dir_error(log_dir, tmp_path) -> str:
     touched = tmp_path / "touched"
-    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("touch", str(touched)))
-    with pytest.raises(launch.LaunchError) as exc:
-        launch.run_group([spec], os.environ, log_dir=log_dir, run_info="{}")
+    spec = ProcessSpec(index=0, label="instance 0", argv=("touch", str(touched)))
+    with pytest.raises(LaunchError) as exc:
+        run_group([spec], os.environ, log_dir=log_dir, run_info="{}")
     assert not touched.exists()  # nothing started
     return str(exc.value)
 

@@ -15,38 +15,28 @@ import os
 import signal
 import sys
 from types import MappingProxyType
-from typing import Callable, Dict, Mapping, NamedTuple, NoReturn, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Mapping,
+    NamedTuple,
+    NoReturn,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 
-__all__ = ["LaunchError", "ProcessSpec", "exec_spec", "exit_code_of", "signal_name"]
+__all__ = ["LaunchError", "ProcessSpec", "exec_spec"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class LaunchError(CpulaunchError):
     """A run could not start: program not runnable, log folder unusable, bad grace period."""
-
-
-def exit_code_of(returncode: int) -> int:
-    """Popen return code -> shell-style exit code: -N (killed by signal N) -> 128+N.
-
-    >>> exit_code_of(-9), exit_code_of(3)
-    (137, 3)
-    """
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def signal_name(n: int) -> str:
-    """Signal number -> name as kill -l spells it: 9 -> ``"SIGKILL"``, 36 -> ``"SIGRTMIN+2"``;
-    an unknown number -> ``"signal 99"``."""
-    if signal.SIGRTMIN < n < signal.SIGRTMAX:
-        return f"SIGRTMIN+{n - signal.SIGRTMIN}"
-    try:
-        return signal.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
 
 
 # --------------------------------------------------------------------------- the spec
@@ -74,8 +64,28 @@ class ProcessSpec(NamedTuple):
     affinity: Optional[Tuple[int, ...]] = None
     cpus: Tuple[int, ...] = ()
 
+    def to_json(self) -> Dict[str, Any]:
+        """The spec as JSON-ready values: ``{"index", "label", "argv", "env", "affinity",
+        "cpus"}`` (lists for tuples; ``affinity`` None when inherited). What the elastic
+        launcher hands each rank entry (:mod:`cpulaunch.launch.elastic`)."""
+        return {"index": self.index, "label": self.label, "argv": list(self.argv), "env": dict(self.env),
+                "affinity": list(self.affinity) if self.affinity is not None else None,
+                "cpus": list(self.cpus)}
 
-def _environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "ProcessSpec":
+        """The spec :meth:`to_json` gave.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``doc`` is not such a value.
+        """
+        affinity = doc["affinity"]
+        return cls(index=int(doc["index"]), label=str(doc["label"]), argv=tuple(doc["argv"]),
+                   env=dict(doc["env"]), affinity=tuple(affinity) if affinity is not None else None,
+                   cpus=tuple(doc["cpus"]))
+
+
+def _child_environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
     env = dict(base)
     env.update(spec.env)
     return env
@@ -177,7 +187,7 @@ def exec_spec(spec: ProcessSpec, base_environ: Mapping[str, str]) -> NoReturn:
         LaunchError: ``cannot run 'PROG': <strerror>`` when exec fails (the launcher's
             dispositions and mask are restored first) or the affinity cannot be set.
     """
-    env = _environ(base_environ, spec)
+    env = _child_environ(base_environ, spec)
     if spec.affinity is not None:
         try:
             os.sched_setaffinity(0, spec.affinity)
