@@ -9,8 +9,8 @@
 # --omp-runtime intel tests). Every command README.md and docs/*.md show then runs in it
 # (tests/test_docs_commands.py runs them).
 #
-# As root it installs the Debian packages (numactl, allocators, MPICH, Slurm, munge) so
-# that the host-dependent tests run instead of skipping.
+# As root it installs the Debian packages (numactl, allocators, MPICH, Slurm, munge, binutils
+# for doctor's readelf check) so that the host-dependent tests run instead of skipping.
 #
 # Variables:
 #   VENV=DIR     another virtual environment (CI tests the newest torch in .venv-newest)
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux python3-venv)
+DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux binutils python3-venv)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for p in "${DEBS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
