@@ -74,7 +74,7 @@ class LazyLogger:
         kwargs.setdefault("stacklevel", 3)  # the record names our caller, not this module
         _setup().getLogger(self.name).log(level, msg, *args, **kwargs)
 
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's spelling
+    def isEnabledFor(self, level: int) -> bool:
         """Whether a message at ``level`` would be emitted (the exec path's -v line is
         built only then); imports logging only when the command line's level lets it pass."""
         if _cli_level is not None and level < _cli_level:

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import pytest
 
@@ -148,10 +148,10 @@ def commands_of(block: Block) -> list:
     return out
 
 
-def _item(block: Block, name: str) -> Optional[str]:
+def _item(block: Block, name: str) -> str | None:
     """The value of a marker item (``exit 1`` -> "1", ``not run: why`` -> "why"), or None."""
     for item in block.marker:
-        if item == name or item.startswith(name + " ") or item.startswith(name + ":"):
+        if item == name or item.startswith((name + " ", name + ":")):
             return item[len(name):].lstrip(" :")
     return None
 
@@ -212,7 +212,7 @@ def _our_console_script(bindir: Path) -> bool:
     if not python or not os.access(python, os.X_OK):
         return False
     where = subprocess.run([python, "-c", "import cpulaunch, os; print(os.path.dirname(cpulaunch.__file__))"],
-                           capture_output=True, text=True, cwd="/", timeout=60,
+                           check=False, capture_output=True, text=True, cwd="/", timeout=60,
                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     return where.returncode == 0 and Path(where.stdout.strip()) == REPO / "cpulaunch"
 
@@ -269,7 +269,7 @@ def _stop(pgid: int, proc: subprocess.Popen) -> None:
             time.sleep(0.05)
 
 
-def _run(cmd: Command, cwd: Path, env: dict, window: Optional[float]):
+def _run(cmd: Command, cwd: Path, env: dict, window: float | None):
     """Run it in its own session; returns (exit code or None if still running at the end
     of ``window``, stdout, stderr). Its process group is stopped afterwards, and nothing
     it started may be left running in its folder."""
@@ -307,7 +307,7 @@ def test_doc_command_runs_as_shown(cmd, user):
         pytest.skip(f"long ({long}) and CPULAUNCH_DOCS_LONG=0")
     if NEEDS_TORCH.search(cmd.script):
         pytest.importorskip("torch")
-    if re.search(r"^\s*mpirun\b", cmd.script, re.M) and shutil.which("mpirun") is None:
+    if re.search(r"^\s*mpirun\b", cmd.script, re.MULTILINE) and shutil.which("mpirun") is None:
         pytest.skip("MPICH's mpirun is not installed (scripts/test.sh installs it as root)")
     copy, env = user
     t0 = time.monotonic()

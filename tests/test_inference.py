@@ -87,7 +87,7 @@ def global_flags():
 def test_import_does_not_import_torch():
     code = ("import cpulaunch.inference as i, sys; "
             "assert 'torch' not in sys.modules, 'torch imported'; print(i.PATHS)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "onednn-graph" in proc.stdout
 
@@ -266,7 +266,7 @@ def test_onednn_graph_prints_nothing_on_the_users_stderr(tmp_path):
         "print(opt.path)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True,
                           env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "onednn-graph\n"

@@ -63,7 +63,7 @@ def user_env(**extra: str) -> dict:
 
 def run_user(*args: str, env: dict, check_rc: int = 0, timeout: float = 60):
     """``python -m cpulaunch ARGS`` with exactly ``env`` (:func:`user_env`)."""
-    proc = subprocess.run([sys.executable, "-m", "cpulaunch", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "cpulaunch", *args], check=False, capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=timeout)
     assert proc.returncode == check_rc, (proc.returncode, proc.stdout, proc.stderr)
     return proc
@@ -136,20 +136,20 @@ def test_print_env_notes_reach_a_shell_eval_loop(xeon, tmp_path):
         "--ninstances 3 --allocator default --instance-idx $i)\"\n"
         "  echo \"instance $CPULAUNCH_INSTANCE_INDEX cpus $CPULAUNCH_CPUS threads $OMP_NUM_THREADS\"\n"
         "done\n")
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=user_env(),
+    done = subprocess.run(["bash", str(script)], check=False, capture_output=True, text=True, env=user_env(),
                           cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     # instances of 6, 5 and 5 cores; the shell keeps instance 0's 6 threads for the others
     assert done.stdout.splitlines() == ["instance 0 cpus 0-5 threads 6", "instance 1 cpus 6-10 threads 6",
                                         "instance 2 cpus 11-15 threads 6"]
     kept = [ln for ln in done.stderr.splitlines() if "OMP_NUM_THREADS" in ln]
-    assert kept == ["cpulaunch: note: OMP_NUM_THREADS=6 from your environment kept (cpulaunch planned 5); "
-                    "pass --override-env to use cpulaunch's value"] * 2
+    assert kept == [("cpulaunch: note: OMP_NUM_THREADS=6 from your environment kept (cpulaunch planned 5); "
+                     "pass --override-env to use cpulaunch's value")] * 2
     # each instance run in its own subshell (README's loop) gets its own count, no note
     sub = script.read_text().replace("  eval", "  ( eval").replace("threads $OMP_NUM_THREADS\"\n",
                                                                    "threads $OMP_NUM_THREADS\" )\n")
     script.write_text(sub)
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=user_env(),
+    done = subprocess.run(["bash", str(script)], check=False, capture_output=True, text=True, env=user_env(),
                           cwd=REPO, timeout=60)
     assert done.returncode == 0 and "OMP_NUM_THREADS" not in done.stderr, done.stderr
     assert done.stdout.splitlines() == ["instance 0 cpus 0-5 threads 6", "instance 1 cpus 6-10 threads 5",
@@ -188,7 +188,8 @@ def test_run_cpu_placement_is_what_run_cpu_does(xeon, tmp_path, args):
     reading the Xeon dump through `lscpu --sysroot`) logs each instance's numactl -C."""
     pytest.importorskip("torch")
     lscpu = shutil.which("lscpu")
-    if lscpu is None or subprocess.run([lscpu, "--sysroot", str(xeon), "-p"], capture_output=True).returncode:
+    if lscpu is None or subprocess.run([lscpu, "--sysroot", str(xeon), "-p"], check=False,
+                                       capture_output=True).returncode:
         pytest.skip("lscpu --sysroot is not available")
     from cpulaunch.core import run_cpu_placement
     from cpulaunch.machine import probe
@@ -198,7 +199,7 @@ def test_run_cpu_placement_is_what_run_cpu_does(xeon, tmp_path, args):
     (tmp_path / "lscpu").chmod(0o755)
     env = user_env(PATH=f"{tmp_path}:{os.environ['PATH']}")
     done = subprocess.run([sys.executable, "-m", "torch.backends.xeon.run_cpu", *args, "--no-python", "true"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+                          check=False, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     theirs = [line.split(" -C ")[1].split()[0] for line in done.stderr.splitlines() if "numactl -C" in line]
     values = {"ninstances": None, "ncores_per_instance": None, "use_logical_core": False}
     for name, value in zip(args[::2], args[1::2] + [None]):
@@ -321,7 +322,7 @@ def test_the_torch_extra_gives_a_quiet_torch_import():
     Run in the tests' environment, which scripts/test.sh installs with that extra."""
     pytest.importorskip("torch")
     done = subprocess.run([sys.executable, "-W", "default", "-c", "import torch, numpy; print(torch.__version__)"],
-                          capture_output=True, text=True, env=user_env(), timeout=120)
+                          check=False, capture_output=True, text=True, env=user_env(), timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
 
