@@ -11,7 +11,7 @@ import enum
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
@@ -308,7 +308,7 @@ def _request(v: Mapping) -> Request:
     )
 
 
-def _core_counts(value) -> "Optional[int | tuple]":
+def _core_counts(value) -> "Optional[Union[int, tuple[int, ...]]]":
     """``--ncores-per-instance``: one count (``"8"`` -> 8) or one per instance, run_cpu's
     habit for uneven sub-NUMA clusters (``"43,43,42"`` -> (43, 43, 42)); None when not given.
 
