@@ -57,9 +57,9 @@ class Prepared(NamedTuple):
     plan: Optional[Plan] = None
     settings: Optional[Settings] = None
     rendered: Optional[Rendered] = None
-    program: tuple = ()
-    ddp_info: Optional[Mapping] = None
-    elastic_argv: Optional[tuple] = None
+    program: tuple[str, ...] = ()
+    ddp_info: Optional[Mapping[str, object]] = None
+    elastic_argv: Optional[tuple[str, ...]] = None
     lease: object = None
 
 
@@ -127,7 +127,8 @@ def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
 
 
 def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",
-                     instance_env: Optional[Mapping] = None, relayed: bool = False) -> tuple:
+                     instance_env: Optional[Mapping[int, Mapping[str, str]]] = None,
+                     relayed: bool = False) -> tuple[Settings, list[str]]:
     """Options + host facts -> (:class:`Settings`, notes). Pure.
 
     ``relayed``: cpulaunch relays the instances' output (:func:`supervised`), so they get
@@ -226,7 +227,7 @@ def _engine_request(topo: Topology, req: Request, engine, notes: list) -> Reques
     return req._replace(instance_idx=(engine.local_rank,))
 
 
-def run_cpu_placement(topo: Topology, req: Request) -> Optional[list]:
+def run_cpu_placement(topo: Topology, req: Request) -> Optional[list[tuple[int, ...]]]:
     """The CPUs torch.backends.xeon.run_cpu would give each instance for ``--ninstances``
     / ``--ncores-per-instance`` [``--use-logical-core``] (run_cpu.py, torch 2.13): its core
     ids (taken as CPU ids: the lowest logical CPU of each core here) or, with
@@ -248,7 +249,7 @@ def run_cpu_placement(topo: Topology, req: Request) -> Optional[list]:
     return [tuple(units[i * n:(i + 1) * n]) for i in range(count)]
 
 
-def _run_cpu_note(topo: Topology, req: Request, result: Plan, aliases: tuple) -> Optional[str]:
+def _run_cpu_note(topo: Topology, req: Request, result: Plan, aliases: tuple[str, ...]) -> Optional[str]:
     """A note when run_cpu's spellings (``--ncores-per-instance``, ``--use-logical-core``)
     plan differently here than under run_cpu (issue 24), else None."""
     theirs = run_cpu_placement(topo, req)

@@ -105,7 +105,7 @@ class FileReader:
         unusable: some file was not a regular file, too big or failed to read.
     """
 
-    def __init__(self, root: str | os.PathLike = "/"):
+    def __init__(self, root: Union[str, os.PathLike] = "/"):
         self.root = os.fspath(root)
         self.prefix = self.root.rstrip("/")
         self.notes: list[str] = []

@@ -89,7 +89,7 @@ class Leases(NamedTuple):
 
     folder: Folder
     held: Mapping[int, Holder]
-    unusable: frozenset = frozenset()
+    unusable: frozenset[int] = frozenset()
 
 
 def _fail(path: str, why: str, fix: str) -> CpulaunchError:
@@ -260,7 +260,7 @@ def read(where: Folder, cpus) -> Leases:
     return Leases(where, _holders(held), frozenset(unusable))
 
 
-def parse_proc_locks(text: str) -> dict:
+def parse_proc_locks(text: str) -> dict[tuple[int, int, int], int]:
     """``/proc/locks`` -> {(major, minor, inode): pid} of the granted flock locks (waiters,
     the ``->`` lines, left out): ``"1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF"`` ->
     ``{(0, 42, 1234): 4242}`` (fs/locks.c, lock_get_status: device numbers in hex)."""
@@ -311,7 +311,7 @@ class Lease:
         self.fds = dict(fds)
 
     @property
-    def cpus(self) -> frozenset:
+    def cpus(self) -> frozenset[int]:
         """The logical CPUs held."""
         return frozenset(self.fds)
 
@@ -328,7 +328,7 @@ class Lease:
         self.fds.clear()
 
 
-def claim(where: Folder, cpus, every_cpu=()) -> tuple:
+def claim(where: Folder, cpus, every_cpu=()) -> tuple[Optional[Lease], Optional[int]]:
     """Lock the files of ``cpus`` without blocking: ``(Lease, None)``, or ``(None, cpu)``
     naming a CPU another job took since :func:`read` (nothing is then held). Root's claim
     in the shared folder also makes the missing lock files of ``every_cpu`` (the online
@@ -404,7 +404,7 @@ def held_text(leases: Leases) -> str:
     return ", ".join(parts)
 
 
-def notes(leases: Leases, claimed: bool) -> tuple:
+def notes(leases: Leases, claimed: bool) -> tuple[str, ...]:
     """The notes a plan on shared cores carries: where the leases are, who holds what."""
     where = leases.folder
     out = [f"--share-host: leases in {where.path}"

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+from typing import Mapping, Optional
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
@@ -150,7 +150,7 @@ _INT = re.compile(r"-?[0-9]{1,10}")
 
 
 def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
-              notes: Optional[list] = None) -> int:
+              notes: Optional[list[str]] = None) -> int:
     """Exclusive bound on logical CPU ids: ``cpu/kernel_max`` + 1 (the kernel's NR_CPUS),
     else the highest id of ``cpu/possible`` + 1, else ``cpulist.MAX_IDS``; never above
     ``cpulist.MAX_IDS``. ``("8191\\n", None)`` -> 8192; ``(None, "0-111")`` -> 112.
@@ -215,14 +215,14 @@ def _meminfo_total_kb(text: Optional[str]) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def parse_cpuinfo(text: Optional[str]) -> tuple[frozenset, str]:
+def parse_cpuinfo(text: Optional[str]) -> tuple[frozenset[str], str]:
     """Feature flags and model name of the first processor in /proc/cpuinfo text.
 
     x86 calls them ``flags`` / ``model name``; arm64 ``Features`` / ``CPU part``; POWER ``cpu``.
     """
     if not text:
         return frozenset(), ""
-    flags: frozenset = frozenset()
+    flags: frozenset[str] = frozenset()
     model = ""
     for line in text.splitlines():
         key, sep, value = line.partition(":")
@@ -280,7 +280,7 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
     return out
 
 
-def parse_mounts(text: str) -> list[tuple[str, str, set]]:
+def parse_mounts(text: str) -> list[tuple[str, str, set[str]]]:
     """``/proc/mounts`` -> [(mount point, fs type, options)] for cgroup/cgroup2 mounts."""
     out = []
     for line in text.splitlines():
@@ -354,7 +354,7 @@ def _read_cgroup_list(fs: FileReader, names: tuple, limit: int) -> tuple[Optiona
     return None, ""
 
 
-def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Optional[frozenset], str]:
+def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Optional[frozenset[int]], str]:
     """The cgroup cpuset of the process: ``cpuset.cpus.effective`` (v2) or
     ``cpuset.effective_cpus`` / ``cpuset.cpus`` (v1) of the deepest cgroup that has one.
     Returns (logical CPU ids, "cgroup cpuset /PATH") or (None, "").
@@ -366,7 +366,7 @@ def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Op
         fs, ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"), limit)
 
 
-def read_cgroup_mems(fs: FileReader) -> tuple[Optional[frozenset], str]:
+def read_cgroup_mems(fs: FileReader) -> tuple[Optional[frozenset[int]], str]:
     """The NUMA nodes the process's cgroup lets it allocate on: ``cpuset.mems.effective``
     (v2) or ``cpuset.effective_mems`` / ``cpuset.mems`` (v1) of the deepest cgroup that has
     one (Documentation/admin-guide/cgroup-v2.rst, "Cpuset Interface Files"). Returns
@@ -786,7 +786,8 @@ def _walk_domains(fs: FileReader, order: list, limit: int, label: str, locate, s
     return tuple(out)
 
 
-def read_caches(fs: FileReader, online: frozenset, cpus: dict, limit: int) -> CacheFacts:
+def read_caches(fs: FileReader, online: frozenset[int], cpus: Mapping[int, CpuFacts],
+                limit: int) -> CacheFacts:
     """Which online CPUs share each L3, and each L2 or cluster: one list per domain (see
     :func:`_walk_domains`), the first CPU's cache folder scanned once (:class:`_CacheIndexes`).
 
