@@ -342,7 +342,7 @@ def _cpus_of(st: Mapping[str, str]) -> frozenset:
         return frozenset()
 
 
-def _threads(fs: _ProcFs, pid: int, ticks: int) -> tuple:
+def _read_threads(fs: _ProcFs, pid: int, ticks: int) -> tuple:
     """(every thread's view, main thread first; {file: why} of what could not be read)."""
     out, unreadable = [], {}
     tids = sorted(int(t) for t in fs.fs.listdir(f"proc/{pid}/task") if t.isdigit())
@@ -455,7 +455,7 @@ def _inspect(pid: int, fs: _ProcFs, depth: int, top: bool) -> ProcessView:
         return ProcessView(**head, cmdline=(), threads=(), libraries=(), numa=None, uncheckable=(
             f"a kernel thread ({head['name']}): it has no program, libraries or memory of its own"))
     texts, unreadable = _files(fs, pid)
-    threads, more = _threads(fs, pid, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+    threads, more = _read_threads(fs, pid, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
     unreadable.update(more)
     # A process that exits while we read loses its memory (maps empty) before it turns
     # zombie, but after it is flagged exiting: read again, after everything else.
