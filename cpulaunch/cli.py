@@ -43,6 +43,11 @@ NOT_SETTINGS = ("help", "version", "config")
 #: turn every run into a version print that runs nothing and exits 0), and --format's
 #: variable is CPULAUNCH_FORMAT (click derived CPULAUNCH_FMT from the parameter name
 #: before issue 19; it is refused rather than kept as a second name).
+#: Other launchers' options that cpulaunch spells differently, so that "did you mean" names
+#: the right one rather than the nearest spelling (click's hint for ``--rank`` would be
+#: ``--node-rank``, a --ddp option): run_cpu's ``--rank I`` (TorchServe passes it) runs
+#: instance I of ``--ninstances N``, which is ``--instance-idx I`` here.
+FOREIGN_OPTIONS = {"--rank": "--instance-idx"}
 NOT_VARIABLES = {
     "CPULAUNCH_VERSION": "--version is read from the command line only",
     "CPULAUNCH_HELP": "--help is read from the command line only",
@@ -106,7 +111,12 @@ class _Command(click.Command):
             if isinstance(p, click.Option) and not (p.is_flag or p.count):
                 value_opts.update(p.opts + p.secondary_opts)
         ours, program = split_argv(list(args), value_opts)
-        return super().parse_args(ctx, ours + (["--", *program] if program else []))
+        try:
+            return super().parse_args(ctx, ours + (["--", *program] if program else []))
+        except click.NoSuchOption as exc:
+            if exc.option_name in FOREIGN_OPTIONS:
+                exc.possibilities = [FOREIGN_OPTIONS[exc.option_name]]
+            raise
 
 
 class _ConfigOption(click.Option):
@@ -234,6 +244,8 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
 @_opt("--rdzv-endpoint", default=None, help="--ddp: elastic c10d rendezvous HOST:PORT (torchrun starts ranks).")
 @_opt("--rdzv-id", default=None, help="--ddp: rendezvous job id (elastic).")
 @_opt("--rdzv-backend", default=None, hidden=True)
+@_opt("--max-restarts", type=int, default=None,
+      help="--ddp with --rdzv-endpoint: times torchrun's agent restarts the ranks after a failure (0).")
 @_opt("--backend", type=_choice(["auto", "gloo", "ccl"]), default=None,
       help="--ddp: process-group backend (auto: ccl when oneccl_bindings_for_pytorch is usable).")
 @_opt("--ccl-worker-count", type=int, default=None, help="--ddp with ccl: cores per rank for oneCCL workers (1).")

@@ -358,18 +358,24 @@ def torchrun_argv(
     rdzv_endpoint: Optional[str],
     rdzv_id: Optional[str],
     entry: Sequence[str],
+    *,
+    max_restarts: Optional[int] = None,
 ) -> list:
     """The ``python -m torch.distributed.run`` command that starts this node's ranks.
 
     Static rendezvous: ``--nnodes N --node-rank R --master-addr H --master-port P``;
-    elastic: ``--rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID``. ``entry`` runs
-    once per rank with ``--no-python`` (cpulaunch's own per-rank entry).
+    elastic: ``--rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID`` and, when given,
+    ``--max-restarts N`` (torchrun's agent restarts every local rank up to N times after a
+    failure; None leaves torchrun's default, 0). ``entry`` runs once per rank with
+    ``--no-python`` (cpulaunch's own per-rank entry).
     """
     argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
             "--nnodes", str(nnodes)]
     if rdzv_endpoint:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
                  "--rdzv-id", rdzv_id or "cpulaunch"]
+        if max_restarts is not None:
+            argv += ["--max-restarts", str(max_restarts)]
     else:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr or "127.0.0.1",
                  "--master-port", str(master_port or DEFAULT_MASTER_PORT)]

@@ -113,6 +113,8 @@ class DdpOptions(NamedTuple):
         ccl_worker_count: cores per rank reserved for oneCCL workers (ccl only).
         iface: network interface for gloo, oneCCL and libfabric.
         standalone: torchrun's --standalone was given (one machine; checked).
+        max_restarts: torchrun's ``--max-restarts``: how many times its agent restarts
+            every local rank after one fails (elastic runs only; None: torchrun's 0).
     """
 
     nproc_per_node: Optional[str] = None
@@ -126,6 +128,7 @@ class DdpOptions(NamedTuple):
     ccl_worker_count: int = 1
     iface: Optional[str] = None
     standalone: bool = False
+    max_restarts: Optional[int] = None
 
     @property
     def elastic(self) -> bool:
@@ -175,6 +178,8 @@ class Options(NamedTuple):
         omp_places: set OMP_PLACES/OMP_PROC_BIND for GNU OpenMP.
         kmp_blocktime: KMP_BLOCKTIME in ms for Intel OpenMP (None: the registry's 1 ms).
         verbose: -v count.
+        aliases: the other launchers' spellings the user typed (``"--use-logical-core"``),
+            for notes where they plan differently (:data:`ALIASES`).
         share_host: ``--share-host``: None (off), "fail" (plan on the cores no other
             cpulaunch job holds, fail naming the holder when they are too few) or "wait"
             (wait for them instead); docs/placement.md.
@@ -198,6 +203,7 @@ class Options(NamedTuple):
     omp_places: bool = False
     kmp_blocktime: Optional[int] = None
     verbose: int = 0
+    aliases: tuple[str, ...] = ()
     share_host: Optional[str] = None
     lease_dir: Optional[str] = None
 
@@ -360,7 +366,7 @@ def _budgets(v: Mapping) -> dict:
 
 
 _DDP_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
-             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend")
+             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend", "max_restarts")
 
 
 def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
@@ -386,6 +392,7 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
                                     else v["ccl_worker_count"], minimum=0),
         iface=v.get("iface"),
         standalone=bool(v.get("standalone")),
+        max_restarts=_positive("max-restarts", v.get("max_restarts"), minimum=0),
     )
     if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
         raise OptionsError(f"--master-port {opts.master_port}: use a TCP port 1-65535")
@@ -398,7 +405,10 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
             raise OptionsError("--nnodes > 1 needs --master-addr HOST (rank 0's machine) or --rdzv-endpoint HOST:PORT")
         if not 0 <= opts.node_rank < int(nnodes):
             raise OptionsError(f"--node-rank {opts.node_rank} must be between 0 and --nnodes - 1")
-    elif "node_rank" in given and v.get("node_rank"):
+    if opts.max_restarts is not None and not opts.elastic:
+        raise OptionsError("--max-restarts applies to an elastic run (--rdzv-endpoint HOST:PORT), whose "
+                           "ranks torchrun's agent restarts; cpulaunch does not restart a static rendezvous")
+    if opts.elastic and "node_rank" in given and v.get("node_rank"):
         raise OptionsError("--node-rank applies to a static rendezvous; the elastic one assigns ranks")
     if v.get("instance_idx") is not None:
         raise OptionsError("--instance-idx does not apply to --ddp: every local rank runs (use --nproc-per-node)")
@@ -473,6 +483,7 @@ def from_values(values: Mapping[str, Any], given: frozenset[str] = frozenset()) 
         omp_places=bool(v.get("omp_places")),
         kmp_blocktime=_positive("kmp-blocktime", v.get("kmp_blocktime"), minimum=0),
         verbose=int(v.get("verbose") or 0),
+        aliases=tuple(a for a in ALIASES if values.get(a[2:].replace("-", "_")) not in (None, False)),
         share_host=_share_host(v),
         lease_dir=v.get("lease_dir"),
     )
