@@ -10,6 +10,11 @@ puts ``libiomp5.so``), ``$CONDA_PREFIX/lib``, ``$VIRTUAL_ENV/lib``, ``$LD_LIBRAR
 ``ldconfig -p``, then the multiarch folders. A hit must be a loadable ELF shared object
 for this machine (class and ``e_machine`` checked), so a 32-bit or foreign-arch file
 is passed over.
+
+oneCCL's run time (issue 21) is in the registry too, never offered as a choice:
+``libfabric`` (the transport oneCCL dlopens) and ``oneccl`` (``libccl``, recognised where it
+is mapped). :func:`find_libfabric` finds libfabric where Intel's wheels put it, with the
+provider folder beside it, which libfabric needs (docs/cluster.md).
 """
 
 import os
@@ -24,7 +29,7 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 
 __all__ = ["Library", "REGISTRY", "ALLOCATORS", "OPENMP", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
            "search_dirs", "find", "is_loadable_elf", "preload_entries", "identify", "openmp_runtime_of",
-           "AUTO_ALLOCATOR", "AUTO_OPENMP"]
+           "AUTO_ALLOCATOR", "AUTO_OPENMP", "Fabric", "find_libfabric", "fabric_dirs"]
 
 
 class Library(NamedTuple):
@@ -33,7 +38,7 @@ class Library(NamedTuple):
 
     Attributes:
         name: registry key ("jemalloc", "tcmalloc", "iomp5", "gomp").
-        kind: "allocator" or "openmp".
+        kind: "allocator", "openmp" or "ccl-runtime" (oneCCL's libraries, never preloaded).
         choice: the value users type (``--allocator tcmalloc``, ``--omp-runtime intel``).
         filenames: file names to look for, preferred first; empty when nothing is
             preloaded (torch's bundled libgomp is already linked).
@@ -128,6 +133,29 @@ REGISTRY: dict = {
             markers=("libomp.", "libomp-"),
             pin_style="kmp",
             help="LLVM OpenMP (recognised where mapped; not offered as a choice)",
+            selectable=False,
+        ),
+        Library(
+            name="libfabric",
+            kind="ccl-runtime",
+            choice="libfabric",
+            filenames=("libfabric.so.1",),
+            # The versions that ran together here: docs/cluster.md (newer oneccl-cpu wheels
+            # do not load; 2022.2 needs a libfabric that is not on PyPI).
+            install="pip install impi-rt==2021.14.2 (puts lib/libfabric/libfabric.so.1 and "
+                    "lib/libfabric/prov/ under the Python prefix)",
+            markers=("libfabric.",),
+            help="libfabric, the transport oneCCL loads (impi-rt's build and its providers)",
+            selectable=False,
+        ),
+        Library(
+            name="oneccl",
+            kind="ccl-runtime",
+            choice="oneccl",
+            filenames=("libccl.so.1",),
+            install="pip install oneccl-cpu==2021.14.1",
+            markers=("libccl.",),
+            help="oneCCL (recognised where mapped; loaded by oneccl_bindings_for_pytorch)",
             selectable=False,
         ),
     )
@@ -341,3 +369,82 @@ def openmp_runtime_of(entry: str) -> Optional[str]:
     (libiomp5), "llvm" (libomp); None for a file that is no OpenMP runtime (``identify``)."""
     name = identify(entry)
     return REGISTRY[name].choice if name is not None and REGISTRY[name].kind == "openmp" else None
+
+
+# --------------------------------------------------------------------------- oneCCL's libfabric
+
+
+class Fabric(NamedTuple):
+    """libfabric as oneCCL needs it (:func:`find_libfabric`).
+
+    Attributes:
+        library: ``libfabric.so.1``, a loadable ELF shared object for this machine; None
+            when no searched folder holds one.
+        providers: the provider folder beside it (``prov``, holding at least one loadable
+            ``lib*-fi.so``); None when the library found has none. impi-rt's libfabric has
+            no provider built in: without ``FI_PROVIDER_PATH`` at this folder oneCCL's first
+            collective fails with "can't find suitable provider" (docs/cluster.md).
+        searched: the folders looked in, in order (for messages).
+    """
+
+    library: Optional[Path]
+    providers: Optional[Path]
+    searched: tuple = ()
+
+    @property
+    def usable(self) -> bool:
+        """Both the library and its providers were found."""
+        return self.library is not None and self.providers is not None
+
+
+def fabric_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list:
+    """Folders that may hold oneCCL's libfabric, in order, each once (pure).
+
+    ``<root>/lib/libfabric`` for the Python prefix, ``$CONDA_PREFIX``, ``$VIRTUAL_ENV``,
+    ``$I_MPI_ROOT`` and ``$CCL_ROOT`` (where the impi-rt wheel puts it, measured here with
+    impi-rt 2021.14.2; conda's activation scripts set the last two), then every
+    ``$LD_LIBRARY_PATH`` folder as it is (oneAPI's ``setvars.sh`` puts its libfabric
+    folder there). ``{"VIRTUAL_ENV": "/v"}``, prefix ``/p`` -> ``[/p/lib/libfabric,
+    /v/lib/libfabric]``.
+    """
+    roots = [prefix] + [environ[v] for v in ("CONDA_PREFIX", "VIRTUAL_ENV", "I_MPI_ROOT", "CCL_ROOT")
+                        if environ.get(v)]
+    dirs = [Path(r) / "lib" / "libfabric" for r in roots]
+    dirs += [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    return list(dict.fromkeys(dirs))
+
+
+def _has_provider(folder: Path) -> bool:
+    """``folder`` holds a loadable libfabric provider (``lib<name>-fi.so``)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return False
+    return any(n.startswith("lib") and n.endswith("-fi.so") and os.path.isfile(folder / n)
+               and is_loadable_elf(folder / n) for n in names)
+
+
+def find_libfabric(environ: Optional[Mapping[str, str]] = None, prefix: str = sys.prefix) -> Fabric:
+    """Find libfabric and its providers for oneCCL (touches the file system; no subprocess).
+
+    Looks in :func:`fabric_dirs` for ``libfabric.so.1`` (ELF-checked, as every library of
+    the registry) with a ``prov`` folder beside it holding a loadable ``lib*-fi.so``; the
+    first folder that has both wins. A system libfabric elsewhere is not taken: the one
+    that ran with oneCCL here is impi-rt's (docs/cluster.md).
+
+    Returns:
+        a :class:`Fabric`; when no folder has both, the first library found (or None) and
+        ``providers`` None.
+    """
+    environ = os.environ if environ is None else environ
+    dirs = fabric_dirs(environ, prefix)
+    names = REGISTRY["libfabric"].filenames
+    first = None
+    for d in dirs:
+        hit = _first_in([d], names)
+        if hit is None:
+            continue
+        if _has_provider(d / "prov"):
+            return Fabric(hit, d / "prov", tuple(dirs))
+        first = first or hit
+    return Fabric(first, None, tuple(dirs))
