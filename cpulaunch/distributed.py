@@ -227,8 +227,8 @@ def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]
     if binding is None or binding.path is None:
         where = f"for {binding.python}" if binding is not None else "in this Python environment"
         return (f"oneccl_bindings_for_pytorch is not installed {where}",
-                "build intel/torch-ccl against this torch (its README; docs/cluster.md names the "
-                f"versions that ran together), {gloo}")
+                ("build intel/torch-ccl against this torch (its README; docs/cluster.md names the "
+                f"versions that ran together), {gloo}"))
     if binding.loads is False:
         what = f"oneccl_bindings_for_pytorch {binding.version or ''} ({binding.path})".replace("  ", " ")
         return (f"{what} does not load with torch {binding.torch_version or '?'}: {binding.why}",
@@ -242,8 +242,8 @@ def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]
         return (f"oneCCL's libfabric (libfabric.so.1 with its prov/ folder) was not found (searched {where})",
                 f"{install}, or set CCL_OFI_LIBRARY_PATH and FI_PROVIDER_PATH; {gloo}")
     if (fabric is None or fabric.providers is None) and not environ.get("FI_PROVIDER_PATH"):
-        return (f"libfabric {lib} has no provider folder beside it (prov/lib*-fi.so), so oneCCL "
-                "finds no provider", f"set FI_PROVIDER_PATH to its providers' folder or {install}; {gloo}")
+        return ((f"libfabric {lib} has no provider folder beside it (prov/lib*-fi.so), so oneCCL "
+                "finds no provider"), f"set FI_PROVIDER_PATH to its providers' folder or {install}; {gloo}")
     return None
 
 

@@ -30,7 +30,8 @@ Rules of :func:`compare` (each a warning):
   exactly one of the CPUs the plan gave its oneCCL workers (``CPULAUNCH_CCL_WORKER_CPUS``)
   are reported as its workers (oneCCL pins each worker to one CPU of CCL_WORKER_AFFINITY
   and starts them at the first collective, so none may be there yet); a worker sharing
-  the rank's CPU by plan is not counted as two busy threads stacked on one CPU. A worker
+  the rank's CPU by plan (it yields) is not counted as two busy threads stacked on one CPU,
+  nor as oversubscription. A worker
   outside the rank's CPUs (oneCCL's own default: the machine's last CPUs) is an
   *affinity* warning.
 - *allocator*: the planned allocator's library is not mapped in the main process; two
@@ -268,8 +269,9 @@ def compare(exp: Expected, view: ProcessView) -> list:
     who = exp.name(view.pid)
     procs = list(view.walk())
     bound = frozenset(exp.bound_cpus) if exp.bound_cpus is not None else None
+    shared = tuple(c for c in exp.ccl_workers if exp.cpus is not None and c in exp.cpus)
     return (_affinity_warnings(who, procs, bound, exp.ccl_workers)
-            + _oversubscription_warnings(who, procs, bound or view.cpus)
+            + _oversubscription_warnings(who, procs, bound or view.cpus, shared)
             + _library_warnings(who, exp, view) + _memory_warnings(who, exp, procs))
 
 
@@ -303,15 +305,17 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], worker
     return out
 
 
-def _oversubscription_warnings(who: str, procs: list, cpus: frozenset) -> list:
-    """More busy threads over the instance's processes than ``cpus``."""
+def _oversubscription_warnings(who: str, procs: list, cpus: frozenset, shared: tuple = ()) -> list:
+    """More busy threads over the instance's processes than ``cpus``, plus one oneCCL worker
+    per CPU of ``shared`` (compute CPUs the plan has a worker share, yielding)."""
     busy = sum(1 for p in procs for t in p.threads if p.counts(t))
-    if not cpus or busy <= len(cpus):
+    if not cpus or busy <= len(cpus) + len(shared):
         return []
     total = sum(len(p.threads) for p in procs)
-    return [f"{who}: {busy} busy threads (of {total} threads in {len(procs)} process(es)) on "
-            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}: oversubscribed (set OMP_NUM_THREADS / "
-            "torch.set_num_threads and DataLoader num_workers to fit)"]
+    workers = f" and the oneCCL worker sharing CPU {cpulist.format(shared)}" if shared else ""
+    return [(f"{who}: {busy} busy threads (of {total} threads in {len(procs)} process(es)) on "
+            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}{workers}: oversubscribed (set OMP_NUM_THREADS / "
+            "torch.set_num_threads and DataLoader num_workers to fit)")]
 
 
 def _library_warnings(who: str, exp: Expected, view: ProcessView) -> list:
