@@ -50,8 +50,8 @@ def plan_instances(program=("true",), environ: Optional[Mapping[str, str]] = Non
     """
     from cpulaunch import core, options as opts_mod
 
-    env = _environ(environ)
-    values, given = _parse(options)
+    env = _check_environ(environ)
+    values, given = _parse_options(options)
     values.update(dry_run=True, program=_program(program))
     opts = opts_mod.from_values(values, given)
     return core.prepare(opts, env).rendered
@@ -61,7 +61,7 @@ def plan_instances(program=("true",), environ: Optional[Mapping[str, str]] = Non
 _NOT_KEYWORDS = ("dry_run", "print_env", "show_topology", "program")
 
 
-def _parse(options: Mapping) -> tuple:
+def _parse_options(options: Mapping) -> tuple:
     """The keyword options as click's parse would leave them, every value checked against
     its option's type (``cli.option_kinds``) and then through the option's own click type
     (a --sysroot that is a file is refused as on the command line); options not given
@@ -125,7 +125,7 @@ def _program(program) -> tuple:
     return tuple(words)
 
 
-def _environ(environ) -> dict:
+def _check_environ(environ) -> dict:
     """A copy of ``environ`` (os.environ when None), checked: str -> str.
 
     Raises:

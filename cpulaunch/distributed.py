@@ -255,7 +255,7 @@ def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) 
         binding: the bindings as the host reader found them
             (:class:`cpulaunch.machine.host.CclBinding`: installed, and whether they load
             with this torch, checked in a child process); None when not looked up.
-        fabric: oneCCL's libfabric (:class:`cpulaunch.machine.libraries.Fabric`); None
+        fabric: oneCCL's libfabric (:class:`cpulaunch.machine.libfinder.Fabric`); None
             when not looked up.
         environ: the user's environment (their own CCL_OFI_LIBRARY_PATH and
             FI_PROVIDER_PATH count as found).
@@ -356,7 +356,7 @@ _CCL_IDENTITY = ("CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", envvars.CCL_WORKER_CPUS)
 
 def ccl_runtime_env(fabric) -> dict:
     """The two variables oneCCL cannot start a collective without, from the libfabric found
-    (:class:`cpulaunch.machine.libraries.Fabric`, or None): ``CCL_OFI_LIBRARY_PATH`` (the
+    (:class:`cpulaunch.machine.libfinder.Fabric`, or None): ``CCL_OFI_LIBRARY_PATH`` (the
     library file; without it oneCCL dlopens "libfabric.so" and fails: "could not open the
     library") and ``FI_PROVIDER_PATH`` (its providers; without it "can't find suitable
     provider"). docs/cluster.md, measured with impi-rt 2021.14.2."""

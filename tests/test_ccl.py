@@ -39,10 +39,10 @@ from cpulaunch.distributed import (
     plan_ranks,
     select_backend,
 )
-from cpulaunch.machine import host, libraries, probe
+from cpulaunch.machine import host, libfinder, probe
 from cpulaunch.machine import proc as procfs
 from cpulaunch.machine.host import CclBinding
-from cpulaunch.machine.libraries import Fabric
+from cpulaunch.machine.libfinder import Fabric
 from cpulaunch.options import DdpOptions
 from cpulaunch.plan import PlanError, Request
 from cpulaunch.tools import verify
@@ -284,7 +284,7 @@ def test_libfabric_found_as_impi_rt_lays_it_out(tmp_path):
     folder = plant_fabric(conda)
     plant_fabric(other)
     env = {"CONDA_PREFIX": str(conda), "LD_LIBRARY_PATH": f"{other / 'lib' / 'libfabric'}:"}
-    assert libraries.find_libfabric(env, str(prefix)) == Fabric(
+    assert libfinder.find_libfabric(env, str(prefix)) == Fabric(
         folder / "libfabric.so.1", folder / "prov",
         (prefix / "lib" / "libfabric", folder, other / "lib" / "libfabric"))
 
@@ -293,7 +293,7 @@ def test_libfabric_and_providers_are_elf_checked(tmp_path):
     plant_fabric(tmp_path / "a", library=b"not a library")
     b = plant_fabric(tmp_path / "b", provider=b"\x7fELF but short")
     os.mkfifo(b / "prov" / "libshm-fi.so")  # a FIFO in place of a provider is passed over, never opened
-    found = libraries.find_libfabric({"I_MPI_ROOT": str(tmp_path / "a"), "CCL_ROOT": str(tmp_path / "b")},
+    found = libfinder.find_libfabric({"I_MPI_ROOT": str(tmp_path / "a"), "CCL_ROOT": str(tmp_path / "b")},
                                      str(tmp_path / "none"))
     assert (found.library, found.providers, found.usable) == (b / "libfabric.so.1", None, False)
 
@@ -356,7 +356,7 @@ def test_auto_picks_a_working_binding_whatever_its_version(stand_ins, sysroots):
     assert backend_note(doc) in (f"backend ccl: oneccl_bindings_for_pytorch 2.8.0+xpu loads with torch {torch_version} "
                                  f"({how})" for how in ("checked in a child process", "cached verdict"))
     env = doc["instances"][0]["env"]
-    fabric = libraries.find_libfabric({"I_MPI_ROOT": stand_ins["works"]["I_MPI_ROOT"]})
+    fabric = libfinder.find_libfabric({"I_MPI_ROOT": stand_ins["works"]["I_MPI_ROOT"]})
     assert (env["CCL_OFI_LIBRARY_PATH"], env["FI_PROVIDER_PATH"]) == (str(fabric.library), str(fabric.providers))
     assert (env["CCL_WORKER_AFFINITY"], env["CCL_ATL_SHM"], env["CPULAUNCH_DIST_BACKEND"]) == ("7,15", "1", "ccl")
 
@@ -400,7 +400,7 @@ def test_missing_binding(stand_ins, sysroots):
 @needs_torch
 def test_missing_libfabric(stand_ins, sysroots):
     """Fails before issue 21 (ccl chosen; the first collective fails: "could not open the library")."""
-    if libraries.find_libfabric({}).library is not None:
+    if libfinder.find_libfabric({}).library is not None:
         pytest.skip(f"a libfabric lies under sys.prefix ({sys.prefix}): it cannot be missing")
     doc = plan_doc(stand_ins["no-fabric"], sysroot=sysroots[XEON])
     assert doc["ddp"]["backend"] == "gloo" and "libfabric" in backend_note(doc)
@@ -578,7 +578,7 @@ def real_binding():
         pytest.skip(f"oneccl_bindings_for_pytorch is not installed for {sys.executable} (docs/cluster.md)")
     if not binding.loads:
         pytest.skip(f"oneccl_bindings_for_pytorch does not load with this torch: {binding.why}")
-    if not libraries.find_libfabric().usable:
+    if not libfinder.find_libfabric().usable:
         pytest.skip("oneCCL's libfabric and its providers are not found (pip install impi-rt==2021.14.2)")
     return binding
 

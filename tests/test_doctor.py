@@ -20,7 +20,7 @@ import pytest
 from cpulaunch import cpulist
 from cpulaunch.machine import elf
 from cpulaunch.tools import doctor
-from cpulaunch.machine import libraries
+from cpulaunch.machine import libfinder, libraries
 from tests.conftest import MACHINES
 
 
@@ -104,7 +104,7 @@ def test_this_machine_json():
     # Libraries: the ones a launch from here would preload.
     for entry in doc["libraries"]:
         lib = libraries.REGISTRY[entry["name"]]
-        found = libraries.find(lib, os.environ)
+        found = libfinder.find(lib, os.environ)
         assert entry["path"] == (str(found) if found else None)
         assert entry["install"] == lib.install
         if found is not None and entry["version"] is not None:
@@ -169,7 +169,7 @@ def test_elf_needed_on_real_libraries():
     if spec is not None:
         paths.append(Path(spec.submodule_search_locations[0]) / "lib" / "libtorch_cpu.so")
     for name in ("jemalloc", "tcmalloc", "iomp5"):
-        found = libraries.find(libraries.REGISTRY[name], os.environ)
+        found = libfinder.find(libraries.REGISTRY[name], os.environ)
         if found:
             paths.append(found)
     paths.append(Path(sys.executable).resolve())  # an executable: PT_DYNAMIC too
@@ -606,8 +606,8 @@ def test_ld_preload_is_split_like_glibc(tmp_path):
     """glibc's ld.so splits LD_PRELOAD on spaces and colons only (ld.so(8)): "a.so<TAB>b.so"
     is one entry that it cannot load. Checked here with the real loader, then doctor must
     agree (before: doctor split on any whitespace and saw two allocators)."""
-    jemalloc = libraries.find(libraries.REGISTRY["jemalloc"], os.environ)
-    tcmalloc = libraries.find(libraries.REGISTRY["tcmalloc"], os.environ)
+    jemalloc = libfinder.find(libraries.REGISTRY["jemalloc"], os.environ)
+    tcmalloc = libfinder.find(libraries.REGISTRY["tcmalloc"], os.environ)
     if jemalloc is None or tcmalloc is None:
         pytest.skip("jemalloc and tcmalloc are both needed for the real-loader check")
     cat = shutil.which("cat")

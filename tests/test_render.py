@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch.machine.libraries import REGISTRY, identify, is_loadable_elf, parse_ldconfig, preload_entries
+from cpulaunch.machine.libfinder import is_loadable_elf, parse_ldconfig
+from cpulaunch.machine.libraries import REGISTRY, identify, preload_entries
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.numactl import argv as numactl_prefix
 from cpulaunch.plan import Instance, Plan

@@ -85,7 +85,7 @@ class ProcessSpec(NamedTuple):
                    cpus=tuple(doc["cpus"]))
 
 
-def _environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
+def _child_environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
     env = dict(base)
     env.update(spec.env)
     return env
@@ -187,7 +187,7 @@ def exec_spec(spec: ProcessSpec, base_environ: Mapping[str, str]) -> NoReturn:
         LaunchError: ``cannot run 'PROG': <strerror>`` when exec fails (the launcher's
             dispositions and mask are restored first) or the affinity cannot be set.
     """
-    env = _environ(base_environ, spec)
+    env = _child_environ(base_environ, spec)
     if spec.affinity is not None:
         try:
             os.sched_setaffinity(0, spec.affinity)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from typing import NamedTuple, Optional
 
 from cpulaunch.errors import CpulaunchError
 
@@ -53,7 +54,17 @@ def elf_needed(data) -> tuple:
         raise ElfError(f"truncated or malformed ELF file ({exc})") from None
 
 
-def _elf_needed(data) -> tuple:
+class _Layout(NamedTuple):
+    """An ELF file's program headers ``(type, offset, vaddr, filesz)``, section headers
+    ``(type, addr, offset, size, link)`` and the struct format of a dynamic entry."""
+
+    segments: list
+    sections: list
+    dyn_fmt: str
+
+
+def _headers(data) -> _Layout:
+    """The program and section headers of ``data`` (ELF32 or ELF64, either byte order)."""
     if len(data) < 52 or bytes(data[:4]) != b"\x7fELF":
         raise ElfError("not an ELF file (no \\x7fELF magic)")
     cls, enc = data[4], data[5]
@@ -69,8 +80,7 @@ def _elf_needed(data) -> tuple:
         phoff, shoff = struct.unpack_from(e + "II", data, 28)
         phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", data, 42)
         ph_fmt, sh_fmt, dyn_fmt = e + "IIIIIIII", e + "IIIIIIIIII", e + "iI"
-
-    segments = []  # (type, offset, vaddr, filesz)
+    segments = []
     for i in range(phnum if phoff else 0):
         f = struct.unpack_from(ph_fmt, data, phoff + i * phentsize)
         if is64:
@@ -78,23 +88,27 @@ def _elf_needed(data) -> tuple:
         else:
             p_type, p_off, p_vaddr, _paddr, p_filesz = f[:5]
         segments.append((p_type, p_off, p_vaddr, p_filesz))
-    sections = []  # (type, addr, offset, size, link)
+    sections = []
     for i in range(shnum if shoff else 0):
         f = struct.unpack_from(sh_fmt, data, shoff + i * shentsize)
         sections.append((f[1], f[3], f[4], f[5], f[6]))
+    return _Layout(segments, sections, dyn_fmt)
 
-    dyn = next(((off, size) for t, off, _v, size in segments if t == _PT_DYNAMIC), None)
+
+def _dynamic(data, layout: _Layout) -> tuple:
+    """(DT_NEEDED string offsets, DT_STRTAB address or None, DT_STRSZ or None, the link of
+    the SHT_DYNAMIC section or None) from the dynamic section: PT_DYNAMIC, else SHT_DYNAMIC."""
+    dyn = next(((off, size) for t, off, _v, size in layout.segments if t == _PT_DYNAMIC), None)
     dyn_link = None
     if dyn is None:
-        sec = next((s for s in sections if s[0] == _SHT_DYNAMIC), None)
+        sec = next((s for s in layout.sections if s[0] == _SHT_DYNAMIC), None)
         if sec is None:
             raise ElfError("no dynamic section (a static executable or an object file?)")
         dyn, dyn_link = (sec[2], sec[3]), sec[4]
-
-    entsize = struct.calcsize(dyn_fmt)
+    entsize = struct.calcsize(layout.dyn_fmt)
     needed_offsets, strtab_addr, strsz = [], None, None
     for i in range(dyn[1] // entsize):
-        tag, val = struct.unpack_from(dyn_fmt, data, dyn[0] + i * entsize)
+        tag, val = struct.unpack_from(layout.dyn_fmt, data, dyn[0] + i * entsize)
         if tag == _DT_NULL:
             break
         if tag == _DT_NEEDED:
@@ -103,19 +117,33 @@ def _elf_needed(data) -> tuple:
             strtab_addr = val
         elif tag == _DT_STRSZ:
             strsz = val
+    return needed_offsets, strtab_addr, strsz, dyn_link
 
+
+def _strtab(layout: _Layout, strtab_addr: Optional[int], strsz: Optional[int],
+            dyn_link: Optional[int]) -> tuple:
+    """(file offset, size or None) of the dynamic string table: DT_STRTAB's address mapped
+    through the PT_LOAD segment holding it, else a section at that address, else the
+    dynamic section's link."""
     strtab_off = None
     if strtab_addr is not None:
-        for t, off, vaddr, size in segments:
+        for t, off, vaddr, size in layout.segments:
             if t == _PT_LOAD and vaddr <= strtab_addr < vaddr + size:
                 strtab_off = strtab_addr - vaddr + off
                 break
         if strtab_off is None:
-            strtab_off = next((s[2] for s in sections if s[1] == strtab_addr and s[1]), None)
-    if strtab_off is None and dyn_link is not None and dyn_link < len(sections):
-        strtab_off, strsz = sections[dyn_link][2], sections[dyn_link][3]
+            strtab_off = next((s[2] for s in layout.sections if s[1] == strtab_addr and s[1]), None)
+    if strtab_off is None and dyn_link is not None and dyn_link < len(layout.sections):
+        strtab_off, strsz = layout.sections[dyn_link][2], layout.sections[dyn_link][3]
     if strtab_off is None:
         raise ElfError("DT_STRTAB points outside every loadable segment")
+    return strtab_off, strsz
+
+
+def _elf_needed(data) -> tuple:
+    layout = _headers(data)
+    needed_offsets, strtab_addr, strsz, dyn_link = _dynamic(data, layout)
+    strtab_off, strsz = _strtab(layout, strtab_addr, strsz, dyn_link)
     end = len(data) if strsz is None else min(len(data), strtab_off + strsz)
     out = []
     for rel in needed_offsets:

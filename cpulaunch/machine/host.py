@@ -27,6 +27,7 @@ from cpulaunch.options import BindMode, Options
 
 if TYPE_CHECKING:
     from cpulaunch.distributed import RankContext
+    from cpulaunch.machine.libfinder import Fabric
 
 #: Variables by which distributed.detect_engine recognises an engine (one of them is set in
 #: every process torchrun, Open MPI, MPICH, Slurm or PMIx starts). Checked here first so a
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 #: holds the two lists equal.
 ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
 
-__all__ = ["Host", "gather", "free_port", "dist_version", "CclBinding", "ccl_binding", "cache_dir", "rank_python",
-           "ccl_collective_check", "CCL_MODULE", "CCL_CHECK_SECONDS"]
+__all__ = ["Host", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding", "cache_dir",
+           "rank_python", "ccl_collective_check", "CCL_MODULE", "CCL_CHECK_SECONDS"]
 
 
 class Host(NamedTuple):
@@ -57,7 +58,7 @@ class Host(NamedTuple):
         ccl: oneccl_bindings_for_pytorch and whether it loads with this torch
             (:func:`ccl_binding`); None when not looked up (no --ddp, or --backend gloo).
         fabric: oneCCL's libfabric and its providers
-            (:func:`cpulaunch.machine.libraries.find_libfabric`); None when not looked up
+            (:func:`cpulaunch.machine.libfinder.find_libfabric`); None when not looked up
             (as ``ccl``, or the bindings are not installed).
     """
 
@@ -72,7 +73,7 @@ class Host(NamedTuple):
     engine: Optional["RankContext"] = None
     free_port: Optional[int] = None
     ccl: Optional["CclBinding"] = None
-    fabric: Optional["libraries.Fabric"] = None
+    fabric: Optional["Fabric"] = None
 
 
 def _wanted_libraries(opts: Options) -> list:
@@ -84,6 +85,36 @@ def _wanted_libraries(opts: Options) -> list:
     if opts.omp_runtime not in ("auto",):
         names.append(libraries.by_choice("openmp", opts.omp_runtime).name)
     return names
+
+
+def check_numactl(prefixes: Sequence[Sequence[str]], timeout: float = 10.0) -> Optional[str]:
+    """Run each planned ``numactl ... true`` once; None if all work, else numactl's reason.
+
+    Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
+    CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
+    and a cpuset may refuse some CPUs. One short exec per distinct prefix, through
+    :func:`cpulaunch.machine.exec.run_quietly` (no subprocess import).
+
+    Args:
+        prefixes: numactl command lines without the program (each
+            :func:`cpulaunch.machine.numactl.argv`).
+    """
+    from cpulaunch.machine.exec import run_quietly
+
+    seen = set()
+    for prefix in prefixes:
+        key = tuple(prefix)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            code, output = run_quietly(list(prefix) + ["true"], timeout)
+        except (OSError, TimeoutError) as exc:
+            return f"{' '.join(prefix)} could not run ({exc})"
+        if code != 0:
+            msg = output.strip().splitlines()
+            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
+    return None
 
 
 def dist_version(*names: str) -> Optional[str]:
@@ -122,12 +153,14 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     from cpulaunch.machine.probe import is_live
 
     live = is_live(opts.sysroot)
-    found = {name: libraries.find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
+    from cpulaunch.machine.libfinder import find, find_libfabric
+
+    found = {name: find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
     numactl = shutil.which("numactl") if opts.bind is BindMode.NUMACTL else None
     usable, reason = None, ""
     if opts.bind is BindMode.NUMACTL and live and numactl and opts.output is not opts.output.SHOW_TOPOLOGY:
         argv = numactl_mod.check_argv(numactl, topo, opts.request.mem_policy)
-        reason = numactl_mod.check([argv[:-1]]) or ""
+        reason = check_numactl([argv[:-1]]) or ""
         usable = not reason
     engine = None
     if any(v in environ for v in ENGINE_VARIABLES):
@@ -141,7 +174,7 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     ccl = fabric = None
     if opts.ddp is not None and opts.ddp.backend != "gloo":
         ccl = ccl_binding(rank_python(opts.program, environ), environ, cache_dir(environ))
-        fabric = libraries.find_libfabric(environ) if ccl.path is not None else None
+        fabric = find_libfabric(environ) if ccl.path is not None else None
     return Host(
         live=live,
         environ=dict(environ),

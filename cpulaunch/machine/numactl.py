@@ -1,17 +1,18 @@
 """numactl(8): the NUMA memory policies, the one builder of a ``numactl`` command line, and
-the check that numactl really binds here.
+the command that checks numactl really binds here.
 
-The launcher's prefix (render), the host check before a launch (``machine.host``) and
-``cpulaunch doctor`` all build their command with :func:`argv`, so a check that passes is
-a check of the very command the launcher runs. Pure but for :func:`check`, which runs it.
+The launcher's prefix (render), the host check before a launch
+(:func:`cpulaunch.machine.host.check_numactl` runs :func:`check_argv`) and ``cpulaunch
+doctor`` all build their command with :func:`argv`, so a check that passes is a check of
+the very command the launcher runs. Pure.
 """
 
 import enum
-from typing import Optional, Sequence
+from typing import Sequence
 
 from cpulaunch import cpulist
 
-__all__ = ["MemPolicy", "argv", "check_argv", "check"]
+__all__ = ["MemPolicy", "argv", "check_argv"]
 
 
 class MemPolicy(str, enum.Enum):
@@ -66,32 +67,3 @@ def check_argv(numactl: str, topo, policy: MemPolicy) -> list[str]:
     nodes = sorted(n for n in topo.memory_nodes if allowed_mems is None or n in allowed_mems)
     nodes = [n for n in nodes if topo.nodes[n].cpus & topo.allowed] or nodes
     return list(argv(numactl, sorted(topo.allowed), policy, nodes)) + ["true"]
-
-
-def check(prefixes: Sequence[Sequence[str]], timeout: float = 10.0) -> Optional[str]:
-    """Run each planned ``numactl ... true`` once; None if all work, else numactl's reason.
-
-    Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
-    CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
-    and a cpuset may refuse some CPUs. One short exec per distinct prefix, through
-    :func:`cpulaunch.machine.exec.run_quietly` (no subprocess import).
-
-    Args:
-        prefixes: numactl command lines without the program (each ``argv(...)``).
-    """
-    from cpulaunch.machine.exec import run_quietly
-
-    seen = set()
-    for prefix in prefixes:
-        key = tuple(prefix)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            code, output = run_quietly(list(prefix) + ["true"], timeout)
-        except (OSError, TimeoutError) as exc:
-            return f"{' '.join(prefix)} could not run ({exc})"
-        if code != 0:
-            msg = output.strip().splitlines()
-            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
-    return None

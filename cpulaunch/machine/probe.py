@@ -66,6 +66,7 @@ from cpulaunch.cpulist import CpulistError, excerpt
 from cpulaunch.errors import CpulaunchError, printable
 from cpulaunch.machine.files import FileReader, corrupt
 from cpulaunch.machine.topology import (
+    CacheFacts,
     CpuFacts,
     HostFacts,
     NodeFacts,
@@ -492,7 +493,7 @@ def _read_hybrid(fs: "FileReader", limit: int) -> tuple[Optional[frozenset], boo
 
 
 def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
-               files: Optional[FileReader] = None) -> HostFacts:
+               files: Optional[FileReader] = None, caches: bool = False) -> HostFacts:
     """Read and parse what the topology needs of the machine at ``root`` (a real ``/`` or a
     dump): each file is parsed where it is read, so an error names it.
 
@@ -510,6 +511,10 @@ def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
     ``files``: the reader to read through (default a new ``FileReader(root)``; ``root`` is
     then ignored). A caller that passes its own sees afterwards, in ``files.skipped``, every
     file that was present but not read (``cpulaunch doctor`` reports them).
+
+    ``caches=True`` also reads which CPUs share each L3 and each L2 or cluster
+    (:func:`read_caches`); otherwise ``HostFacts.caches`` is None (not read). A launch
+    asks for them only where its plan divides a socket or node (``core.cache_need``).
 
     Raises:
         TopologyError: a file is malformed, bigger than MAX_FILE_BYTES or not a regular
@@ -542,12 +547,14 @@ def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
     present = fs.read(f"{CPU_DIR}/present")
     has_memory = fs.read(f"{NODE_DIR}/has_memory")
     flags, model = parse_cpuinfo(fs.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES, truncate=True))
+    cache_facts = read_caches(fs, online, cpus, limit) if caches else None
     return HostFacts(
         online=online_file, cpus=cpus, nodes=nodes, hybrid_atom=hybrid_atom, lscpu=lscpu,
         present=None if present is None else _parse(fs, present, f"{CPU_DIR}/present", limit),
         has_memory=(None if has_memory is None
                     else _parse(fs, has_memory, f"{NODE_DIR}/has_memory", cpulist.MAX_NODE_IDS)),
         flags=flags, model=model, cpu_limit=limit, root=fs.root, **limits, notes=tuple(fs.notes),
+        caches=cache_facts,
     )
 
 
@@ -676,6 +683,143 @@ def _read_core(fs: "FileReader", topo: str, limit: int, core_done: set[int],
     return fields, found
 
 
+# --------------------------------------------------------------------------- caches
+
+#: Cache types that hold data: an L2 or L3 is "Unified" (never "Instruction").
+_DATA_CACHES = ("Unified", "Data")
+_SIZE = re.compile(r"([0-9]{1,12})([KMG]?)")
+
+
+def parse_cache_size(text: str) -> Optional[int]:
+    """A cache ``size`` file in KiB: ``"32768K"`` -> 32768, ``"1M"`` -> 1024 (the kernel
+    writes ``%uK``, Documentation/ABI/testing/sysfs-devices-system-cpu); None when it is
+    anything else."""
+    m = _SIZE.fullmatch(_clean(text))
+    if m is None:
+        return None
+    return int(m.group(1)) << {"": 0, "K": 0, "M": 10, "G": 20}[m.group(2)]
+
+
+class _CacheIndexes:
+    """Which ``cpuN/cache/indexK`` holds a cache level. The first CPU's folder is scanned
+    (``level`` of each index, ``type`` of those at the level sought); for the next domains
+    one ``level`` read confirms that the same K holds it (else that CPU is scanned too)."""
+
+    def __init__(self, fs: FileReader) -> None:
+        self.fs = fs
+        self.known: dict[int, int] = {}  # level -> index number
+        self.scanned: dict[int, dict[int, Optional[int]]] = {}  # cpu -> {index number: level}
+
+    def _level(self, rel: str) -> Optional[int]:
+        return _measure(self.fs, self.fs.read(rel + "/level", strict=False), rel + "/level")
+
+    def find(self, cpu: int, level: int) -> Optional[str]:
+        """``cpuN/cache/indexK`` (below the root) holding ``cpu``'s cache of ``level``, or None."""
+        base = f"{CPU_DIR}/cpu{cpu}/cache"
+        k = self.known.get(level)
+        if k is not None and cpu not in self.scanned and self._level(f"{base}/index{k}") == level:
+            return f"{base}/index{k}"
+        levels = self.scanned.get(cpu)
+        if levels is None:
+            levels = self.scanned[cpu] = {k: self._level(f"{base}/index{k}")
+                                          for k in _numbered(self.fs.listdir(base), "index")}
+        for k, found in levels.items():
+            rel = f"{base}/index{k}"
+            if found == level and _clean(self.fs.read(rel + "/type", strict=False)) in _DATA_CACHES:
+                self.known[level] = k
+                return rel
+        return None
+
+
+def _shared_cpus(fs: FileReader, rel: str, limit: int) -> Optional[frozenset]:
+    """The CPUs of the cache folder ``rel``'s ``shared_cpu_list`` (else its
+    ``shared_cpu_map``; POWER kernels leave the list empty), or of the file ``rel`` itself
+    when it is not a cache folder. None when absent or empty; ``frozenset()`` when
+    malformed (with a note)."""
+    names = [("shared_cpu_list", False), ("shared_cpu_map", True)] if "/cache/" in rel else [("", False)]
+    for name, mask in names:
+        path = f"{rel}/{name}" if name else rel
+        text = fs.read(path, strict=False)
+        if not _clean(text):
+            continue
+        try:
+            return (cpulist.parse_mask if mask else cpulist.parse)(text, limit)
+        except CpulistError as exc:
+            fs.notes.append(f"/{printable(path)}: {exc}: ignored")
+            return frozenset()
+    return None
+
+
+def _walk_domains(fs: FileReader, order: list, limit: int, label: str, locate, sized) -> tuple:
+    """``(cpus, size in KiB)`` of each domain of one level, read once per domain: the
+    online CPUs are walked upwards and a CPU that a list read so far names is skipped.
+    ``locate(cpu)``: the file or cache folder to read for ``cpu``, None where it has none;
+    ``sized(cpu, members)``: whether to read its ``size``. () when the first CPU has no
+    such domain, and () with a note where a list is missing for a later CPU, malformed,
+    does not name its own CPU or overlaps an earlier one (they only refine placement)."""
+    covered: set = set()
+    out = []
+    for cpu in order:
+        if cpu in covered:
+            continue
+        rel = locate(cpu)
+        members = None if rel is None else _shared_cpus(fs, rel, limit)
+        if not members:
+            if out and members is None:
+                fs.notes.append(f"{CPU_PATH}/cpu{cpu}: no {label} list, unlike CPU {order[0]}: "
+                                f"{label} domains not used")
+            elif members is not None:
+                fs.notes.append(f"{label} domains not used (a malformed list)")
+            return ()
+        if cpu not in members or not members.isdisjoint(covered):
+            fs.notes.append(f"/{printable(rel)}: CPUs {cpulist.format(members)} do not form a domain "
+                            f"with the lists read before: {label} domains not used")
+            return ()
+        covered.update(members)
+        size = None
+        if "/cache/" in rel and sized(cpu, members):
+            text = fs.read(rel + "/size", strict=False)
+            size = None if text is None else parse_cache_size(text)
+            if text is not None and size is None:
+                fs.notes.append(f"/{printable(rel)}/size: not a size ({excerpt(_clean(text))}): ignored")
+        out.append((members, size))
+    return tuple(out)
+
+
+def read_caches(fs: FileReader, online: frozenset, cpus: dict, limit: int) -> CacheFacts:
+    """Which online CPUs share each L3, and each L2 or cluster: one list per domain (see
+    :func:`_walk_domains`), the first CPU's cache folder scanned once (:class:`_CacheIndexes`).
+
+    Reads: the first CPU's ``cache/index*/level`` (and ``type`` at level 3), then per L3
+    domain its ``level`` (the first domain's was read by the scan), ``shared_cpu_list`` and
+    ``size``; per cluster its ``topology/cluster_cpus_list``. Without cluster files (the
+    first CPU has none, or they are unusable), per L2 its ``level``, ``shared_cpu_list``,
+    and ``size`` where it groups several cores.
+    Malformed or unusable files are notes: caches refine placement, they never decide it.
+
+    Args:
+        fs: the reader (notes go to ``fs.notes``).
+        online: online logical CPUs; cpus: the CpuFacts read so far (only CPUs with a
+            cpuN folder are visited; ``siblings`` tells a private L2 from a shared one).
+        limit: exclusive bound on CPU ids.
+    """
+    order = [c for c in sorted(online) if c in cpus]
+    if not order:
+        return CacheFacts()
+    indexes = _CacheIndexes(fs)
+    l3 = _walk_domains(fs, order, limit, "L3", lambda cpu: indexes.find(cpu, 3), lambda cpu, m: True)
+    l2 = _walk_domains(fs, order, limit, "cluster",
+                       lambda cpu: f"{CPU_DIR}/cpu{cpu}/topology/cluster_cpus_list", lambda cpu, m: False)
+    if l2:
+        return CacheFacts(l3=l3, l2=l2, l2_kind="cluster")
+
+    def several_cores(cpu: int, members: frozenset) -> bool:
+        return not members <= (cpus[cpu].siblings or frozenset({cpu}))
+
+    l2 = _walk_domains(fs, order, limit, "L2", lambda cpu: indexes.find(cpu, 2), several_cores)
+    return CacheFacts(l3=l3, l2=l2, l2_kind="L2" if l2 else "")
+
+
 def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
     """``LC_ALL=C lscpu -p=CPU,CORE,SOCKET,NODE [--sysroot DIR]`` output, or None (lscpu
     missing, failing or slower than 3 s)."""
@@ -690,11 +834,11 @@ def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
     return out if code == 0 else None
 
 
-def probe(root: str | os.PathLike = "/", *, core_ids: bool = True) -> Topology:
+def probe(root: str | os.PathLike = "/", *, core_ids: bool = True, caches: bool = False) -> Topology:
     """The :class:`Topology` of the machine at ``root`` (see :func:`read_facts`, which also
-    says what ``core_ids=False`` leaves out).
+    says what ``core_ids=False`` leaves out and what ``caches=True`` adds).
 
     Raises:
         topology.TopologyError: nothing usable was found under ``root``, or a file is malformed.
     """
-    return build(read_facts(root, core_ids=core_ids))
+    return build(read_facts(root, core_ids=core_ids, caches=caches))

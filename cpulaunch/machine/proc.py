@@ -384,7 +384,7 @@ def _children_of(fs: _ProcFs, pid: int) -> list:
     return sorted(kids)
 
 
-def _environ(raw: Optional[str]) -> Optional[dict]:
+def _parse_environ(raw: Optional[str]) -> Optional[dict]:
     """``/proc/PID/environ`` text -> the variables matching ENV_KEPT; None when unread."""
     if raw is None:
         return None
@@ -476,7 +476,7 @@ def _inspect(pid: int, fs: _ProcFs, depth: int, top: bool) -> ProcessView:
         threads=threads,
         libraries=parse_maps(texts["maps"] or ""),
         numa=parse_numa_maps(numa_text) if numa_text is not None else None,
-        environ=_environ(texts["environ"]),
+        environ=_parse_environ(texts["environ"]),
         children=tuple(kids),
         unreadable=unreadable,
     )

@@ -16,7 +16,7 @@ What comes from where:
 - oneCCL (``--ddp --backend ccl``), when oneccl_bindings_for_pytorch is installed: whether
   it loads with this torch (the launcher's cached child-process verdict,
   :func:`cpulaunch.machine.host.ccl_binding`), its run time (libfabric and its providers,
-  :func:`cpulaunch.machine.libraries.find_libfabric`), and whether a ccl collective can
+  :func:`cpulaunch.machine.libfinder.find_libfabric`), and whether a ccl collective can
   start (a one-rank ``init_process_group("ccl")`` and all_reduce in a child with the
   launcher's oneCCL variables: :func:`cpulaunch.machine.host.ccl_collective_check`);
 - numactl is run only when ``live``, with the launcher's own check
@@ -475,10 +475,11 @@ def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
              findings: list) -> NumactlStatus:
     """numactl installed? usable here (live only)? Checked with the launcher's own command
     (:func:`cpulaunch.machine.numactl.check_argv`, run by
-    :func:`cpulaunch.machine.numactl.check`, as ``cpulaunch --bind numactl
+    :func:`cpulaunch.machine.host.check_numactl`, as ``cpulaunch --bind numactl
     --mem-policy POLICY`` does before a launch), so the verdict is about the command a
     launch runs."""
     from cpulaunch.machine import numactl as numactl_mod
+    from cpulaunch.machine.host import check_numactl
 
     path = shutil.which("numactl", path=environ.get("PATH", os.defpath))
     if not live:
@@ -492,7 +493,7 @@ def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
         ))
         return NumactlStatus(path=None, checked=False, usable=False, reason="not installed")
     argv = tuple(numactl_mod.check_argv(path, topo, MemPolicy(policy)))
-    reason = numactl_mod.check([list(argv[:-1])])
+    reason = check_numactl([list(argv[:-1])])
     if reason is None:
         findings.append(Finding("numactl", "ok", f"numactl works here: `{' '.join(argv)}` "
                                 f"(the launcher's check for --mem-policy {MemPolicy(policy).value})"))
@@ -560,13 +561,13 @@ def _package_of(host: FileReader, real: str, install: str) -> Optional[str]:
 
 
 def _libraries(host: FileReader, environ: Mapping[str, str], findings: list) -> tuple:
-    from cpulaunch.machine import libraries
+    from cpulaunch.machine import libfinder, libraries
 
     out = []
     for lib in libraries.REGISTRY.values():
         if not lib.filenames or not lib.selectable:  # nothing to preload (torch's own runtime)
             continue
-        found = libraries.find(lib, environ)
+        found = libfinder.find(lib, environ)
         if found is None:
             out.append(LibraryStatus(lib.name, lib.kind, None, None, None, None, lib.install))
             findings.append(Finding(f"lib-{lib.name}", "info", f"{lib.name} not found",
@@ -846,14 +847,14 @@ def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
     """oneCCL's bindings, run time and a one-rank collective (module doc), as findings."""
     import sys
 
-    from cpulaunch.machine import host, libraries
+    from cpulaunch.machine import host, libfinder, libraries
 
     b = host.ccl_binding(sys.executable, environ, host.cache_dir(environ))
     if b.path is None:
         findings.append(Finding("ccl-binding", "info", "oneccl_bindings_for_pytorch is not installed: "
                                 "--ddp uses gloo", fix="docs/cluster.md: the versions that ran together"))
         return CclStatus(None, None, None, "", None, None)
-    fabric = libraries.find_libfabric(environ)
+    fabric = libfinder.find_libfabric(environ)
     lib, prov = (str(p) if p else None for p in (fabric.library, fabric.providers))
     status = CclStatus(b.path, b.version, b.loads, b.why, lib, prov)
     what = f"oneccl_bindings_for_pytorch {b.version or '?'} ({b.path})"
@@ -1111,7 +1112,7 @@ def command(sysroot, fmt, mem_policy, strict):
 
     probe.check_sysroot(sysroot)
     report = diagnose(sysroot, os.environ, live=probe.is_live(sysroot), mem_policy=MemPolicy(mem_policy))
-    core.write_text(json_text(to_json(report)) + "\n" if fmt == "json" else render_text(report))
+    core.write_out(json_text(to_json(report)) + "\n" if fmt == "json" else render_text(report))
     return exit_code(report, strict=strict)
 
 

@@ -201,11 +201,11 @@ def instance_choices(topo) -> list:
 
 def available_libraries(environ: Optional[Mapping[str, str]] = None) -> frozenset:
     """Registry names of the preloadable libraries installed here ("tcmalloc", "jemalloc",
-    "iomp5"), found as cpulaunch finds them (:func:`cpulaunch.machine.libraries.find`)."""
-    from cpulaunch.machine import libraries
+    "iomp5"), found as cpulaunch finds them (:func:`cpulaunch.machine.libfinder.find`)."""
+    from cpulaunch.machine import libfinder, libraries
 
     return frozenset(name for name, lib in libraries.REGISTRY.items()
-                     if lib.filenames and lib.selectable and libraries.find(lib, environ) is not None)
+                     if lib.filenames and lib.selectable and libfinder.find(lib, environ) is not None)
 
 
 def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:

@@ -23,7 +23,7 @@ __all__ = [
     "parse_metrics",
     "attribute_metrics",
     "combine_metric",
-    "read_text",
+    "read_tune_file",
     "record_problem",
     "parse_records",
     "read_records",
@@ -133,7 +133,7 @@ _STATUSES = ("ok", "failed", "timeout")
 _STAGES = ("warmup", "grid", "coarse", "fine")
 
 
-def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
+def read_tune_file(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     """The text of one of tune's own files (trials.jsonl, tune.json) through the probe's
     bounded reader (:class:`cpulaunch.machine.files.FileReader`: opened without blocking,
     regular files only, at most ``cap`` bytes; bytes that are not UTF-8 read as U+FFFD);
@@ -156,11 +156,11 @@ def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     return text
 
 
-def _number(v, low: float = -MAX_VALUE) -> bool:
+def _is_number(v, low: float = -MAX_VALUE) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= MAX_VALUE
 
 
-def _count(v, low: int) -> bool:
+def _is_count(v, low: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and low <= v < 1 << 31
 
 
@@ -182,17 +182,17 @@ def record_problem(rec) -> Optional[str]:
         ("key", isinstance(rec.get("key"), str), "a string"),
         ("status", rec.get("status") in _STATUSES, "one of " + "/".join(_STATUSES)),
         ("stage", rec.get("stage") in _STAGES, "one of " + "/".join(_STAGES)),
-        ("round", _count(rec.get("round"), 0), "an integer >= 0"),
-        ("attempt", _count(rec.get("attempt", 1), 1), "an integer >= 1"),
+        ("round", _is_count(rec.get("round"), 0), "an integer >= 0"),
+        ("attempt", _is_count(rec.get("attempt", 1), 1), "an integer >= 1"),
         ("config", isinstance(rec.get("config"), dict), "an object"),
-        ("cost_s", _number(rec.get("cost_s"), 0.0), "a number >= 0"),
-        ("wall_s", _number(rec.get("wall_s"), 0.0), "a number >= 0"),
+        ("cost_s", _is_number(rec.get("cost_s"), 0.0), "a number >= 0"),
+        ("wall_s", _is_number(rec.get("wall_s"), 0.0), "a number >= 0"),
         ("busy", isinstance(rec.get("busy", False), bool), "true or false"),
         ("repeat", isinstance(rec.get("repeat", False), bool), "true or false"),
     )
     if rec.get("status") == "ok":
         checks += (("metric", isinstance(rec.get("metric"), str), "a string"),
-                   ("value", _number(rec.get("value")), f"a finite number (at most {MAX_VALUE:g} in size)"))
+                   ("value", _is_number(rec.get("value")), f"a finite number (at most {MAX_VALUE:g} in size)"))
     for name, ok, what in checks:
         if not ok:
             return f"{name!r} is not {what}"
@@ -205,7 +205,7 @@ def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
     trial record (:func:`record_problem`) is skipped and counted; blank lines are not.
 
     Args:
-        text: the file's text (:func:`read_text`).
+        text: the file's text (:func:`read_tune_file`).
         reasons: when a list, ``(line number, why)`` of each skipped line is appended.
     """
     records, skipped = [], 0
@@ -229,12 +229,12 @@ def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
 
 def read_records(path: Path, reasons: Optional[list] = None) -> tuple:
     """The trials of ``DIR/trials.jsonl``: ``(records, skipped line count)``
-    (:func:`read_text`, :func:`parse_records`); ``([], 0)`` when there is no file.
+    (:func:`read_tune_file`, :func:`parse_records`); ``([], 0)`` when there is no file.
 
     Raises:
-        TuneError: the file is refused by :func:`read_text`.
+        TuneError: the file is refused by :func:`read_tune_file`.
     """
-    return parse_records(read_text(path) or "", reasons)
+    return parse_records(read_tune_file(path) or "", reasons)
 
 
 def append_record(path: Path, record: Mapping, newline_first: bool = False) -> None:
