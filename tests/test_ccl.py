@@ -13,12 +13,10 @@ oneccl_bindings_for_pytorch does not load with this torch; they run where it doe
 
 from __future__ import annotations
 
-import _ctypes
 import importlib.util
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, json_records, run_cli
+from conftest import REPO, json_records, make_stand_in, plant_fabric, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,8 +47,6 @@ from cpulaunch.tools import verify
 
 XEON = "hw-32intel64-2p8co2t+8ve"  # 2 sockets x 8 cores x 2 threads: cores 0-15, siblings 16-31
 TORCH = "2.13.0+cpu"
-#: A real ELF shared object of this machine, to stand in for libfabric and its provider.
-ELF_SO = Path(_ctypes.__file__)
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="the bindings' import check imports torch")
 
@@ -269,16 +265,6 @@ def test_users_yield_kept_once_with_a_note(xeon):
 # --------------------------------------------------------------------------- libfabric's lookup
 
 
-def plant_fabric(root: Path, *, library: bytes | None = None, provider: bytes | None = None) -> Path:
-    """impi-rt's layout below ``root``: lib/libfabric/libfabric.so.1 and prov/libtcp-fi.so
-    (copies of a real ELF shared object unless other bytes are given)."""
-    folder = root / "lib" / "libfabric"
-    (folder / "prov").mkdir(parents=True)
-    for path, data in ((folder / "libfabric.so.1", library), (folder / "prov" / "libtcp-fi.so", provider)):
-        path.write_bytes(data) if data is not None else shutil.copy(ELF_SO, path)
-    return folder
-
-
 def test_libfabric_found_as_impi_rt_lays_it_out(tmp_path):
     prefix, conda, other = tmp_path / "prefix", tmp_path / "conda", tmp_path / "other"
     folder = plant_fabric(conda)
@@ -307,16 +293,6 @@ STAND_INS = {
     "aborts": ("import os\nos.abort()\n", None),
     "import-error": ("raise ImportError('undefined symbol: _ZN3c104Type')\n", None),
 }
-
-
-def make_stand_in(site: Path, body: str, version: str) -> Path:
-    pkg = site / "oneccl_bindings_for_pytorch"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(body)
-    meta = site / f"oneccl_bind_pt-{version}.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: oneccl_bind_pt\nVersion: {version}\n")
-    return pkg
 
 
 @pytest.fixture(scope="module")
