@@ -419,7 +419,9 @@ def test_the_ranks_interpreter_is_the_one_checked(stand_ins, sysroots, tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     other = bin_dir / "python3"
-    other.write_text(f"#!/bin/sh\nunset PYTHONPATH\nexec {sys.executable} \"$@\"\n")
+    # The interpreter's own file, not a venv's link to it: the base environment, without
+    # the stand-in (PYTHONPATH) or a venv's real bindings.
+    other.write_text(f"#!/bin/sh\nunset PYTHONPATH\nexec {os.path.realpath(sys.executable)} \"$@\"\n")
     other.chmod(0o755)
     env = {**stand_ins["works"], "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
     proc = run_cli("--sysroot", str(sysroots[XEON]), "--ddp", "--dry-run", "--format", "json", "python3", "t.py",
