@@ -8,10 +8,9 @@ package is installed), the environment it wants and how to install it. Help text
 click choices are generated from :data:`REGISTRY`.
 
 oneCCL's run time (issue 21) is in the registry too, never offered as a choice:
-``libfabric`` (the transport oneCCL dlopens) and ``oneccl`` (``libccl``, recognised where it
-is mapped). :func:`cpulaunch.machine.libfinder.find_libfabric` finds libfabric where
-Intel's wheels put it, with the provider folder beside it, which libfabric needs
-(docs/cluster.md).
+``libfabric``, the transport oneCCL dlopens. :func:`cpulaunch.machine.libfinder.find_libfabric`
+finds it where Intel's wheels put it, with the provider folder beside it, which libfabric
+needs (docs/cluster.md).
 """
 
 import os
@@ -29,7 +28,7 @@ class Library(NamedTuple):
 
     Attributes:
         name: registry key ("jemalloc", "tcmalloc", "iomp5", "gomp").
-        kind: "allocator", "openmp" or "ccl-runtime" (oneCCL's libraries, never preloaded).
+        kind: "allocator", "openmp" or "ccl-runtime" (oneCCL's libfabric, never preloaded).
         choice: the value users type (``--allocator tcmalloc``, ``--omp-runtime intel``).
         filenames: file names to look for, preferred first; empty when nothing is
             preloaded (torch's bundled libgomp is already linked).
@@ -137,16 +136,6 @@ REGISTRY: dict = {
                     "lib/libfabric/prov/ under the Python prefix)",
             markers=("libfabric.",),
             help="libfabric, the transport oneCCL loads (impi-rt's build and its providers)",
-            selectable=False,
-        ),
-        Library(
-            name="oneccl",
-            kind="ccl-runtime",
-            choice="oneccl",
-            filenames=("libccl.so.1",),
-            install="pip install oneccl-cpu==2021.14.1",
-            markers=("libccl.",),
-            help="oneCCL (recognised where mapped; loaded by oneccl_bindings_for_pytorch)",
             selectable=False,
         ),
     )
