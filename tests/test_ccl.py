@@ -292,6 +292,11 @@ STAND_INS = {
     "works-match": ("", None),
     "aborts": ("import os\nos.abort()\n", None),
     "import-error": ("raise ImportError('undefined symbol: _ZN3c104Type')\n", None),
+    # Registers "ccl" as the real bindings do at import, with gloo underneath: the ranks'
+    # own path (init_process_group imports the bindings, then uses "ccl") runs in CI.
+    "registers": (("import torch.distributed as dist\n"
+                  "dist.Backend.register_backend('ccl', lambda store, rank, size, timeout: "
+                  "dist.ProcessGroupGloo(store, rank, size, timeout), devices=['cpu'])\n"), "2.8.0+xpu"),
 }
 
 
@@ -400,6 +405,42 @@ def test_auto_runs_two_ranks_on_this_machine(stand_ins):
     assert {e["CCL_YIELD"] for e in envs} == {"sched_yield"}
     assert [e["CCL_WORKER_AFFINITY"].split(",")[i] for i, e in enumerate(envs)] == [
         str(inst["cpus"][0]) for inst in doc["instances"]]
+
+
+RANK_SUM = """
+import os, torch, torch.distributed as dist
+from cpulaunch.distributed import init_process_group
+chosen = init_process_group()
+t = torch.full((4,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+print("rank", dist.get_rank(), chosen, dist.get_backend(), int(t[0]), os.environ["CCL_YIELD"],
+      os.environ["CCL_WORKER_AFFINITY"], flush=True)
+dist.destroy_process_group()
+"""
+
+
+@needs_torch
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_ranks_run_ccl_through_a_stand_in_that_registers_it(stand_ins, tmp_path):
+    """Without the real bindings (CI): ``--backend auto`` picks a binding that imports, and
+    each rank's ``init_process_group`` imports it, which registers "ccl"; the ranks run a
+    real all_reduce on "ccl" with the launcher's oneCCL variables."""
+    prog = tmp_path / "rank.py"
+    prog.write_text(RANK_SUM)
+    env = {**stand_ins["registers"], "PYTHONPATH": f"{stand_ins['registers']['PYTHONPATH']}:{REPO}"}
+    proc = run_cli("--ddp", "--nproc-per-node", "2", "--backend", "auto", "--core-list",
+                   ",".join(map(str, sorted(os.sched_getaffinity(0))[:2])), sys.executable, str(prog),
+                   env=env, timeout=300)
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    lines = sorted(ln.split("rank ", 1)[1] for ln in proc.stdout.splitlines() if "rank " in ln)
+    assert lines == [f"{r} ccl ccl 3 sched_yield {cpus[0]},{cpus[1]}" for r in (0, 1)]
+
+
+@needs_torch
+def test_doctor_runs_the_collective_of_a_binding_that_registers_ccl(stand_ins):
+    code, ccl, found = doctor(stand_ins["registers"])
+    assert (code, ccl["loads"], ccl["collective"], ccl["collective_error"]) == (0, True, True, None)
+    assert found["ccl-collective"]["severity"] == "ok"
 
 
 @needs_torch
