@@ -22,7 +22,7 @@ import click
 from cpulaunch import __version__
 from cpulaunch.errors import INTERNAL_EXIT, USAGE_EXIT, CpulaunchError
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
-from cpulaunch.options import ALIASES, Format, OptionsError
+from cpulaunch.options import ALIASES, Format, Kind, OptionsError
 
 #: Options whose count is optional: a bare flag means 1 (``--instances-per-socket
 #: python x.py``).
@@ -56,7 +56,7 @@ def option_variable(long_name: str) -> str:
     return "CPULAUNCH_" + long_name.lstrip("-").upper().replace("-", "_")
 
 
-def split_argv(args: list, value_opts: set) -> tuple:
+def split_argv(args: list[str], value_opts: set[str]) -> tuple[list[str], list[str]]:
     """Split the words after ``cpulaunch`` into (cpulaunch's words, the program's words).
 
     ``["--ninstances", "2", "python", "x.py", "--ninstances"]`` -> ``(["--ninstances",
@@ -304,12 +304,10 @@ def _load_config(ctx, param, path) -> None:
     ctx.default_map = {**(ctx.default_map or {}), **config_defaults(data, path, option_kinds(), label)}
 
 
-def option_kinds() -> dict:
+def option_kinds() -> dict[str, Kind]:
     """{python name: :class:`cpulaunch.options.Kind`} of every option of the command but
     :data:`NOT_SETTINGS` (hidden aliases included), from its click declaration: what a
     config file's values and :func:`cpulaunch.plan_instances`' keywords are checked against."""
-    from cpulaunch.options import Kind
-
     out = {}
     for p in command.get_params(click.Context(command)):
         if not isinstance(p, click.Option) or p.name in NOT_SETTINGS:

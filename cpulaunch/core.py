@@ -53,9 +53,9 @@ class Prepared(NamedTuple):
     plan: Optional[Plan] = None
     settings: Optional[Settings] = None
     rendered: Optional[Rendered] = None
-    program: tuple = ()
-    ddp_info: Optional[Mapping] = None
-    elastic_argv: Optional[tuple] = None
+    program: tuple[str, ...] = ()
+    ddp_info: Optional[Mapping[str, object]] = None
+    elastic_argv: Optional[tuple[str, ...]] = None
     lease: object = None
 
 
@@ -113,7 +113,8 @@ def _library_path(host, name: str, option: str, fallback: str) -> object:
 
 
 def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",
-                     instance_env: Optional[Mapping] = None) -> tuple:
+                     instance_env: Optional[Mapping[int, Mapping[str, str]]] = None,
+                     ) -> tuple[Settings, list[str]]:
     """Options + host facts -> (:class:`Settings`, notes). Pure.
 
     Rules: ``--omp-runtime auto`` keeps torch's GNU OpenMP (libiomp5 measured within noise

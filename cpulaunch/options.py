@@ -11,7 +11,7 @@ import enum
 import math
 import os
 from pathlib import Path
-from typing import Mapping, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
@@ -191,7 +191,7 @@ class Options(NamedTuple):
     allocator: str = "auto"
     bind: BindMode = BindMode.NUMACTL
     override_env: bool = False
-    program: tuple = ()
+    program: tuple[str, ...] = ()
     no_python: bool = False
     launch: LaunchOptions = LaunchOptions()
     inference_path: Optional[str] = None
@@ -309,7 +309,7 @@ def _request(v: Mapping) -> Request:
     )
 
 
-def _core_counts(value) -> "Optional[int | tuple]":
+def _core_counts(value) -> "Optional[Union[int, tuple[int, ...]]]":
     """``--ncores-per-instance``: one count (``"8"`` -> 8) or one per instance, run_cpu's
     habit for uneven sub-NUMA clusters (``"43,43,42"`` -> (43, 43, 42)); None when not given.
 
@@ -426,7 +426,7 @@ def _launch(v: Mapping) -> LaunchOptions:
     )
 
 
-def from_values(values: Mapping, given: frozenset = frozenset()) -> Options:
+def from_values(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> Options:
     """Build :class:`Options` from parsed option values (pure).
 
     Args:
@@ -501,7 +501,7 @@ class Kind(NamedTuple):
     """
 
     name: str
-    choices: tuple = ()
+    choices: tuple[str, ...] = ()
 
 
 _EXPECTED = {"flag": "true or false (a bool)", "count": "a whole number >= 0", "integer": "an integer (e.g. 4)",
@@ -609,7 +609,8 @@ def _settings_table(doc: dict, path: str, where: str) -> dict:
     return doc["cpulaunch"] if isinstance(doc.get("cpulaunch"), dict) else doc
 
 
-def config_defaults(data: bytes, path: str, kinds: Mapping[str, Kind], label: str = "--config") -> dict:
+def config_defaults(data: bytes, path: str, kinds: Mapping[str, Kind],
+                    label: str = "--config") -> dict[str, Any]:
     """Defaults from a TOML config file (pure over its bytes).
 
     Keys are cpulaunch's option names (``ninstances``, ``allocator``, ``omp-runtime`` or

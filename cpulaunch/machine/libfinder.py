@@ -58,7 +58,7 @@ def is_loadable_elf(path: os.PathLike, machine: Optional[str] = None) -> bool:
     return want is None or e_machine == want
 
 
-def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list:
+def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list[Path]:
     """Folders searched before ``ldconfig -p``, in order (pure)."""
     dirs = [Path(prefix) / "lib"]
     for var in ("CONDA_PREFIX", "VIRTUAL_ENV"):
@@ -68,7 +68,7 @@ def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list:
     return dirs
 
 
-def multiarch_dirs(machine: Optional[str] = None) -> list:
+def multiarch_dirs(machine: Optional[str] = None) -> list[Path]:
     """The system library folders of Debian-style multiarch and the classic ones."""
     machine = machine or platform.machine()
     return [
@@ -82,7 +82,7 @@ def multiarch_dirs(machine: Optional[str] = None) -> list:
     ]
 
 
-def parse_ldconfig(text: str) -> dict:
+def parse_ldconfig(text: str) -> dict[str, str]:
     """``ldconfig -p`` output -> {file name: path}, first entry for this arch wins.
 
     ``"\\tlibjemalloc.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libjemalloc.so.2"``
@@ -112,7 +112,7 @@ def _ldconfig() -> dict:
     return parse_ldconfig(out) if code == 0 else {}
 
 
-def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list:
+def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list[Path]:
     """Folders named by ``/etc/ld.so.conf`` and its ``include`` globs (ldconfig(8)), in order.
 
     Reading them is what ``ldconfig -p`` would tell, without starting a process on every

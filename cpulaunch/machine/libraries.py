@@ -50,9 +50,9 @@ class Library(NamedTuple):
     name: str
     kind: str
     choice: str
-    filenames: tuple
+    filenames: tuple[str, ...]
     install: str
-    markers: tuple
+    markers: tuple[str, ...]
     env: Mapping[str, str] = MappingProxyType({})
     idle_env: Mapping[str, str] = MappingProxyType({})
     pin_style: str = ""
@@ -60,7 +60,7 @@ class Library(NamedTuple):
     selectable: bool = True
 
 
-REGISTRY: dict = {
+REGISTRY: dict[str, Library] = {
     lib.name: lib
     for lib in (
         Library(
@@ -167,7 +167,7 @@ def by_choice(kind: str, choice: str) -> Library:
 
 
 
-def preload_entries(value: str) -> list:
+def preload_entries(value: str) -> list[str]:
     """Split an LD_PRELOAD value into entries as glibc does: on spaces and colons only
     (ld.so(8); ``elf/rtld.c`` splits on " :"), so an entry holding a tab or a newline
     stays one entry, byte for byte. ``"/a.so:/b.so c.so"`` -> ``["/a.so", "/b.so", "c.so"]``."""
