@@ -354,7 +354,7 @@ _CCL_LINKED = ("CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY")
 _CCL_IDENTITY = ("CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", envvars.CCL_WORKER_CPUS)
 
 
-def ccl_runtime_env(fabric) -> dict:
+def ccl_runtime_env(fabric) -> dict[str, str]:
     """The two variables oneCCL cannot start a collective without, from the libfabric found
     (:class:`cpulaunch.machine.libfinder.Fabric`, or None): ``CCL_OFI_LIBRARY_PATH`` (the
     library file; without it oneCCL dlopens "libfabric.so" and fails: "could not open the
@@ -369,7 +369,7 @@ def ccl_runtime_env(fabric) -> dict:
 
 
 def ccl_env(ctx: RankContext, workers: Sequence[Sequence[int]], *, dedicated: bool,
-            runtime: Mapping[str, str] = MappingProxyType({})) -> dict:
+            runtime: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
     """oneCCL's variables for one rank (pure). Rules measured with oneCCL 2021.14 on this
     project's machine (docs/cluster.md, "oneCCL on this machine").
 
@@ -423,7 +423,7 @@ def ccl_env(ctx: RankContext, workers: Sequence[Sequence[int]], *, dedicated: bo
     return env
 
 
-def ccl_precedence(planned: Mapping[str, str], environ: Mapping[str, str], override_env: bool) -> tuple:
+def ccl_precedence(planned: Mapping[str, str], environ: Mapping[str, str], override_env: bool) -> tuple[dict[str, str], list[str]]:
     """The user's own CCL_*/FI_* values win over ``planned`` ones, as for OMP_* (render's
     rule), unless ``override_env`` -> (the variables cpulaunch sets, notes) (pure).
 

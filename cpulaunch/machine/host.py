@@ -413,7 +413,7 @@ print("cpulaunch-ccl-collective " + ("ok" if ok else "wrong sum"), flush=True)
 """
 
 
-def ccl_collective_check(python: str, env: Mapping[str, str]) -> tuple:
+def ccl_collective_check(python: str, env: Mapping[str, str]) -> tuple[bool, str]:
     """Can a oneCCL collective start here? A one-rank ``init_process_group("ccl")`` on a
     HashStore and one all_reduce run in a child of ``python`` with ``env`` (the user's
     environment plus the launcher's oneCCL variables). oneCCL opens libfabric and its

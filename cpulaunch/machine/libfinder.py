@@ -199,7 +199,7 @@ class Fabric(NamedTuple):
 
     library: Optional[Path]
     providers: Optional[Path]
-    searched: tuple = ()
+    searched: tuple[Path, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -207,7 +207,7 @@ class Fabric(NamedTuple):
         return self.library is not None and self.providers is not None
 
 
-def fabric_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list:
+def fabric_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list[Path]:
     """Folders that may hold oneCCL's libfabric, in order, each once (pure).
 
     ``<root>/lib/libfabric`` for the Python prefix, ``$CONDA_PREFIX``, ``$VIRTUAL_ENV``,
