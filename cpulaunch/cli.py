@@ -247,8 +247,11 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
 @_opt("--max-restarts", type=int, default=None,
       help="--ddp with --rdzv-endpoint: times torchrun's agent restarts the ranks after a failure (0).")
 @_opt("--backend", type=_choice(["auto", "gloo", "ccl"]), default=None,
-      help="--ddp: process-group backend (auto: ccl when oneccl_bindings_for_pytorch is usable).")
-@_opt("--ccl-worker-count", type=int, default=None, help="--ddp with ccl: cores per rank for oneCCL workers (1).")
+      help="--ddp: process-group backend (auto: ccl when oneccl_bindings_for_pytorch loads with this torch "
+      "and oneCCL's libfabric is found).")
+@_opt("--ccl-worker-count", type=int, default=None,
+      help="--ddp with ccl: cores per rank set aside for oneCCL's workers (default 1 when each rank has a core "
+      "to spare; 0: none, the worker shares the rank's first CPU and yields).")
 @_opt("--iface", default=None, help="--ddp: network interface (GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE).")
 @_opt("--share-host", default=None,
       help="Claim the planned cores host-wide, so other cpulaunch jobs plan on the rest; "

@@ -294,11 +294,10 @@ def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
     return result._replace(notes=tuple(notes) + result.notes)
 
 
-def _backend(opts: Options, host) -> tuple:
+def _backend(opts: Options, host, environ: Mapping[str, str]) -> tuple:
     from cpulaunch import distributed
 
-    return distributed.select_backend(opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None,
-                                      version_of=host.dist_versions.get)
+    return distributed.select_backend(opts.ddp.backend, host.ccl, host.fabric, environ)
 
 
 def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
@@ -328,9 +327,10 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
     if opts.ddp is not None:
         from cpulaunch import distributed
 
-        backend, note = _backend(opts, host)
+        backend, note = _backend(opts, host, environ)
         ranks = distributed.plan_ranks(topo, opts.request, opts.ddp, environ, engine=host.engine,
-                                       backend=backend, backend_note=note, free_port=host.free_port)
+                                       backend=backend, backend_note=note, free_port=host.free_port,
+                                       fabric=host.fabric, override_env=opts.override_env)
         the_plan = ranks.plan._replace(notes=ranks.notes)
         ddp_info, label, instance_env, run_environ = dict(ranks.info), "rank", ranks.instance_env, ranks.environ
     else:

@@ -110,7 +110,8 @@ class DdpOptions(NamedTuple):
         rdzv_endpoint: HOST:PORT of an elastic c10d rendezvous (torchrun starts the ranks).
         rdzv_id: elastic job id.
         backend: "auto", "gloo" or "ccl".
-        ccl_worker_count: cores per rank reserved for oneCCL workers (ccl only).
+        ccl_worker_count: cores per rank set aside for oneCCL's workers (ccl only); None:
+            not given (1 when it fits, else none: cpulaunch.distributed._with_ccl_workers).
         iface: network interface for gloo, oneCCL and libfabric.
         standalone: torchrun's --standalone was given (one machine; checked).
         max_restarts: torchrun's ``--max-restarts``: how many times its agent restarts
@@ -125,7 +126,7 @@ class DdpOptions(NamedTuple):
     rdzv_endpoint: Optional[str] = None
     rdzv_id: Optional[str] = None
     backend: str = "auto"
-    ccl_worker_count: int = 1
+    ccl_worker_count: Optional[int] = None
     iface: Optional[str] = None
     standalone: bool = False
     max_restarts: Optional[int] = None
@@ -388,8 +389,8 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
         rdzv_endpoint=v.get("rdzv_endpoint"),
         rdzv_id=v.get("rdzv_id"),
         backend=str(v.get("backend") or "auto").lower(),
-        ccl_worker_count=_positive("ccl-worker-count", 1 if v.get("ccl_worker_count") is None
-                                    else v["ccl_worker_count"], minimum=0),
+        ccl_worker_count=None if v.get("ccl_worker_count") is None
+        else _positive("ccl-worker-count", v["ccl_worker_count"], minimum=0),
         iface=v.get("iface"),
         standalone=bool(v.get("standalone")),
         max_restarts=_positive("max-restarts", v.get("max_restarts"), minimum=0),

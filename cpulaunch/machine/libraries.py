@@ -6,6 +6,11 @@ Each :class:`Library` lists its file names (versioned ones first: Debian ships
 ``libjemalloc.so.2`` and ``libtcmalloc.so.4`` without the unversioned link unless the -dev
 package is installed), the environment it wants and how to install it. Help text and
 click choices are generated from :data:`REGISTRY`.
+
+oneCCL's run time (issue 21) is in the registry too, never offered as a choice:
+``libfabric``, the transport oneCCL dlopens. :func:`cpulaunch.machine.libfinder.find_libfabric`
+finds it where Intel's wheels put it, with the provider folder beside it, which libfabric
+needs (docs/cluster.md).
 """
 
 import os
@@ -23,7 +28,7 @@ class Library(NamedTuple):
 
     Attributes:
         name: registry key ("jemalloc", "tcmalloc", "iomp5", "gomp").
-        kind: "allocator" or "openmp".
+        kind: "allocator", "openmp" or "ccl-runtime" (oneCCL's libfabric, never preloaded).
         choice: the value users type (``--allocator tcmalloc``, ``--omp-runtime intel``).
         filenames: file names to look for, preferred first; empty when nothing is
             preloaded (torch's bundled libgomp is already linked).
@@ -118,6 +123,19 @@ REGISTRY: dict[str, Library] = {
             markers=("libomp.", "libomp-"),
             pin_style="kmp",
             help="LLVM OpenMP (recognised where mapped; not offered as a choice)",
+            selectable=False,
+        ),
+        Library(
+            name="libfabric",
+            kind="ccl-runtime",
+            choice="libfabric",
+            filenames=("libfabric.so.1",),
+            # The versions that ran together here: docs/cluster.md (newer oneccl-cpu wheels
+            # do not load; 2022.2 needs a libfabric that is not on PyPI).
+            install="pip install impi-rt==2021.14.2 (puts lib/libfabric/libfabric.so.1 and "
+                    "lib/libfabric/prov/ under the Python prefix)",
+            markers=("libfabric.",),
+            help="libfabric, the transport oneCCL loads (impi-rt's build and its providers)",
             selectable=False,
         ),
     )
