@@ -82,7 +82,7 @@ class RankContext:
     local_world_size: int
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
-    notes: tuple = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _get_int(env: Mapping[str, str], *names: str) -> Optional[int]:
@@ -93,7 +93,7 @@ def _get_int(env: Mapping[str, str], *names: str) -> Optional[int]:
     return None
 
 
-def expand_hostlist(text: str) -> list:
+def expand_hostlist(text: str) -> list[str]:
     """Expand a Slurm hostlist with python-hostlist (Slurm's own rules; no hand parser):
     ``"node[01-03,07],gpu1"`` -> ``["node01", "node02", "node03", "node07", "gpu1"]``
     (zero padding kept, as ``scontrol show hostnames`` does); ``"rack[1-2]-n[1-2]"`` ->
@@ -326,14 +326,14 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
     return req._replace(ninstances=int(spec))
 
 
-def iface_env(iface: Optional[str]) -> dict:
+def iface_env(iface: Optional[str]) -> dict[str, str]:
     """One network interface for every library: gloo, oneCCL's key-value store, libfabric."""
     if not iface:
         return {}
     return {"GLOO_SOCKET_IFNAME": iface, "CCL_KVS_IFACE": iface, "FI_TCP_IFACE": iface}
 
 
-def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str) -> dict:
+def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str) -> dict[str, str]:
     """The variables torch.distributed's env:// rendezvous and DDP programs read."""
     return {
         "RANK": str(ctx.rank),
@@ -463,7 +463,7 @@ def torchrun_argv(
     entry: Sequence[str],
     *,
     max_restarts: Optional[int] = None,
-) -> list:
+) -> list[str]:
     """The ``python -m torch.distributed.run`` command that starts this node's ranks.
 
     Static rendezvous: ``--nnodes N --node-rank R --master-addr H --master-port P``;
@@ -510,7 +510,7 @@ class RankPlan:
     plan: object
     instance_env: Mapping[int, Mapping[str, str]]
     environ: Mapping[str, str]
-    notes: tuple
+    notes: tuple[str, ...]
     engine: Optional[RankContext]
     backend: str
     elastic: bool
