@@ -51,15 +51,16 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("-c", dest="commands", action="append", default=[], help="a command (repeatable)")
     p.add_argument("--job", action="store_true", help="run the machine's placement job")
     p.add_argument("--scenario", action="append", choices=sorted(lg.SCENARIOS),
-                   help="with --job: these scenarios instead of the machine's own")
+                   help="run this scenario (repeatable); with --job: instead of the machine's own")
     p.add_argument("--save-fixture", action="store_true",
                    help="with --job: write tests/fixtures/live-<machine>*/")
     p.add_argument("--timeout", type=float, default=lg.DEFAULT_TIMEOUT, help="seconds (default %(default)s)")
     p.add_argument("--keep", type=Path, help="keep the shared folder (job, results, dumps, logs) here")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- COMMAND...")
-    args = p.parse_args(argv)
-    if args.rest[:1] == ["--"]:
-        args.rest = args.rest[1:]
+    p.add_argument("--resave", type=Path, metavar="DIR",
+                   help="no guest: write the fixtures of MACHINE from a folder kept by --job --keep DIR")
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:cut])
+    args.rest = argv[cut + 1:]
     return args
 
 
@@ -142,6 +143,8 @@ def save_fixtures(run: lg.GuestRun) -> None:
                 "qemu": qemu.splitlines()[0] if qemu else "",
                 "lscpu": run.step(f"lscpu{tag}")["stdout"] if f"lscpu{tag}" in run.steps else None,
                 "numactl": run.step(f"numactl{tag}")["stdout"] if f"numactl{tag}" in run.steps else None,
+                "topology": (json.loads(run.steps[f"show/json{tag}"]["stdout"])
+                             if run.steps.get(f"show/json{tag}", {}).get("rc") == 0 else None),
                 "plans": recorded(run, tag)}
         (folder / f"{top}.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         print(f"live_machine: wrote {folder.relative_to(REPO)}/", file=sys.stderr)
@@ -157,6 +160,9 @@ def main(argv: list) -> int:
     if reason:
         print(f"live_machine: {reason}", file=sys.stderr)
         return 2
+    if args.resave:
+        save_fixtures(lg.collect(lg.MACHINES[args.machine], args.resave.resolve()))
+        return 0
     if args.layout:
         machine = custom_machine(args)
     elif args.machine in lg.MACHINES:
@@ -164,9 +170,12 @@ def main(argv: list) -> int:
     else:
         raise SystemExit(f"live_machine: name a machine of --list or give --layout (got {args.machine!r})")
     work = args.keep or Path(tempfile.mkdtemp(prefix="live-machine-"))
-    steps = lg.job(machine, work, args.scenario) if args.job else command_steps(args)
+    if args.job or args.scenario:
+        steps = lg.job(machine, work, tuple(args.scenario or ()) or None, placement=args.job)
+    else:
+        steps = command_steps(args)
     run = lg.boot(machine, steps, work, timeout=args.timeout)
-    rc = report(run, verbose=not args.job)
+    rc = report(run, verbose=not (args.job or args.scenario))
     if args.job and args.save_fixture and run.done:
         save_fixtures(run)
     if args.keep is None and run.done:

@@ -153,9 +153,18 @@ def finish(started, deadline):
 
 
 def run_group(steps, job_env, cwd):
-    """Run the run steps ``steps`` at the same time; {id: record}."""
-    started = [(s, start(s, job_env, cwd)) for s in steps]
-    return {s["id"]: finish(p, p[3] + float(s.get("timeout", 600))) for s, p in started}
+    """Run the run steps ``steps`` at the same time; {id: record}. A program that cannot
+    be started gets rc 127 and the reason on stderr."""
+    records, started = {}, []
+    for s in steps:
+        try:
+            started.append((s, start(s, job_env, cwd)))
+        except (OSError, subprocess.SubprocessError) as exc:
+            records[s["id"]] = {"rc": 127, "stdout": "", "stderr": str(exc), "seconds": 0.0,
+                                "timed_out": False}
+    for s, p in started:
+        records[s["id"]] = finish(p, p[3] + float(s.get("timeout", 600)))
+    return records
 
 
 def run_file_step(step):

@@ -12,6 +12,7 @@ policy and on the CPU it runs on), then prints
 - ``policy``: the policy column of /proc/self/numa_maps for the touched region
   (``bind:0``, ``interleave:0-1``, ``prefer:1``, ``default``);
 - ``pages``: {node id: pages of the region on that node} from its ``N<node>=`` fields;
+- ``numa_maps``: that line of /proc/self/numa_maps as the kernel wrote it;
 - ``pid``, ``cpu`` (the CPU it last ran on, /proc/self/stat field 39).
 
 ``--hold DIR``: after printing, create DIR/ready-PID and wait (at most 600 s) until
@@ -42,7 +43,7 @@ def status_field(text, key):
 
 
 def region_numa(addr):
-    """(policy, {node: pages}) of the mapping holding ``addr``, from /proc/self/numa_maps."""
+    """(policy, {node: pages}, the numa_maps line) of the mapping holding ``addr``."""
     with open("/proc/self/maps") as f:
         for line in f:
             lo, hi = (int(x, 16) for x in line.split(" ", 1)[0].split("-"))
@@ -57,7 +58,7 @@ def region_numa(addr):
             if int(fields[0], 16) == start:
                 pages = {int(k[1:]): int(v) for k, v in (x.split("=", 1) for x in fields[2:] if "=" in x)
                          if k[:1] == "N" and k[1:].isdigit()}
-                return fields[1], pages
+                return fields[1], pages, line.strip()
     raise SystemExit(f"live_probe: mapping at {start:#x} not in /proc/self/numa_maps")
 
 
@@ -81,7 +82,7 @@ def main(argv):
     for off in range(0, size, PAGE):
         region[off] = 1
     addr = ctypes.addressof(ctypes.c_char.from_buffer(region))
-    policy, pages = region_numa(addr)
+    policy, pages, line = region_numa(addr)
     with open("/proc/self/status") as f:
         status = f.read()
     with open("/proc/self/stat") as f:
@@ -92,7 +93,8 @@ def main(argv):
         "affinity": sorted(os.sched_getaffinity(0)),
         "cpus_allowed": status_field(status, "Cpus_allowed_list"),
         "mems_allowed": status_field(status, "Mems_allowed_list"),
-        "policy": policy, "pages": pages, "mb": int(argv[1]), "pid": os.getpid(), "cpu": cpu,
+        "policy": policy, "pages": pages, "numa_maps": line, "mb": int(argv[1]),
+        "pid": os.getpid(), "cpu": cpu,
     }), flush=True)
     if "--hold" in opts:
         hold(opts["--hold"])

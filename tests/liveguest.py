@@ -361,16 +361,18 @@ def ddp_steps(machine: Machine, workdir: Path) -> list:
 SCENARIOS = {"verify": verify_steps, "offline-cgroup": offline_cgroup_steps, "ddp": ddp_steps}
 
 
-def job(machine: Machine, workdir: Path, scenarios: Optional[tuple] = None) -> list:
-    """The placement job of ``machine``: the kernel's own view (lscpu, numactl -H, a
-    dump), every plan, every launch, then ``scenarios`` (default: the machine's own)."""
+def job(machine: Machine, workdir: Path, scenarios: Optional[tuple] = None,
+        placement: bool = True) -> list:
+    """The job of ``machine``: the kernel's own view (lscpu, numactl -H, a dump), with
+    ``placement`` every plan and every launch, then ``scenarios`` (default: the
+    machine's own; names of :data:`SCENARIOS`)."""
     steps = truth_steps() + [dump_step("base", workdir)]
-    steps += plan_steps(plan_modes(machine))
-    steps += launch_steps(machine, workdir, launch_modes(machine))
+    if placement:
+        steps += plan_steps(plan_modes(machine))
+        steps += launch_steps(machine, workdir, launch_modes(machine))
     for name in machine.scenarios if scenarios is None else scenarios:
         steps += SCENARIOS[name](machine, workdir)
     return steps
-
 
 # --------------------------------------------------------------------------- booting
 
@@ -458,6 +460,16 @@ def _write_wrapper(workdir: Path) -> Path:
     return wrapper
 
 
+def precompile() -> None:
+    """Write the checkout's bytecode (cpulaunch/__pycache__, as any import does where
+    PYTHONDONTWRITEBYTECODE is unset): the guest's root is read-only, and compiling the
+    package in every guest process costs seconds under emulation. A read-only checkout
+    is left as it is."""
+    import compileall
+
+    compileall.compile_dir(str(REPO / "cpulaunch"), quiet=2)
+
+
 def vng_argv(machine: Machine, workdir: Path, kernel: str) -> list:
     """The vng command that boots ``machine`` and runs WORKDIR/job.json in it."""
     run = [PYTHON, "-S", str(AGENT), "run", str(workdir / "job.json"), str(workdir / "results.json")]
@@ -483,6 +495,7 @@ def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_
     reason = missing()
     if reason:
         raise RuntimeError(reason)
+    precompile()
     workdir = Path(workdir).resolve()
     (workdir / "dumps").mkdir(parents=True, exist_ok=True)
     (workdir / "job.json").write_text(json.dumps({"env": guest_env(), "cwd": str(REPO),
@@ -500,7 +513,7 @@ def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_
             timed_out = True
         finally:
             _stop(proc, pidfile, marker)
-    return _collect(machine, workdir, time.monotonic() - t0, proc.returncode, timed_out)
+    return collect(machine, workdir, time.monotonic() - t0, proc.returncode, timed_out)
 
 
 def _stop(proc: subprocess.Popen, pidfile: Path, marker: str) -> None:
@@ -516,7 +529,9 @@ def _stop(proc: subprocess.Popen, pidfile: Path, marker: str) -> None:
         _LIVE.pop(pidfile, None)
 
 
-def _collect(machine: Machine, workdir: Path, seconds: float, rc, timed_out: bool) -> GuestRun:
+def collect(machine: Machine, workdir: Path, seconds: float = 0.0, rc=None,
+            timed_out: bool = False) -> GuestRun:
+    """The :class:`GuestRun` of what a guest left in ``workdir`` (results.json, console.log)."""
     try:
         results = json.loads((workdir / "results.json").read_text())
     except (OSError, ValueError):
