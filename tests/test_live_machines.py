@@ -315,6 +315,45 @@ def share(pages: dict, nodes) -> float:
     return sum(v for k, v in pages.items() if int(k) in set(nodes)) / total if total else 0.0
 
 
+# --------------------------------------------------------------------------- the harness
+
+
+def test_missing_names_what_to_install(monkeypatch, tmp_path):
+    """Without qemu, virtme-ng or a kernel, the live tests skip with one line saying what
+    to install."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert lg.missing() in (
+        "qemu-system-x86_64 not found (apt-get install qemu-system-x86)",
+        f"live guests need an x86_64 host (this is {os.uname().machine})")
+    (tmp_path / lg.QEMU).write_text("#!/bin/sh\n")
+    (tmp_path / lg.QEMU).chmod(0o755)
+    if os.uname().machine == "x86_64":
+        assert lg.missing() == "virtme-ng's vng not found (pip install virtme-ng)"
+    monkeypatch.setenv(lg.KERNEL_ENV, "")
+    monkeypatch.setattr(lg.glob, "glob", lambda pattern: [])
+    for tool in ("vng", "busybox"):
+        (tmp_path / tool).write_text("#!/bin/sh\n")
+        (tmp_path / tool).chmod(0o755)
+    if os.uname().machine == "x86_64":
+        assert lg.missing().startswith("no /boot/vmlinuz-* with 9p modules")
+
+
+@LIVE
+def test_timeout_kills_qemu(tmp_path, request):
+    """A guest that outlives its timeout is killed by the PID the qemu wrapper recorded:
+    no qemu of it is left, and the run says it timed out."""
+    expr = request.config.getoption("markexpr") or ""
+    if MISSING or "live" not in expr or "not live" in expr:
+        pytest.skip(MISSING or "live guests boot only under pytest -m live")
+    machine = lg.MACHINES["2s2c"]
+    run = lg.boot(machine, [{"id": "long", "argv": ["sleep", "600"], "timeout": 700}],
+                  tmp_path, timeout=20)
+    pids = [int(p) for p in (tmp_path / "qemu.pids").read_text().split()]
+    assert run.timed_out and not run.done and pids
+    assert lg._recorded_qemus(tmp_path / "qemu.pids", f"path={tmp_path.resolve()}") == []
+    assert (tmp_path / "qemu.pids") not in lg._LIVE
+
+
 # --------------------------------------------------------------------------- live: layout and plans
 
 
@@ -379,8 +418,12 @@ def test_show_topology_live(guests, name):
     text = run.step("show/text")["stdout"]
     for sock in topo["sockets"]:
         assert f"socket {sock['index']} (package {sock['package_id']}): CPUs {sock['cpus']}" in text
+    cpuless = [n["id"] for n in topo["nodes"] if not n["cpus"]]
     for node in topo["nodes"]:
-        assert f"node {node['id']} (" in text
+        assert node["id"] in cpuless or f"  node {node['id']} (" in text
+    if cpuless:  # drawn last, on one line: "memory-only nodes: 2 (0.5 GiB)"
+        (line,) = [x for x in text.splitlines() if x.startswith("memory-only nodes: ")]
+        assert [int(x.split(" (")[0]) for x in line[len("memory-only nodes: "):].split(", ")] == cpuless
 
 
 # --------------------------------------------------------------------------- live: launches
