@@ -143,6 +143,8 @@ def save_fixtures(run: lg.GuestRun) -> None:
                 "qemu": qemu.splitlines()[0] if qemu else "",
                 "lscpu": run.step(f"lscpu{tag}")["stdout"] if f"lscpu{tag}" in run.steps else None,
                 "numactl": run.step(f"numactl{tag}")["stdout"] if f"numactl{tag}" in run.steps else None,
+                "numactl_show": (run.step(f"numactl-show{tag}")["stdout"]
+                                 if f"numactl-show{tag}" in run.steps else None),
                 "topology": (json.loads(run.steps[f"show/json{tag}"]["stdout"])
                              if run.steps.get(f"show/json{tag}", {}).get("rc") == 0 else None),
                 "plans": recorded(run, tag)}

@@ -255,11 +255,18 @@ def dump_step(name: str, workdir: Path, cgroup: Optional[str] = None) -> dict:
     return step
 
 
-def truth_steps(tag: str = "") -> list:
-    """What the kernel says, by its own tools: ``lscpu -e`` and ``numactl -H``."""
-    return [{"id": f"lscpu{tag}", "argv": ["lscpu", "-e=CPU,NODE,SOCKET,CORE,ONLINE"], "timeout": 60},
-            {"id": f"numactl{tag}", "argv": ["numactl", "-H"], "timeout": 60},
-            {"id": f"uname{tag}", "argv": ["uname", "-r"], "timeout": 60}]
+def truth_steps(tag: str = "", cgroup: Optional[str] = None) -> list:
+    """What the kernel says, by its own tools: ``lscpu -e``, ``numactl -H`` and ``numactl
+    --show`` (the CPUs and memory nodes this process may use), in ``cgroup`` if given."""
+    steps = [{"id": f"lscpu{tag}", "argv": ["lscpu", "-e=CPU,NODE,SOCKET,CORE,ONLINE"]},
+             {"id": f"numactl{tag}", "argv": ["numactl", "-H"]},
+             {"id": f"numactl-show{tag}", "argv": ["numactl", "--show"]},
+             {"id": f"uname{tag}", "argv": ["uname", "-r"]}]
+    for step in steps:
+        step["timeout"] = 60
+        if cgroup:
+            step["cgroup"] = cgroup
+    return steps
 
 
 # --------------------------------------------------------------------------- jobs
@@ -346,6 +353,7 @@ def offline_cgroup_steps(machine: Machine, workdir: Path) -> list:
               {"id": "cgroup/cpus", "write": f"{CGROUP}/cpuset.cpus", "text": "1-2,4-6"},
               {"id": "cgroup/mems", "write": f"{CGROUP}/cpuset.mems", "text": "0,2"},
               dump_step("cgroup", workdir, cgroup=CGROUP)]
+    steps += truth_steps("@cgroup", cgroup=CGROUP)
     steps += plan_steps(modes, "@cgroup", cgroup=CGROUP)
     return steps + launch_steps(machine, workdir, runs, "@cgroup", cgroup=CGROUP)
 

@@ -131,7 +131,9 @@ EXPECTED = {
     },
     "2s4c-uneven": {  # node 0: CPUs 0-2 (socket 0); node 1: CPU 3 (socket 0) and 4-7
         "per-socket": [("0-3", "0-3", "0-1"), ("4-7", "4-7", "1")],
-        "per-socket-2": [("0-1", "0-1", "0"), ("3", "3", "1"), ("4-5", "4-5", "1"),
+        # today's plan: socket 0 (node 0: 3 cores, node 1: 1) cut 2 + 1 inside node 0 (a tie
+        # goes to the first node), CPU 3 idle; the ruling (3 + 1) is test_ruling_follow_nodes
+        "per-socket-2": [("0-1", "0-1", "0"), ("2", "2", "0"), ("4-5", "4-5", "1"),
                          ("6-7", "6-7", "1")],
         "per-node": [("0-2", "0-2", "0"), ("3-7", "3-7", "1")],
         "ninstances-3": [("0-2", "0-2", "0"), ("3-5", "3-5", "1"), ("6-7", "6-7", "1")],
@@ -143,7 +145,7 @@ EXPECTED = {
     },
     "1s12c-7+5": {  # one socket; node 0: CPUs 0-6, node 1: 7-11
         "per-socket": [("0-11", "0-11", "0-1")],
-        # today's plan (6 + 5, CPU 6 idle); the ruling (7 + 5) is test_ruling_seven_five
+        # today's plan (6 + 5, CPU 6 idle); the ruling (7 + 5) is test_ruling_follow_nodes
         "per-socket-2": [("0-5", "0-5", "0"), ("7-11", "7-11", "1")],
         "per-node": [("0-6", "0-6", "0"), ("7-11", "7-11", "1")],
         "ninstances-3": [("0-3", "0-3", "0"), ("4-7", "4-7", "0-1"), ("8-11", "8-11", "1")],
@@ -209,16 +211,35 @@ def parse_numactl_h(text: str) -> dict:
     return {"cpus": cpus, "size_mb": size, "distance": dist}
 
 
-class Truth:
-    """What the kernel says of a guest: per CPU (node, socket, core, online) from lscpu,
-    node CPUs, memory and distances from numactl -H."""
+def parse_numactl_show(text: str) -> dict:
+    """``numactl --show`` -> {"physcpubind": set of CPUs, "membind": set of nodes, ...}
+    (the CPUs and memory nodes the process may use)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("physcpubind", "cpubind", "nodebind", "membind"):
+            out[key] = {int(w) for w in value.split()}
+    return out
 
-    def __init__(self, lscpu: str, numactl: str):
+
+class Truth:
+    """What the kernel says of a guest: per CPU (node, socket, core, online) from lscpu;
+    node CPUs, memory and distances from numactl -H; the CPUs and memory nodes this
+    process may use from numactl --show (None: not recorded)."""
+
+    def __init__(self, lscpu: str, numactl: str, show: str | None = None):
         self.cpus = parse_lscpu_e(lscpu)
         self.numa = parse_numactl_h(numactl)
+        self.show = parse_numactl_show(show) if show else None
 
     def online(self) -> set:
         return {c for c, (_, _, _, up) in self.cpus.items() if up}
+
+    def allowed_cpus(self) -> set:
+        return self.show["physcpubind"] if self.show else self.online()
+
+    def allowed_mems(self) -> set:
+        return self.show["membind"] if self.show else set(self.numa["size_mb"])
 
     def socket_of(self, cpu: int) -> int:
         return self.cpus[cpu][1]
@@ -231,17 +252,19 @@ class Truth:
 
 
 def truth_of(run: lg.GuestRun, tag: str = "") -> Truth:
-    return Truth(run.step(f"lscpu{tag}")["stdout"], run.step(f"numactl{tag}")["stdout"])
+    show = run.steps.get(f"numactl-show{tag}", {}).get("stdout")
+    return Truth(run.step(f"lscpu{tag}")["stdout"], run.step(f"numactl{tag}")["stdout"], show)
 
 
 def check_against_truth(plan: dict, truth: Truth, mode: str, machine: lg.Machine) -> None:
-    """What holds whatever the exact cpulists: CPUs online and disjoint; per-socket and
-    per-node instances inside one socket / node; --core-list and --node-list respected;
-    memory nodes = the nodes (by lscpu) of the instance's CPUs that have memory (numactl)."""
+    """What holds whatever the exact cpulists: CPUs allowed (numactl --show) and disjoint;
+    per-socket and per-node instances inside one socket / node; --core-list and
+    --node-list respected; memory nodes = the nodes (lscpu) of the instance's CPUs that
+    have memory (numactl -H) and that the process may use (numactl --show), else none."""
     seen = set()
     for inst in plan["instances"]:
         bound = set(inst["bound_cpus"])
-        assert bound <= truth.online() and not bound & seen, (mode, inst["cpulist"])
+        assert bound <= truth.allowed_cpus() and not bound & seen, (mode, inst["cpulist"])
         seen |= bound
         if mode.startswith("per-socket"):
             assert len({truth.socket_of(c) for c in bound}) == 1, (mode, inst["cpulist"])
@@ -251,9 +274,9 @@ def check_against_truth(plan: dict, truth: Truth, mode: str, machine: lg.Machine
             assert bound <= lg.cpulist.parse(machine.core_list)
         if mode == "node-list":
             assert {truth.node_of(c) for c in bound} <= lg.cpulist.parse(machine.node_list)
-        if inst["mem_policy"] != "none":
-            mine = {truth.node_of(c) for c in bound} & truth.nodes_with_memory()
-            assert set(inst["mem_nodes"]) == mine, (mode, inst)
+        mine = {truth.node_of(c) for c in bound} & truth.nodes_with_memory() & truth.allowed_mems()
+        assert set(inst["mem_nodes"]) == mine, (mode, inst)
+        assert inst["mem_policy"] == ("bind" if mine else "none"), (mode, inst)
 
 
 # --------------------------------------------------------------------------- guests
@@ -656,16 +679,25 @@ def test_dump_plan(live_roots, folder, mode, machine, tag):
     assert want is None or rows(plan) == want
 
 
+#: The ruling's plans (issue 23 item 6) for --instances-per-socket 2 on guests' dumps.
+RULING = {
+    "live-1s12c-7+5": [("0-6", "0-6", "0"), ("7-11", "7-11", "1")],  # nodes of 7 and 5 cores
+    "live-2s4c-uneven": [("0-2", "0-2", "0"), ("3", "3", "1"), ("4-5", "4-5", "1"),
+                         ("6-7", "6-7", "1")],  # socket 0: nodes of 3 and 1 cores
+}
+
+
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="ruling not implemented yet (issue 23 item 6): "
-                   "--instances-per-socket 2 on a socket whose nodes have 7 and 5 cores plans "
-                   "6 + 5 and leaves a core idle; instances should follow the nodes (7 + 5)")
-def test_ruling_seven_five(live_roots):
-    """1 socket, nodes of 7 and 5 cores (dump of the 1s12c-7+5 guest)."""
-    if "live-1s12c-7+5" not in live_roots:
-        pytest.skip("tests/fixtures/live-1s12c-7+5 missing (scripts/live_machine.py 1s12c-7+5 --job --save-fixture)")
-    plan = plan_json(live_roots["live-1s12c-7+5"], "--instances-per-socket", "2")
-    assert rows(plan) == [("0-6", "0-6", "0"), ("7-11", "7-11", "1")]
+                   reason="ruling not implemented yet (issue 23 item 6): --instances-per-socket 2 "
+                   "on a socket whose two nodes have 7 and 5 cores plans 6 + 5 and leaves a core "
+                   "idle; instances should follow the nodes and use every core (7 + 5)")
+@pytest.mark.parametrize("folder", sorted(RULING))
+def test_ruling_follow_nodes(live_roots, folder):
+    """A socket of two unequal nodes, two instances: one per node, every core used."""
+    if folder not in live_roots:
+        pytest.skip(f"tests/fixtures/{folder} missing (scripts/live_machine.py --job --save-fixture)")
+    plan = plan_json(live_roots[folder], "--instances-per-socket", "2")
+    assert rows(plan) == RULING[folder]
     assert not any("idle" in n for n in plan["notes"])
 
 
