@@ -53,21 +53,23 @@ def selected() -> set:
 
 # --------------------------------------------------------------------------- expectations
 
+TWO_SOCKETS = {  # 2s2c: 2 sockets x 2 cores, a node per socket
+    "per-socket": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
+    "per-socket-2": [("0", "0", "0"), ("1", "1", "0"), ("2", "2", "1"), ("3", "3", "1")],
+    "per-node": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
+    "ninstances-3": [("0-1", "0-1", "0"), ("2", "2", "1"), ("3", "3", "1")],
+    "logical": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
+    "budgets": [("0", "0-1", "0"), ("2", "2-3", "1")],
+    "budgets-1": [("0-1", "0-3", "0-1")],
+    "core-list": [("1-2", "1-2", "0-1")],
+    "node-list": [("2-3", "2-3", "1")],
+}
+
 #: Exact plans, from the planner's rules (cpulaunch/plan.py) applied by hand to each
 #: layout: per mode, one (compute cpulist, bound cpulist, memory nodes) per instance, or
 #: (ERR, part of the message). Memory nodes "" means not bound (policy none).
 EXPECTED = {
-    "2s2c": {
-        "per-socket": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
-        "per-socket-2": [("0", "0", "0"), ("1", "1", "0"), ("2", "2", "1"), ("3", "3", "1")],
-        "per-node": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
-        "ninstances-3": [("0-1", "0-1", "0"), ("2", "2", "1"), ("3", "3", "1")],
-        "logical": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
-        "budgets": [("0", "0-1", "0"), ("2", "2-3", "1")],
-        "budgets-1": [("0-1", "0-3", "0-1")],
-        "core-list": [("1-2", "1-2", "0-1")],
-        "node-list": [("2-3", "2-3", "1")],
-    },
+    "2s2c": TWO_SOCKETS,
     "2s2c2t": {  # SMT siblings (0,1) (2,3) (4,5) (6,7): one CPU per core unless logical
         "per-socket": [("0,2", "0,2", "0"), ("4,6", "4,6", "1")],
         "per-socket-2": [("0", "0", "0"), ("2", "2", "0"), ("4", "4", "1"), ("6", "6", "1")],
@@ -79,17 +81,9 @@ EXPECTED = {
         "core-list": [("2,4", "2,4", "0-1")],
         "node-list": [("4,6", "4,6", "1")],
     },
-    "2s2c-memonly": {  # node 2: memory only, never a memory node of an instance
-        "per-socket": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
-        "per-socket-2": [("0", "0", "0"), ("1", "1", "0"), ("2", "2", "1"), ("3", "3", "1")],
-        "per-node": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
-        "ninstances-3": [("0-1", "0-1", "0"), ("2", "2", "1"), ("3", "3", "1")],
-        "logical": [("0-1", "0-1", "0"), ("2-3", "2-3", "1")],
-        "budgets": [("0", "0-1", "0"), ("2", "2-3", "1")],
-        "budgets-1": [("0-1", "0-3", "0-1")],
-        "core-list": [("1-2", "1-2", "0-1")],
-        "node-list": [(ERR, "--node-list names NUMA nodes 2 that have no CPUs")],
-    },
+    # node 2: memory only, never a memory node of an instance: the plans of 2s2c
+    "2s2c-memonly": {**TWO_SOCKETS,
+                     "node-list": [(ERR, "--node-list names NUMA nodes 2 that have no CPUs")]},
     "2s4c-snc2": {  # nodes 0,1 on socket 0; 2,3 on socket 1; 2 CPUs each
         "per-socket": [("0-3", "0-3", "0-1"), ("4-7", "4-7", "2-3")],
         "per-socket-2": [("0-1", "0-1", "0"), ("2-3", "2-3", "1"), ("4-5", "4-5", "2"),
