@@ -402,7 +402,8 @@ class GuestRun:
     workdir: Path
     rc: Optional[int] = None
     timed_out: bool = False
-    notes: list = field(default_factory=list)
+    #: qemu PIDs killed by their recorded PID (the time ran out, or qemu outlived vng).
+    killed: list = field(default_factory=list)
 
     def step(self, sid: str) -> dict:
         """The record of step ``sid``; AssertionError with the console's end when absent."""
@@ -412,12 +413,13 @@ class GuestRun:
         return self.steps[sid]
 
 
-_LIVE: dict = {}  # qemu pid file -> marker, for guests not yet reaped
+#: {qemu PID file: marker} of the guests not yet reaped (see :func:`kill_leftovers`).
+LIVE_GUESTS: dict = {}
 
 
-def _recorded_qemus(pidfile: Path, marker: str) -> list:
+def recorded_qemus(pidfile: Path, marker: str) -> list:
     """PIDs the wrapper recorded whose process is still a qemu of this guest (its command
-    line names the guest's shared folder): a recycled PID is never touched."""
+    line names the guest's shared folder, ",path=WORKDIR,"): a recycled PID is never touched."""
     try:
         pids = [int(x) for x in pidfile.read_text().split()]
     except (OSError, ValueError):
@@ -433,10 +435,10 @@ def _recorded_qemus(pidfile: Path, marker: str) -> list:
     return alive
 
 
-def _kill_qemus(pidfile: Path, marker: str) -> list:
+def kill_qemus(pidfile: Path, marker: str) -> list:
     """SIGKILL this guest's recorded qemu processes; the PIDs killed."""
     killed = []
-    for pid in _recorded_qemus(pidfile, marker):
+    for pid in recorded_qemus(pidfile, marker):
         try:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
@@ -448,9 +450,9 @@ def _kill_qemus(pidfile: Path, marker: str) -> list:
 def kill_leftovers() -> list:
     """Kill the qemu of every guest not yet reaped (at exit, or at a test session's end)."""
     killed = []
-    for pidfile, marker in list(_LIVE.items()):
-        killed += _kill_qemus(pidfile, marker)
-        _LIVE.pop(pidfile, None)
+    for pidfile, marker in list(LIVE_GUESTS.items()):
+        killed += kill_qemus(pidfile, marker)
+        LIVE_GUESTS.pop(pidfile, None)
     return killed
 
 
@@ -509,8 +511,8 @@ def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_
     (workdir / "job.json").write_text(json.dumps({"env": guest_env(), "cwd": str(REPO),
                                                   "steps": steps}))
     argv = vng_argv(machine, workdir, find_kernel())
-    pidfile, marker = workdir / "qemu.pids", f"path={workdir}"
-    _LIVE[pidfile] = marker
+    pidfile, marker = workdir / "qemu.pids", f"path={workdir},"
+    LIVE_GUESTS[pidfile] = marker
     t0, timed_out = time.monotonic(), False
     with open(workdir / "console.log", "wb") as log:
         proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
@@ -520,21 +522,25 @@ def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            _stop(proc, pidfile, marker)
-    return collect(machine, workdir, time.monotonic() - t0, proc.returncode, timed_out)
+            killed = _stop(proc, pidfile, marker)
+    run = collect(machine, workdir, time.monotonic() - t0, proc.returncode, timed_out)
+    run.killed = killed
+    return run
 
 
-def _stop(proc: subprocess.Popen, pidfile: Path, marker: str) -> None:
-    """Kill the guest's qemu (by recorded PID) and vng's process group if still running."""
-    _kill_qemus(pidfile, marker)
+def _stop(proc: subprocess.Popen, pidfile: Path, marker: str) -> list:
+    """Kill the guest's qemu (by recorded PID) and vng's process group if still running;
+    the qemu PIDs killed."""
+    killed = kill_qemus(pidfile, marker)
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     proc.wait(timeout=60)
-    if not _recorded_qemus(pidfile, marker):
-        _LIVE.pop(pidfile, None)
+    if not recorded_qemus(pidfile, marker):
+        LIVE_GUESTS.pop(pidfile, None)
+    return killed
 
 
 def collect(machine: Machine, workdir: Path, seconds: float = 0.0, rc=None,

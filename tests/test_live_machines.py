@@ -279,15 +279,22 @@ def check_against_truth(plan: dict, truth: Truth, mode: str, machine: lg.Machine
 TIMES: list = []
 
 
+def live_skip_reason(config) -> str | None:
+    """Why no guest boots in this session: guests boot only when the run selects the
+    ``live`` marker (a plain pytest never starts one), and need qemu, vng and a kernel."""
+    expr = config.getoption("markexpr") or ""
+    if "live" not in expr or "not live" in expr:
+        return "live guests boot only under pytest -m live (minutes each: docs/live-machines.md)"
+    return MISSING
+
+
 @pytest.fixture(scope="session")
 def guests(tmp_path_factory, request):
     """``guests(name, job="placement"|"ddp")`` -> the GuestRun of that machine's job,
     booted at most once per session (one guest at a time). No qemu outlives the session."""
-    expr = request.config.getoption("markexpr") or ""
-    if "live" not in expr or "not live" in expr:
-        pytest.skip("live guests boot only under pytest -m live (minutes each: docs/live-machines.md)")
-    if MISSING:
-        pytest.skip(MISSING)
+    reason = live_skip_reason(request.config)
+    if reason:
+        pytest.skip(reason)
     cache: dict = {}
 
     def get(name: str, kind: str = "placement") -> lg.GuestRun:
@@ -307,7 +314,10 @@ def guests(tmp_path_factory, request):
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     for name, kind, boot, total, done in TIMES:
         line = f"live {name} ({kind}): boot {boot} s, boot+run {total} s{'' if done else ', NOT DONE'}"
-        reporter.write_line(line) if reporter else print(line)
+        if reporter:
+            reporter.write_line(line)
+        else:
+            print(line)
     assert not left, f"qemu processes left running and killed: {left}"
 
 
@@ -359,16 +369,17 @@ def test_missing_names_what_to_install(monkeypatch, tmp_path):
 def test_timeout_kills_qemu(tmp_path, request):
     """A guest that outlives its timeout is killed by the PID the qemu wrapper recorded:
     no qemu of it is left, and the run says it timed out."""
-    expr = request.config.getoption("markexpr") or ""
-    if MISSING or "live" not in expr or "not live" in expr:
-        pytest.skip(MISSING or "live guests boot only under pytest -m live")
+    reason = live_skip_reason(request.config)
+    if reason:
+        pytest.skip(reason)
     machine = lg.MACHINES["2s2c"]
     run = lg.boot(machine, [{"id": "long", "argv": ["sleep", "600"], "timeout": 700}],
                   tmp_path, timeout=20)
     pids = [int(p) for p in (tmp_path / "qemu.pids").read_text().split()]
-    assert run.timed_out and not run.done and pids
-    assert lg._recorded_qemus(tmp_path / "qemu.pids", f"path={tmp_path.resolve()}") == []
-    assert (tmp_path / "qemu.pids") not in lg._LIVE
+    assert run.timed_out and not run.done
+    assert run.killed and set(run.killed) <= set(pids)  # found by its recorded PID, and killed
+    assert lg.recorded_qemus(tmp_path / "qemu.pids", f"path={tmp_path.resolve()},") == []
+    assert (tmp_path / "qemu.pids") not in lg.LIVE_GUESTS
 
 
 # --------------------------------------------------------------------------- live: layout and plans
