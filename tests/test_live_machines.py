@@ -311,14 +311,21 @@ def guests(tmp_path_factory, request):
 
     yield get
     left = lg.kill_leftovers()
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    for name, kind, boot, total, done in TIMES:
-        line = f"live {name} ({kind}): boot {boot} s, boot+run {total} s{'' if done else ', NOT DONE'}"
-        if reporter:
-            reporter.write_line(line)
-        else:
-            print(line)
+    report_times(request.config)
     assert not left, f"qemu processes left running and killed: {left}"
+
+
+def report_times(config) -> None:
+    """Print each guest's boot and boot+run seconds past pytest's output capture."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if not (capman and reporter and TIMES):
+        return
+    with capman.global_and_fixture_disabled():
+        reporter.ensure_newline()
+        for name, kind, boot, total, done in TIMES:
+            reporter.write_line(f"live {name} ({kind}): boot {boot} s, boot+run {total} s"
+                                + ("" if done else ", NOT DONE"))
 
 
 def plan_of(run: lg.GuestRun, sid: str) -> dict:
