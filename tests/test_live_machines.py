@@ -305,7 +305,8 @@ def guests(tmp_path_factory, request):
             work = tmp_path_factory.mktemp(f"live-{name}-{kind}")
             steps = (lg.job(machine, work) if kind == "placement"
                      else lg.job(machine, work, ("ddp",), placement=False))
-            run = cache[(name, kind)] = lg.boot(machine, steps, work)
+            timeout = lg.DEFAULT_TIMEOUT if kind == "placement" else 2 * lg.DEFAULT_TIMEOUT
+            run = cache[(name, kind)] = lg.boot(machine, steps, work, timeout=timeout)
             TIMES.append((name, kind, run.boot_seconds, run.seconds, run.done))
         return cache[(name, kind)]
 
