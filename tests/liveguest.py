@@ -40,12 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from cpulaunch import cpulist
+
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # scripts/live_machine.py imports this file by path
-    sys.path.insert(0, str(REPO))
-
-from cpulaunch import cpulist  # noqa: E402  (the one cpulist parser)
-
 AGENT = REPO / "tests" / "live_agent.py"
 PROBE = REPO / "tests" / "live_probe.py"
 PYTHON = sys.executable
@@ -457,9 +454,6 @@ def kill_leftovers() -> list:
     return killed
 
 
-atexit.register(kill_leftovers)
-
-
 def _write_wrapper(workdir: Path) -> Path:
     """A qemu wrapper that appends its PID (qemu's after exec) to WORKDIR/qemu.pids."""
     qemu = shutil.which(QEMU)
@@ -513,6 +507,9 @@ def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_
                                                   "steps": steps}))
     argv = vng_argv(machine, workdir, find_kernel())
     pidfile, marker = workdir / "qemu.pids", f"path={workdir},"
+    if not LIVE_GUESTS:  # registered once a guest is about to start, not at import
+        atexit.unregister(kill_leftovers)
+        atexit.register(kill_leftovers)
     LIVE_GUESTS[pidfile] = marker
     t0, timed_out = time.monotonic(), False
     with open(workdir / "console.log", "wb") as log:
