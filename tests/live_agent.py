@@ -127,7 +127,8 @@ def start(step, job_env, cwd):
     cg = step.get("cgroup")
     proc = subprocess.Popen(
         step["argv"], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-        start_new_session=True, preexec_fn=enter_cgroup(cg) if cg else None)
+        start_new_session=True,
+        preexec_fn=enter_cgroup(cg) if cg else None)  # noqa: PLW1509 (the agent has no threads)
     return proc, out, err, time.monotonic()
 
 
@@ -236,7 +237,8 @@ def when_ready(folder, count, argv):
         args = []
         for word in argv:
             args += [str(p) for p in pids] if word == "{pids}" else [word]
-        proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=600, check=False)
         sys.stdout.write(proc.stdout)
         sys.stderr.write(proc.stderr)
         return proc.returncode

@@ -38,7 +38,6 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from cpulaunch import cpulist
 
@@ -68,7 +67,7 @@ class Node:
     """
 
     mem_mb: int
-    cpus: Optional[str] = None
+    cpus: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +113,8 @@ class Machine:
 
     def vng_args(self) -> list:
         """The ``vng`` options that make this layout."""
-        args = ["--cpus", f"{self.ncpus},sockets={self.sockets},cores={self.cores},"
-                f"threads={self.threads}", "--memory", f"{self.memory_mb}M"]
+        smp = f"{self.ncpus},sockets={self.sockets},cores={self.cores},threads={self.threads}"
+        args = ["--cpus", smp, "--memory", f"{self.memory_mb}M"]
         for node in self.nodes:
             spec = f"{node.mem_mb}M"
             for part in (node.cpus.split(",") if node.cpus else []):
@@ -171,7 +170,7 @@ MACHINES = {m.name: m for m in (
 # --------------------------------------------------------------------------- host checks
 
 
-def find_kernel() -> Optional[str]:
+def find_kernel() -> str | None:
     """The kernel to boot: $CPULAUNCH_LIVE_KERNEL, else the newest /boot/vmlinuz-VER
     whose /lib/modules/VER has the 9p modules sharing the root needs (Debian's
     ``-cloud`` kernels do not); None when there is none."""
@@ -180,10 +179,10 @@ def find_kernel() -> Optional[str]:
     found = [k for k in glob.glob("/boot/vmlinuz-*")
              if glob.glob(f"/lib/modules/{k.split('vmlinuz-', 1)[1]}/kernel/fs/9p")
              and os.access(k, os.R_OK)]
-    return sorted(found)[-1] if found else None
+    return max(found) if found else None
 
 
-def missing() -> Optional[str]:
+def missing() -> str | None:
     """One line saying what this machine lacks to boot a live guest, or None."""
     if os.uname().machine != "x86_64":
         return f"live guests need an x86_64 host (this is {os.uname().machine})"
@@ -213,8 +212,8 @@ def guest_env() -> dict:
             "PYTHONPATH": ":".join(paths), "HOME": "/root", "LC_ALL": "C.UTF-8", "TMPDIR": "/tmp"}
 
 
-def cpulaunch_step(sid: str, *args: str, group: Optional[str] = "plans", timeout: float = 600,
-                   cgroup: Optional[str] = None) -> dict:
+def cpulaunch_step(sid: str, *args: str, group: str | None = "plans", timeout: float = 600,
+                   cgroup: str | None = None) -> dict:
     """A step running ``python3 -S -m cpulaunch ARGS``; plans share a group (concurrent)."""
     step = {"id": sid, "argv": [PYTHON, "-S", "-m", "cpulaunch", *args], "timeout": timeout}
     if group:
@@ -235,8 +234,8 @@ def log_dir(workdir: Path, sid: str) -> Path:
     return workdir / "logs" / sid.replace("/", "_").replace("@", "_")
 
 
-def launch_step(sid: str, workdir: Path, mb: int, *args: str, cgroup: Optional[str] = None,
-                probe_args: tuple = (), group: Optional[str] = None) -> dict:
+def launch_step(sid: str, workdir: Path, mb: int, *args: str, cgroup: str | None = None,
+                probe_args: tuple = (), group: str | None = None) -> dict:
     """A real launch: ``cpulaunch ARGS --log-dir DIR python3 -S live_probe.py MB ...``."""
     return cpulaunch_step(sid, "--allocator", "default", "--omp-runtime", "gnu",
                           "--log-dir", str(log_dir(workdir, sid)), *args,
@@ -244,7 +243,7 @@ def launch_step(sid: str, workdir: Path, mb: int, *args: str, cgroup: Optional[s
                           group=group, cgroup=cgroup)
 
 
-def dump_step(name: str, workdir: Path, cgroup: Optional[str] = None) -> dict:
+def dump_step(name: str, workdir: Path, cgroup: str | None = None) -> dict:
     """The guest's topology files as WORKDIR/dumps/NAME.json (tests/live_agent.py dump)."""
     step = {"id": f"dump/{name}", "argv": [PYTHON, "-S", str(AGENT), "dump",
                                            str(workdir / "dumps" / f"{name}.json")], "timeout": 300}
@@ -253,7 +252,7 @@ def dump_step(name: str, workdir: Path, cgroup: Optional[str] = None) -> dict:
     return step
 
 
-def truth_steps(tag: str = "", cgroup: Optional[str] = None) -> list:
+def truth_steps(tag: str = "", cgroup: str | None = None) -> list:
     """What the kernel says, by its own tools: ``lscpu -e``, ``numactl -H`` and ``numactl
     --show`` (the CPUs and memory nodes this process may use), in ``cgroup`` if given."""
     steps = [{"id": f"lscpu{tag}", "argv": ["lscpu", "-e=CPU,NODE,SOCKET,CORE,ONLINE"]},
@@ -307,7 +306,7 @@ def launch_modes(machine: Machine) -> dict:
             if k != "per-socket" or not machine.sockets_are_nodes()}
 
 
-def plan_steps(modes: dict, tag: str = "", cgroup: Optional[str] = None) -> list:
+def plan_steps(modes: dict, tag: str = "", cgroup: str | None = None) -> list:
     """One concurrent group: ``plan/NAME{tag}`` for each mode, and the topology drawn
     (``show/json{tag}``, ``show/text{tag}``)."""
     steps = [cpulaunch_step(f"plan/{k}{tag}", *plan_args(*v), group=f"plans{tag}", cgroup=cgroup)
@@ -320,7 +319,7 @@ def plan_steps(modes: dict, tag: str = "", cgroup: Optional[str] = None) -> list
 
 
 def launch_steps(machine: Machine, workdir: Path, modes: dict, tag: str = "",
-                 cgroup: Optional[str] = None) -> list:
+                 cgroup: str | None = None) -> list:
     """``run/NAME{tag}``: one launch after the other (their instances run together)."""
     return [launch_step(f"run/{k}{tag}", workdir, machine.touch_mb, *v, cgroup=cgroup)
             for k, v in modes.items()]
@@ -367,7 +366,7 @@ def ddp_steps(machine: Machine, workdir: Path) -> list:
 SCENARIOS = {"verify": verify_steps, "offline-cgroup": offline_cgroup_steps, "ddp": ddp_steps}
 
 
-def job(machine: Machine, workdir: Path, scenarios: Optional[tuple] = None,
+def job(machine: Machine, workdir: Path, scenarios: tuple | None = None,
         placement: bool = True) -> list:
     """The job of ``machine``: the kernel's own view (lscpu, numactl -H, a dump), with
     ``placement`` every plan and every launch, then ``scenarios`` (default: the
@@ -394,11 +393,11 @@ class GuestRun:
     machine: Machine
     steps: dict
     done: bool
-    boot_seconds: Optional[float]
+    boot_seconds: float | None
     seconds: float
     console: str
     workdir: Path
-    rc: Optional[int] = None
+    rc: int | None = None
     timed_out: bool = False
     #: qemu PIDs killed by their recorded PID (the time ran out, or qemu outlived vng).
     killed: list = field(default_factory=list)

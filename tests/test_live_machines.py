@@ -28,9 +28,8 @@ import json
 import os
 import subprocess
 
-import pytest
-
 import liveguest as lg
+import pytest
 from conftest import FIXTURES, json_records, plan_json, run_cli
 
 LIVE = pytest.mark.live
