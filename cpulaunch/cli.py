@@ -14,22 +14,46 @@ the first word that is not an option, after ``--``, or at Python's ``-m MODULE``
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from cpulaunch import __version__
 from cpulaunch.errors import INTERNAL_EXIT, USAGE_EXIT, CpulaunchError
-from cpulaunch.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
-from cpulaunch.options import ALIASES, Format
+from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
+from cpulaunch.options import ALIASES, Format, OptionsError
 
 #: Options whose count is optional: a bare flag means 1 (``--instances-per-socket
 #: python x.py``).
-OPTIONAL_COUNT_OPTIONS = ("--instances-per-socket", "--instances-per-node")
-#: Subcommands, dispatched on the first word (a program of that name: ``cpulaunch -- doctor``).
+OPTIONAL_COUNT_OPTIONS = ("--instances-per-socket", "--instances-per-node", "--instances-per-l3")
+#: Options whose value is optional, with the words they take: bare, the first word is
+#: meant (``--share-host python x.py`` is ``--share-host=fail``).
+OPTIONAL_WORD_OPTIONS = {"--share-host": ("fail", "wait")}
+#: Subcommands, dispatched on the first word to ``cpulaunch.tools.<word>.main`` (a program of
+#: that name: ``cpulaunch -- doctor``).
 SUBCOMMANDS = ("doctor", "verify", "tune")
 #: Python's own short options that start a Python program (``-m mod``, ``-c code``).
 PYTHON_PROGRAM_OPTIONS = ("-m", "-c", "--module")
+#: Parameters that are not settings: they act (print and exit) or name the settings' file.
+#: They have no CPULAUNCH_* variable and no config key.
+NOT_SETTINGS = ("help", "version", "config")
+#: Variables that look like options' but are not read, each an error saying why: --help
+#: and --version come from the command line only (a leftover CPULAUNCH_VERSION=1 would
+#: turn every run into a version print that runs nothing and exits 0), and --format's
+#: variable is CPULAUNCH_FORMAT (click derived CPULAUNCH_FMT from the parameter name
+#: before issue 19; it is refused rather than kept as a second name).
+NOT_VARIABLES = {
+    "CPULAUNCH_VERSION": "--version is read from the command line only",
+    "CPULAUNCH_HELP": "--help is read from the command line only",
+    "CPULAUNCH_FMT": "the variable of --format is CPULAUNCH_FORMAT",
+}
+
+
+def option_variable(long_name: str) -> str:
+    """The environment variable of an option, from its long name (docs/cli.md's table):
+    ``--format`` -> ``CPULAUNCH_FORMAT``, ``--log-dir`` -> ``CPULAUNCH_LOG_DIR``."""
+    return "CPULAUNCH_" + long_name.lstrip("-").upper().replace("-", "_")
 
 
 def split_argv(args: list, value_opts: set) -> tuple:
@@ -49,6 +73,12 @@ def split_argv(args: list, value_opts: set) -> tuple:
             return ours, args[i:]
         if not tok.startswith("-") or tok == "-":
             return ours, args[i:]
+        words = OPTIONAL_WORD_OPTIONS.get(name.replace("_", "-"))
+        if words and "=" not in tok:
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            ours.append(f"{name}={nxt if nxt in words else words[0]}")
+            i += 2 if nxt in words else 1
+            continue
         if name.replace("_", "-") in OPTIONAL_COUNT_OPTIONS and "=" not in tok:
             nxt = args[i + 1] if i + 1 < len(args) else ""
             if nxt.isdigit():
@@ -68,12 +98,25 @@ def split_argv(args: list, value_opts: set) -> tuple:
 
 class _Command(click.Command):
     def parse_args(self, ctx, args):
+        for var, why in NOT_VARIABLES.items():
+            if os.environ.get(var):  # empty counts as unset, as for every CPULAUNCH_* variable
+                raise OptionsError(f"{var} is set in the environment, but {why}; unset {var}")
         value_opts = set()
         for p in self.get_params(ctx):
             if isinstance(p, click.Option) and not (p.is_flag or p.count):
                 value_opts.update(p.opts + p.secondary_opts)
         ours, program = split_argv(list(args), value_opts)
         return super().parse_args(ctx, ours + (["--", *program] if program else []))
+
+
+class _ConfigOption(click.Option):
+    """--config: remembers where its value came from, for messages naming --config or
+    CPULAUNCH_CONFIG (click sets the parameter's source only after its callback ran)."""
+
+    def consume_value(self, ctx, opts):
+        value, source = super().consume_value(ctx, opts)
+        ctx.meta["cpulaunch.config_source"] = source
+        return value, source
 
 
 def _names(name: str, *aliases: str) -> list:
@@ -87,7 +130,10 @@ def _names(name: str, *aliases: str) -> list:
 
 
 def _opt(name, *aliases, dest=None, **kw):
-    return click.option(dest or name[2:].replace("-", "_"), *_names(name, *aliases), **kw)
+    """An option named ``name`` (and torchrun's underscore spelling, and ``aliases``) whose
+    variable is :func:`option_variable` of ``name``, whatever its python name (``dest``)."""
+    return click.option(dest or name[2:].replace("-", "_"), *_names(name, *aliases),
+                        envvar=option_variable(name), **kw)
 
 
 def _choice(values):
@@ -100,9 +146,12 @@ def _lib_help(kind: str) -> str:
 
 ALIAS_HELP = "\n".join(f"  {alias:<24} = {meaning}" for alias, meaning in ALIASES.items())
 EPILOG = ("\b\nAliases (other launchers' spellings, same meaning; every option also takes "
-          "--name_with_underscores):\n" + ALIAS_HELP)
-CONTEXT = {"allow_interspersed_args": False, "auto_envvar_prefix": "CPULAUNCH",
-           "help_option_names": ["-h", "--help"], "max_content_width": 100}
+          "--name_with_underscores):\n" + ALIAS_HELP + "\n\nEvery option but --help and --version also "
+          "reads CPULAUNCH_<OPTION> from the environment (--log-dir: CPULAUNCH_LOG_DIR, --format: "
+          "CPULAUNCH_FORMAT).")
+# No auto_envvar_prefix: click would derive each variable from the python name (fmt ->
+# CPULAUNCH_FMT) and give --help and --version one too; _opt names each explicitly.
+CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.command(cls=_Command, context_settings=CONTEXT, epilog=EPILOG)
@@ -117,7 +166,12 @@ CONTEXT = {"allow_interspersed_args": False, "auto_envvar_prefix": "CPULAUNCH",
 @_opt("--ninstances", type=int, default=None, help="Number of instances (every usable core is used).")
 @_opt("--instances-per-socket", type=int, default=None, help="Instances per socket; bare flag = 1.")
 @_opt("--instances-per-node", type=int, default=None, help="Instances per NUMA node; bare flag = 1.")
-@_opt("--ncores-per-instance", type=int, default=None, help="Physical cores per instance.")
+@_opt("--instances-per-l3", type=int, default=None,
+      help="Instances per L3 cache domain (AMD CCX, Intel socket/SNC); bare flag = 1.")
+@_opt("--ncores-per-instance", default=None,
+      help="Physical cores per instance, or one count per instance: 43,43,42.")
+@_opt("--equal-sizes", is_flag=True,
+      help="Instances within one core of each other, even where nodes or L3 domains are uneven.")
 @_opt("--latency-mode", is_flag=True, help="4 cores per instance, as many instances as fit.")
 @_opt("--throughput-mode", is_flag=True, help="One instance per NUMA node.")
 @_opt("--use-logical-cores", is_flag=True, help="Give instances every SMT sibling of their cores.")
@@ -149,8 +203,9 @@ CONTEXT = {"allow_interspersed_args": False, "auto_envvar_prefix": "CPULAUNCH",
 @_opt("--multi-instance", is_flag=True, hidden=True)
 @_opt("--kmp-blocktime", type=int, default=None,
       help="KMP_BLOCKTIME in ms for --omp-runtime intel (default 1, the tuning guide's).")
-@_opt("--config", type=click.Path(dir_okay=False), default=None, expose_value=False, is_eager=True,
-      callback=lambda ctx, param, value: _load_config(ctx, value),
+@_opt("--config", cls=_ConfigOption, type=click.Path(dir_okay=False), default=None, expose_value=False,
+      is_eager=True,
+      callback=lambda ctx, param, value: _load_config(ctx, param, value),
       help="Defaults from a TOML file (tune's best.toml, or [tool.cpulaunch] of a pyproject.toml); "
            "precedence: flags > CPULAUNCH_* variables > this file > built-in defaults.")
 @_opt("--omp-places", is_flag=True, help="Pin GNU OpenMP threads with OMP_PLACES/OMP_PROC_BIND.")
@@ -183,7 +238,12 @@ CONTEXT = {"allow_interspersed_args": False, "auto_envvar_prefix": "CPULAUNCH",
       help="--ddp: process-group backend (auto: ccl when oneccl_bindings_for_pytorch is usable).")
 @_opt("--ccl-worker-count", type=int, default=None, help="--ddp with ccl: cores per rank for oneCCL workers (1).")
 @_opt("--iface", default=None, help="--ddp: network interface (GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE).")
-@click.option("-v", "--verbose", count=True, help="More diagnostics on stderr (-v: commands, notes, logs).")
+@_opt("--share-host", default=None,
+      help="Claim the planned cores host-wide, so other cpulaunch jobs plan on the rest; "
+           "fail (bare flag: name who holds them) or wait.")
+@_opt("--lease-dir", type=click.Path(file_okay=False), default=None,
+      help="Folder of --share-host's leases (default /run/cpulaunch, else a folder of your own).")
+@click.option("-v", "--verbose", count=True, envvar=option_variable("--verbose"), help="More diagnostics on stderr (-v: commands, notes, logs).")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, **values):
@@ -204,23 +264,68 @@ def command(ctx, **values):
                       if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT))
     _configure_logging(values.get("verbose") or 0)
     opts = options.from_values(values, given)
-    return core.run(opts)
+    return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
 
 
-def _load_config(ctx, path) -> None:
-    """``--config FILE``: its values become click's default_map, which click consults
-    after the command line and CPULAUNCH_* variables and before built-in defaults."""
+def _verify_run(*args) -> None:
+    """``--verify``'s check (:func:`cpulaunch.tools.verify.check_run`), the tool imported only
+    when a run asks for it."""
+    from cpulaunch.tools import verify
+
+    verify.check_run(*args)
+
+
+def _load_config(ctx, param, path) -> None:
+    """``--config FILE`` (or CPULAUNCH_CONFIG): its values become click's default_map, which
+    click consults after the command line and CPULAUNCH_* variables and before built-in
+    defaults. Read with the project's bounded reader (a FIFO or device is refused at once,
+    a file over :data:`~cpulaunch.options.CONFIG_MAX_BYTES` is refused, never cut short).
+
+    Raises:
+        OptionsError: the file cannot be read or used (one line naming it and how it was given).
+    """
     if not path:
         return
-    from cpulaunch.options import config_defaults
+    from cpulaunch.options import CONFIG_MAX_BYTES, config_defaults
+    from cpulaunch.errors import printable
+    from cpulaunch.machine.files import UnusableFileError, read_regular
 
+    from_env = ctx.meta.get("cpulaunch.config_source") is click.core.ParameterSource.ENVIRONMENT
+    label = "CPULAUNCH_CONFIG" if from_env else "--config"
     try:
-        with open(path, "rb") as f:
-            data = f.read(1 << 20)
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}") from None
-    known = {p.name for p in ctx.command.params}
-    ctx.default_map = {**(ctx.default_map or {}), **config_defaults(data, path, known)}
+        data = read_regular(path, CONFIG_MAX_BYTES)
+    except UnusableFileError as exc:
+        raise OptionsError(f"{label} {printable(path)}: {exc}; give a regular TOML file") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        raise OptionsError(f"{label} {printable(path)}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    ctx.default_map = {**(ctx.default_map or {}), **config_defaults(data, path, option_kinds(), label)}
+
+
+def option_kinds() -> dict:
+    """{python name: :class:`cpulaunch.options.Kind`} of every option of the command but
+    :data:`NOT_SETTINGS` (hidden aliases included), from its click declaration: what a
+    config file's values and :func:`cpulaunch.plan_instances`' keywords are checked against."""
+    from cpulaunch.options import Kind
+
+    out = {}
+    for p in command.get_params(click.Context(command)):
+        if not isinstance(p, click.Option) or p.name in NOT_SETTINGS:
+            continue
+        t = p.type
+        if p.count:
+            kind = Kind("count")
+        elif p.is_flag:
+            kind = Kind("flag")
+        elif isinstance(t, click.Choice):
+            kind = Kind("choice", tuple(t.choices))
+        elif isinstance(t, click.types.IntParamType):
+            kind = Kind("integer")
+        elif isinstance(t, click.types.FloatParamType):
+            kind = Kind("number")
+        else:
+            kind = Kind("path" if isinstance(t, click.Path) else "string")
+        out[p.name] = kind
+    return out
 
 
 def _configure_logging(verbose: int, now: bool = False) -> None:
@@ -259,10 +364,10 @@ def main(argv=None) -> int:
                   for a in args[: (args.index("--") if "--" in args else len(args))])
     try:
         if args and args[0] in SUBCOMMANDS:
-            from cpulaunch import subcommands
+            import importlib
 
             _configure_logging(1 if verbose else 0, now=True)
-            code = subcommands.main(args[0], args[1:])
+            code = importlib.import_module(f"cpulaunch.tools.{args[0]}").main(args[1:])
         else:
             code = command.main(args=args, prog_name="cpulaunch", standalone_mode=False)
     except click.exceptions.Exit as exc:

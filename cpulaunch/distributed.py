@@ -21,16 +21,14 @@ still sets SLURM_* for the job, but its own variables describe the ranks.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
+from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError
 
 __all__ = [
-    "BACKEND_ENV",
     "RankContext",
     "DistributedError",
     "detect_engine",
@@ -48,21 +46,8 @@ __all__ = [
     "RankPlan",
     "plan_ranks",
     "mpi_env_hint",
-    "RANK_SPECS_ENV",
-    "STATUS_DIR_ENV",
-    "USER_OMP_ENV",
     "wrap_ddp",
 ]
-
-#: Set by cpulaunch for the torchrun it starts (elastic rendezvous only): every local
-#: rank's rendered command as JSON; the rank entry (``python -m cpulaunch.rank_entry``)
-#: runs its own, so ranks never probe or plan again.
-RANK_SPECS_ENV = "CPULAUNCH_RANK_SPECS"
-#: Set by cpulaunch for the torchrun it starts: where each rank entry records its exit code.
-STATUS_DIR_ENV = "CPULAUNCH_DDP_STATUS_DIR"
-#: Set by cpulaunch for the torchrun it starts when the user had OMP_NUM_THREADS set
-#: (torchrun sets it to 1 otherwise, and that must not count as the user's value).
-USER_OMP_ENV = "CPULAUNCH_USER_OMP_NUM_THREADS"
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -232,20 +217,20 @@ def _slurm(env) -> RankContext:
 
 def select_backend(
     requested: str,
-    find_spec: Callable[[str], object] = importlib.util.find_spec,
-    version_of: Optional[Callable[[str], Optional[str]]] = None,
-) -> tuple:
+    find_spec: Callable[[str], object],
+    version_of: Callable[[str], Optional[str]],
+) -> tuple[str, str]:
     """Choose the process-group backend -> (backend, note).
 
     ``auto``: "ccl" when ``oneccl_bindings_for_pytorch`` is importable and its version's
     major.minor matches torch's (the bindings are built against one torch release), else
-    "gloo". Checked without importing either package (find_spec and package metadata),
-    so the launcher stays fast.
+    "gloo". Pure: ``find_spec`` and ``version_of`` answer from host facts gathered before
+    planning (``machine.host``: find_spec and package metadata, without importing either
+    package, so the launcher stays fast).
 
     Raises:
         DistributedError: "ccl" requested but the bindings are not installed.
     """
-    version_of = version_of or _dist_version
     has_ccl = find_spec("oneccl_bindings_for_pytorch") is not None
     ccl_v = version_of("oneccl_bind_pt") if has_ccl else None
     torch_v = version_of("torch")
@@ -268,15 +253,6 @@ def select_backend(
         return "gloo", (f"backend gloo: oneccl_bind_pt {ccl_v} does not match torch {torch_v} "
                         "(major.minor must agree)")
     return "ccl", f"backend ccl: oneccl_bindings_for_pytorch {ccl_v or ''} matches torch {torch_v or ''}".replace("  ", " ")
-
-
-def _dist_version(name: str) -> Optional[str]:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None):
@@ -337,7 +313,7 @@ def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str)
         "LOCAL_WORLD_SIZE": str(ctx.local_world_size),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        BACKEND_ENV: backend,
+        envvars.DIST_BACKEND: backend,
     }
 
 
@@ -400,41 +376,6 @@ def torchrun_argv(
     return argv + ["--no-python", *entry]
 
 
-#: Environment variable through which the launcher tells the program which backend to use.
-BACKEND_ENV = "CPULAUNCH_DIST_BACKEND"
-
-
-def init_process_group(backend: str | None = None, **kwargs):
-    """Initialise ``torch.distributed`` for a rank started by cpulaunch (or torchrun, mpirun, srun).
-
-    Args:
-        backend: "gloo" or "ccl"; default: ``$CPULAUNCH_DIST_BACKEND``, else "gloo".
-        **kwargs: passed on to ``torch.distributed.init_process_group`` (e.g. ``timeout``).
-
-    The rendezvous is ``env://``: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set
-    (cpulaunch --ddp sets them for every engine it supports). With "ccl" the
-    ``oneccl_bindings_for_pytorch`` module is imported first, which registers the backend.
-
-    Returns the backend name used.
-
-    Raises:
-        RuntimeError: backend "ccl" asked for but ``oneccl_bindings_for_pytorch`` cannot be
-            imported (install it from Intel's index, or use gloo).
-    """
-    import torch.distributed as dist
-
-    backend = backend or os.environ.get(BACKEND_ENV) or "gloo"
-    if backend == "ccl":
-        try:
-            import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
-        except ImportError as exc:  # pragma: no cover - not installable here
-            raise RuntimeError(
-                "backend 'ccl' needs oneccl_bindings_for_pytorch, which failed to import "
-                f"({exc}); install it from Intel's index or run with --backend gloo"
-            ) from exc
-    kwargs.setdefault("init_method", "env://")
-    dist.init_process_group(backend=backend, **kwargs)
-    return backend
 
 
 # --------------------------------------------------------------------------- rank plans
@@ -509,7 +450,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     """Plan this machine's DDP ranks and each one's identity variables (pure).
 
     Args:
-        topo: the machine (:class:`cpulaunch.topology.Topology`).
+        topo: the machine (:class:`cpulaunch.machine.topology.Topology`).
         req: the user's :class:`cpulaunch.plan.Request` (placement modes must be unset).
         ddp: :class:`cpulaunch.options.DdpOptions`.
         environ: the user's environment.
@@ -531,7 +472,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     req = req._replace(ccl_workers=reserve)
     if engine is not None:
         notes.extend(engine.notes)
-        if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(USER_OMP_ENV):
+        if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(envvars.USER_OMP_NUM_THREADS):
             environ.pop("OMP_NUM_THREADS")
             notes.append("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count")
         rank_plan, node_plan = _plan_under_engine(topo, req, ddp, engine, notes)
@@ -554,7 +495,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     if ddp.elastic:
         for inst in node_plan.instances:
             ctx = RankContext("torchrun", -1, -1, inst.index, nproc)
-            env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc), BACKEND_ENV: backend}
+            env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc), envvars.DIST_BACKEND: backend}
             env.update(iface_env(ddp.iface))
             if backend == "ccl":
                 env.update(ccl_env(ctx, helpers))
@@ -616,9 +557,12 @@ def _ccl_for(ctx: RankContext, inst, all_helpers, notes: list) -> dict:
     return env
 
 
-def wrap_ddp(model, **kwargs):
-    """DistributedDataParallel with the optimizations users read about, one call away:
-    see :func:`cpulaunch.ddp_wrap.wrap_ddp` (imports torch when called; docs/training.md)."""
-    from cpulaunch.ddp_wrap import wrap_ddp as _wrap
+def __getattr__(name: str):
+    """The documented runtime names (``cpulaunch.distributed.init_process_group``,
+    ``wrap_ddp``) live in :mod:`cpulaunch.runtime.ddp`; loaded on first use, so the launcher,
+    which imports this module, never imports the runtime (nor torch)."""
+    if name in ("init_process_group", "wrap_ddp"):
+        from cpulaunch.runtime import ddp
 
-    return _wrap(model, **kwargs)
+        return getattr(ddp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,13 +9,15 @@ the host; the core (``core.py``) takes an :class:`Options` and does the rest.
 
 import enum
 import math
+import os
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
-from cpulaunch.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES
-from cpulaunch.plan import MemPolicy, Request
+from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.plan import Request
 
 __all__ = [
     "OptionsError",
@@ -27,6 +29,10 @@ __all__ = [
     "Options",
     "from_values",
     "ALIASES",
+    "Kind",
+    "typed_value",
+    "config_defaults",
+    "CONFIG_MAX_BYTES",
 ]
 
 
@@ -169,6 +175,11 @@ class Options(NamedTuple):
         omp_places: set OMP_PLACES/OMP_PROC_BIND for GNU OpenMP.
         kmp_blocktime: KMP_BLOCKTIME in ms for Intel OpenMP (None: the registry's 1 ms).
         verbose: -v count.
+        share_host: ``--share-host``: None (off), "fail" (plan on the cores no other
+            cpulaunch job holds, fail naming the holder when they are too few) or "wait"
+            (wait for them instead); docs/placement.md.
+        lease_dir: the folder of the host-wide leases (``--lease-dir``), None: chosen by
+            ``cpulaunch.machine.lease.lease_folder``.
     """
 
     output: Output = Output.RUN
@@ -187,11 +198,8 @@ class Options(NamedTuple):
     omp_places: bool = False
     kmp_blocktime: Optional[int] = None
     verbose: int = 0
-
-    @property
-    def live(self) -> bool:
-        """True when the machine described is the one we run on (no --sysroot)."""
-        return self.sysroot in ("/", "") or Path(self.sysroot).resolve() == Path("/")
+    share_host: Optional[str] = None
+    lease_dir: Optional[str] = None
 
 
 # --------------------------------------------------------------------------- building
@@ -285,7 +293,9 @@ def _request(v: Mapping) -> Request:
         ninstances=count("ninstances"),
         instances_per_socket=count("instances_per_socket"),
         instances_per_node=count("instances_per_node"),
-        ncores_per_instance=count("ncores_per_instance"),
+        instances_per_l3=count("instances_per_l3"),
+        equal_sizes=bool(v.get("equal_sizes")),
+        ncores_per_instance=_core_counts(v.get("ncores_per_instance")),
         latency_mode=bool(v.get("latency_mode")),
         throughput_mode=bool(v.get("throughput_mode")),
         use_logical_cores=bool(v.get("use_logical_cores")),
@@ -296,6 +306,42 @@ def _request(v: Mapping) -> Request:
         mem_policy=MemPolicy(str(v.get("mem_policy") or "bind").lower()),
         **_budgets(v),
     )
+
+
+def _core_counts(value) -> "Optional[int | tuple]":
+    """``--ncores-per-instance``: one count (``"8"`` -> 8) or one per instance, run_cpu's
+    habit for uneven sub-NUMA clusters (``"43,43,42"`` -> (43, 43, 42)); None when not given.
+
+    Raises:
+        OptionsError: anything else (``"8,x"``, ``"0"``, ``"4,,4"``).
+    """
+    if value is None:
+        return None
+    text = str(value).strip()
+    words = text.split(",")
+    if not all(w.strip().isascii() and w.strip().isdigit() and len(w.strip()) <= 9 for w in words):
+        raise OptionsError(f"--ncores-per-instance {text!r}: expected a number of cores (8) or "
+                           "one per instance, separated by commas (43,43,42)")
+    counts = tuple(int(w) for w in words)
+    if min(counts) < 1:
+        raise OptionsError(f"--ncores-per-instance {text!r}: each count must be 1 or more")
+    return counts[0] if len(counts) == 1 else counts
+
+
+def _share_host(v: Mapping) -> Optional[str]:
+    """``--share-host`` / CPULAUNCH_SHARE_HOST: "fail" (also a bare flag, 1, true, yes,
+    on), "wait", or None (off: 0, false, no, off, unset)."""
+    raw = v.get("share_host")
+    if raw is None:
+        return None
+    word = str(raw).strip().lower()
+    if word in ("", "0", "false", "no", "off"):
+        return None
+    if word in ("fail", "1", "true", "yes", "on"):
+        return "fail"
+    if word == "wait":
+        return "wait"
+    raise OptionsError(f"--share-host {raw!r}: use fail (the default: say who holds the cores) or wait")
 
 
 def _budgets(v: Mapping) -> dict:
@@ -427,41 +473,173 @@ def from_values(values: Mapping, given: frozenset = frozenset()) -> Options:
         omp_places=bool(v.get("omp_places")),
         kmp_blocktime=_positive("kmp-blocktime", v.get("kmp_blocktime"), minimum=0),
         verbose=int(v.get("verbose") or 0),
+        share_host=_share_host(v),
+        lease_dir=v.get("lease_dir"),
     )
 
 
-#: Options a config file may not set (they choose what the invocation does, not how).
-_NOT_CONFIGURABLE = {"program", "dry_run", "print_env", "show_topology", "fmt", "sysroot", "verbose"}
+#: Options a config file may not set (they choose what the invocation does, not how), and
+#: the parameters that are not settings at all (they act, or name the file itself).
+_NOT_CONFIGURABLE = {"program", "dry_run", "print_env", "show_topology", "fmt", "sysroot", "verbose",
+                     "help", "version", "config"}
+#: Largest config file read (tune's best.toml is under 1 KiB; a pyproject.toml rarely
+#: reaches 20 KiB). A bigger one is refused, never cut short.
+CONFIG_MAX_BYTES = 1 << 20
 
 
-def config_defaults(data: bytes, path: str, known: set) -> dict:
+class Kind(NamedTuple):
+    """The values one option takes, from its click declaration (``cli.option_kinds``).
+
+    Attributes:
+        name: "flag" (a bool), "count" (an int >= 0), "integer" (an int; never a bool or a
+            float), "number" (an int or a float, never a bool; seconds), "choice" (one of
+            ``choices``, any case, as on the command line), "string" (a str; an int is taken
+            as its digits, so ``node-list = 1`` and ``nproc_per_node=2`` work), "path" (a str
+            or os.PathLike naming a file or folder).
+        choices: the allowed strings of a "choice".
+    """
+
+    name: str
+    choices: tuple = ()
+
+
+_EXPECTED = {"flag": "true or false (a bool)", "count": "a whole number >= 0", "integer": "an integer (e.g. 4)",
+             "number": "a number of seconds (e.g. 2.5)", "string": "a string", "path": "a path (a string)"}
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
+               dict: "a table", tuple: "a tuple", bytes: "bytes", type(None): "None"}
+
+
+def shown(value) -> str:
+    """``repr(value)`` cut to one short printable line, whatever the value (a huge
+    string, a deep table, an object whose repr fails): for error messages."""
+    import reprlib
+
+    from cpulaunch.errors import printable
+
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlong, r.maxlevel = 60, 60, 40, 3
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = 6
+    try:
+        return printable(r.repr(value))
+    except Exception:  # noqa: BLE001 - any object's own repr may fail
+        return f"<{type(value).__name__}>"
+
+
+def _typed(kind: Kind, value):
+    """(the value as cpulaunch uses it, None) or (None, what is wrong with it)."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if kind.name == "flag":
+        return (value, None) if isinstance(value, bool) else (None, "")
+    if kind.name in ("integer", "count"):
+        return (value, None) if whole and (kind.name == "integer" or value >= 0) else (None, "")
+    if kind.name == "number":
+        if not (whole or isinstance(value, float)):
+            return None, ""
+        try:
+            return float(value), None
+        except OverflowError:
+            return None, " too large"
+    if kind.name == "choice":
+        lowered = {c.lower(): c for c in kind.choices}
+        ok = isinstance(value, str) and value.lower() in lowered
+        return (lowered[value.lower()], None) if ok else (None, "")
+    if kind.name == "string" and whole:
+        return str(value), None
+    if kind.name == "path" and not isinstance(value, (str, bytes)) and hasattr(value, "__fspath__"):
+        try:
+            value = os.fspath(value)
+        except Exception:  # noqa: BLE001 - a user's __fspath__
+            return None, ""
+    if not isinstance(value, str):
+        return None, ""
+    return (None, " holds a NUL byte") if "\x00" in value else (value, None)
+
+
+def typed_value(kind: Kind, value, where: str):
+    """``value`` if it has the option's type exactly, as cpulaunch uses it (a choice in
+    its canonical case, an int given for a string as its digits, a number as a float);
+    the one type rule of config files and :func:`cpulaunch.plan_instances`.
+
+    ``(Kind("integer"), 4, "...")`` -> 4; ``(Kind("integer"), 2.5, ...)`` raises (never 2);
+    ``(Kind("flag"), "no", ...)`` raises (never True).
+
+    Args:
+        kind: the option's :class:`Kind`.
+        value: what was given (a TOML value, a keyword argument).
+        where: the option as the message names it, e.g. ``"--config best.toml: ninstances"``.
+
+    Raises:
+        OptionsError: ``"<where> = <value> is a float; expected an integer (e.g. 4)"``.
+    """
+    out, problem = _typed(kind, value)
+    if problem is None:
+        return out
+    expected = ("one of " + ", ".join(kind.choices)) if kind.name == "choice" else _EXPECTED[kind.name]
+    what = problem or " is " + _TYPE_NAMES.get(type(value), f"a {type(value).__name__}")
+    raise OptionsError(f"{where} = {shown(value)}{what}; expected {expected}"
+                       + (" without NUL bytes" if problem == " holds a NUL byte" else ""))
+
+
+def _toml(data: bytes, where: str) -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11: the tomli dependency
+        import tomli as tomllib
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise OptionsError(f"{where}: not UTF-8 text, so not a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise OptionsError(f"{where}: not a TOML file ({exc})") from None
+    except RecursionError:
+        raise OptionsError(f"{where}: nested too deeply to be a cpulaunch config") from None
+
+
+def _settings_table(doc: dict, path: str, where: str) -> dict:
+    """The table holding the settings: ``[tool.cpulaunch]`` of a pyproject.toml, else
+    ``[cpulaunch]`` if there is one, else the top level."""
+    if Path(path).name == "pyproject.toml":
+        tool = doc.get("tool", {})
+        table = tool.get("cpulaunch", {}) if isinstance(tool, dict) else None
+        if not isinstance(table, dict):
+            raise OptionsError(f"{where}: [tool.cpulaunch] must be a table of settings, not "
+                               + _TYPE_NAMES.get(type(table if isinstance(tool, dict) else tool), "a value"))
+        return table
+    return doc["cpulaunch"] if isinstance(doc.get("cpulaunch"), dict) else doc
+
+
+def config_defaults(data: bytes, path: str, kinds: Mapping[str, Kind], label: str = "--config") -> dict:
     """Defaults from a TOML config file (pure over its bytes).
 
     Keys are cpulaunch's option names (``ninstances``, ``allocator``, ``omp-runtime`` or
     ``omp_runtime``); a ``pyproject.toml`` is read from its ``[tool.cpulaunch]`` table,
     any other file from its top level (``[cpulaunch]`` too, as tune's best.toml writes).
+    Other tables (tune's ``[measured]``) are information and skipped. Each value must
+    have its option's type exactly (:func:`typed_value`): ``ninstances = 2.5`` is an error,
+    never 2.
+
+    Args:
+        data: the file's bytes (at most :data:`CONFIG_MAX_BYTES`, read by the caller).
+        path: the file's name, for messages and to recognise a pyproject.toml.
+        kinds: python option name -> :class:`Kind` of every option (``cli.option_kinds``).
+        label: how the file was given: "--config" or "CPULAUNCH_CONFIG".
 
     Raises:
-        OptionsError: not TOML, an unknown key, or a key that is not a setting.
+        OptionsError: not UTF-8 TOML, an unknown key, a key that is not a setting, a key
+            given twice (``omp-runtime`` and ``omp_runtime``), a value of the wrong type.
     """
-    try:
-        import tomllib
-    except ImportError:  # Python < 3.11
-        import tomli as tomllib
-    try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise OptionsError(f"--config {path}: not a TOML file ({exc})") from None
-    if path.endswith("pyproject.toml"):
-        doc = doc.get("tool", {}).get("cpulaunch", {})
-    elif isinstance(doc.get("cpulaunch"), dict):
-        doc = doc["cpulaunch"]
-    out = {}
-    for key, value in doc.items():
+    from cpulaunch.errors import printable
+
+    where = f"{label} {printable(path)}"
+    out: dict = {}
+    for key, value in _settings_table(_toml(data, where), path, where).items():
         name = key.replace("-", "_")
-        if isinstance(value, dict):
-            continue  # other tables (tune's [measured]) are information
-        if name not in known or name in _NOT_CONFIGURABLE:
-            raise OptionsError(f"--config {path}: {key!r} is not a cpulaunch setting; see cpulaunch --help")
-        out[name] = value
+        kind = None if name in _NOT_CONFIGURABLE else kinds.get(name)
+        if kind is None:
+            if isinstance(value, dict):
+                continue  # other tables (tune's [measured]) are information
+            raise OptionsError(f"{where}: {shown(key)} is not a cpulaunch setting; see cpulaunch --help")
+        if name in out:
+            raise OptionsError(f"{where}: {key} is given twice (as - and _ spellings); keep one")
+        out[name] = typed_value(kind, value, f"{where}: {key}")
     return out

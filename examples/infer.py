@@ -39,7 +39,7 @@ from models import MODEL_NAMES, SIZES, make_model  # noqa: E402
 
 from cpulaunch import cpulist  # noqa: E402
 from cpulaunch.inference import INFERENCE_PATH_ENV, PATHS, optimize, resolve_path  # noqa: E402
-from cpulaunch.libraries import preload_entries  # noqa: E402
+from cpulaunch.machine.libraries import preload_entries  # noqa: E402
 
 
 def mapped_files(maps_text: str) -> set:

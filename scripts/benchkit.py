@@ -9,7 +9,9 @@ load around its runs, the CPU time that went to anyone but us:
                 waited for: getrusage counts a child once it is reaped)
               + steal (time the hypervisor gave our virtual CPUs to other guests)
 
-divided by the wall time of the window. A window is busy when that is above a threshold,
+divided by the wall time of the window. The meter (``Load``, ``LoadWindow``, ``sample``) is
+``cpulaunch.tools.tune.load``'s, re-exported here, so the benchmarks and ``cpulaunch tune`` measure
+with one formula. A window is busy when that is above a threshold,
 in percent of the whole machine (``os.cpu_count()`` CPUs, not only the ones this process
 may use: a foreign thread on any CPU can stall a run that spans them).
 
@@ -25,132 +27,28 @@ Use (the scripts run as ``python scripts/X.py``, so scripts/ is ``sys.path[0]``)
         print(benchkit.busy_warning("in round 1 (a)",
                                     f"others used {during.others_pct:.0f}%", pre.busiest))
 
-Nothing here runs at import, prints or configures logging.
+Importing it puts this checkout first on ``sys.path`` (unless it is there), so the meter
+and the cpulaunch the scripts import are this checkout's; nothing else runs at import,
+prints or configures logging.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
+import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterable, Sequence
 
-import psutil
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-#: A process must use at least this percent of one CPU to be named among the busiest.
-BUSIEST_MIN_PCT = 5.0
-
-
-@dataclass(frozen=True)
-class Load:
-    """The CPU time others took from the machine during one window.
-
-    others: CPUs' worth (CPU seconds / wall seconds; 1.0 = one CPU kept busy throughout)
-        of the whole machine's busy time minus ours; steal not included.
-    steal: CPUs' worth of steal time.
-    seconds: wall-clock length of the window.
-    ncpu: logical CPUs of the machine (``os.cpu_count()``), the whole the percentages are of.
-    busiest: ``(percent of one CPU, pid, name)`` of the busiest other processes, busiest
-        first, as top shows them; empty unless asked for (``sample(..., top=N)``).
-    """
-
-    others: float
-    steal: float
-    seconds: float
-    ncpu: int
-    busiest: tuple[tuple[float, int, str], ...] = ()
-
-    @property
-    def foreign(self) -> float:
-        """CPUs' worth of foreign load: others plus steal."""
-        return self.others + self.steal
-
-    @property
-    def foreign_pct(self) -> float:
-        """Foreign load, percent of the machine (what ``busy`` compares)."""
-        return 100 * self.foreign / self.ncpu
-
-    @property
-    def others_pct(self) -> float:
-        """Other processes' CPU time, percent of the machine (steal not included)."""
-        return 100 * self.others / self.ncpu
-
-    @property
-    def steal_pct(self) -> float:
-        """Steal time, percent of the machine."""
-        return 100 * self.steal / self.ncpu
-
-
-def _machine_times() -> tuple[float, float]:
-    """(busy, steal) CPU seconds of the whole machine since boot, summed over all CPUs
-    (psutil reads /proc/stat on Linux; a field the platform lacks counts 0)."""
-    t = psutil.cpu_times()
-    busy = sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))
-    return busy, getattr(t, "steal", 0.0)
-
-
-def _own_cpu() -> float:
-    """CPU seconds of this process (every thread) and of its waited-for descendants
-    (numactl, python, a launcher's instances: counted once they are reaped)."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-class LoadWindow:
-    """A window that opens when made; ``load()`` is the foreign load since then.
-
-    Wrap the timed run in it: children the run started and waited for count as ours, so
-    only other processes' time (and steal) is left. ``load()`` may be read more than once.
-    """
-
-    def __init__(self) -> None:
-        self._wall = time.monotonic()
-        self._busy, self._steal = _machine_times()
-        self._own = _own_cpu()
-
-    def load(self, busiest: Iterable[tuple[float, int, str]] = ()) -> Load:
-        """The foreign load since the window opened; ``busiest`` is passed through."""
-        wall = max(1e-6, time.monotonic() - self._wall)
-        busy, steal = _machine_times()
-        others = max(0.0, (busy - self._busy) - (_own_cpu() - self._own))
-        return Load(others=others / wall, steal=max(0.0, steal - self._steal) / wall,
-                    seconds=wall, ncpu=os.cpu_count() or 1, busiest=tuple(busiest))
-
-
-def _busiest(procs: list, top: int) -> list[tuple[float, int, str]]:
-    """The ``top`` busiest of ``procs`` (psutil.Process, primed by cpu_percent(None)) since
-    they were primed, other than this process and under BUSIEST_MIN_PCT left out."""
-    found = []
-    for p in procs:
-        try:
-            pct = p.cpu_percent(None)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if pct >= BUSIEST_MIN_PCT and p.pid != os.getpid():
-            found.append((pct, p.pid, p.info["name"]))
-    return sorted(found, reverse=True)[:top]
-
-
-def sample(seconds: float, top: int = 0) -> Load:
-    """The foreign load over the next ``seconds`` while this process only waits (a check
-    before a run); with ``top`` > 0 also the ``top`` busiest other processes."""
-    window = LoadWindow()
-    procs = []
-    if top:
-        for p in psutil.process_iter(["pid", "name"]):
-            try:
-                p.cpu_percent(None)  # primes the per-process counter
-                procs.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-    time.sleep(seconds)
-    return window.load(_busiest(procs, top) if top else ())
+from cpulaunch.tools.tune.load import BUSIEST_MIN_PCT, Load, LoadWindow  # noqa: E402,F401
+from cpulaunch.tools.tune.load import sample_load as sample  # noqa: E402,F401
 
 
 def busy(loads: Iterable[Load], threshold: float) -> bool:
@@ -216,7 +114,6 @@ def add_model_size(p: argparse.ArgumentParser) -> None:
 #: Variables a benchmark's children must not inherit from the shell that ran it.
 CLEAN_VARS = ("OMP_NUM_THREADS", "LD_PRELOAD", "KMP_AFFINITY", "KMP_BLOCKTIME", "MALLOC_CONF",
               "OMP_PROC_BIND", "OMP_PLACES")
-REPO = Path(__file__).resolve().parents[1]
 
 
 def child_env() -> dict:

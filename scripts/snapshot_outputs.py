@@ -2,14 +2,16 @@
 two checkouts (before and after a restructuring) can be compared byte for byte.
 
     python scripts/snapshot_outputs.py OUT            # this checkout's cpulaunch
-    git stash; python scripts/snapshot_outputs.py /tmp/before; git stash pop
+    git worktree add /tmp/old REV                      # the checkout to compare with
+    python scripts/snapshot_outputs.py --repo /tmp/old /tmp/before
     python scripts/snapshot_outputs.py /tmp/after && diff -r /tmp/before /tmp/after
 
-Each case runs ``python -m cpulaunch ARGS`` from the checkout holding this script, as a
-real process, and writes ``OUT/<machine>/<case>.out`` holding the exit code, stdout and
+Each case runs ``python -m cpulaunch ARGS`` from the checkout holding this script (or the
+one ``--repo`` names), as a real process, and writes ``OUT/<machine>/<case>.out`` holding the exit code, stdout and
 stderr. Machines: the hwloc dumps in tests/fixtures (unpacked once into ``OUT/../roots``
 unless ``--roots DIR``), the generated trees of tests/bigtree.py, and this machine (``/``).
-The unpacked root's path is replaced by ``<ROOT>`` so that two runs compare equal.
+The unpacked root's path is replaced by ``<ROOT>`` so that two runs compare equal, and on
+this machine the NUMA node's memory size (which a VM's memory hot-plug changes) by ``N``.
 
 Cases: --show-topology (text, json); --dry-run (text, json) under each placement, memory,
 binding, library, budget and DDP option; --print-env in every format; doctor (text, json);
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -118,15 +121,20 @@ def unpack(roots: Path) -> dict:
     return machines
 
 
-def run_case(root: Path, argv: list, subcommand: bool = False) -> str:
+def run_case(repo: Path, root: Path, argv: list, subcommand: bool = False) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPULAUNCH_", "OMP_", "KMP_"))
            and k not in ("LD_PRELOAD", "MALLOC_CONF")}
     full = argv if subcommand else (["--sysroot", str(root)] + argv if str(root) != "/" else argv)
-    proc = subprocess.run([sys.executable, "-m", "cpulaunch", *full], capture_output=True, cwd=REPO,
+    env["PYTHONPATH"] = str(repo)
+    proc = subprocess.run([sys.executable, "-m", "cpulaunch", *full], capture_output=True, cwd=repo,
                           env=env, timeout=120)
     text = (f"exit {proc.returncode}\n--- stdout\n" + proc.stdout.decode("utf-8", "replace")
             + "--- stderr\n" + proc.stderr.decode("utf-8", "replace"))
-    return text.replace(str(root), "<ROOT>") if str(root) != "/" else text
+    if str(root) != "/":
+        return text.replace(str(root), "<ROOT>")
+    # this machine's NUMA node memory changes as the VM's memory is plugged in and out
+    text = re.sub(r'"mem_total_kb": [0-9]+', '"mem_total_kb": N', text)
+    return re.sub(r"[0-9]+\.[0-9] GiB", "N GiB", text)
 
 
 def main(argv=None) -> int:
@@ -134,6 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--roots", type=Path, default=None, help="where the dumps are unpacked")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--repo", type=Path, default=REPO, help="the checkout whose cpulaunch runs")
     args = ap.parse_args(argv)
     roots = args.roots or args.out.resolve().parent / "snapshot-roots"
     machines = unpack(roots)
@@ -150,7 +159,7 @@ def main(argv=None) -> int:
             jobs.append((args.out / name / f"doctor-{fmt}.out", root,
                          ["doctor", *sysroot, "--format", fmt], True))
     with ThreadPoolExecutor(args.jobs) as pool:
-        texts = pool.map(lambda j: run_case(j[1], j[2], j[3]), jobs)
+        texts = pool.map(lambda j: run_case(args.repo.resolve(), j[1], j[2], j[3]), jobs)
         for (path, *_), text in zip(jobs, texts):
             path.write_text(text)
     print(f"{len(jobs)} outputs of {len(machines)} machines in {args.out}")

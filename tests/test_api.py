@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,141 @@ def test_bind_current_process_in_a_child_interpreter():
     rec = json.loads(out.stdout)
     assert rec["aff"] == rec["cpus"] and len(rec["aff"]) == 1 and rec["omp"] == "1"
     assert rec["policy"] == "bind" and rec["notes"] == []  # set_mempolicy permitted here (root, numactl works)
+
+
+# --------------------------------------------------------------------------- values under faults (issue 19)
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert text and "\n" not in text, text
+    return text
+
+
+def test_zero_instances_is_an_error_like_the_cli(sysroots):
+    """Before: 0 was dropped as falsy before parsing, and one instance was planned."""
+    with pytest.raises(CpulaunchError) as info:
+        cpulaunch.plan_instances(ninstances=0, sysroot=str(sysroots[XEON]))
+    assert "--ninstances 0: must be 1 or more" in one_line(info.value)
+
+
+def test_false_and_zero_are_values_not_absent(sysroots):
+    r = cpulaunch.plan_instances(sysroot=str(sysroots[XEON]), allocator="default", reserve_cores=0,
+                                 use_logical_cores=False, ninstances=2)
+    assert [len(i.cpus) for i in r.instances] == [8, 8]
+
+
+@pytest.mark.parametrize("value", ["no", "False", 1, 0, 2.0, [True]])
+def test_a_flag_takes_a_bool_only(value, sysroots):
+    """Before: "no" (any truthy value) meant yes."""
+    with pytest.raises(CpulaunchError) as info:
+        cpulaunch.plan_instances(use_logical_cores=value, sysroot=str(sysroots[XEON]))
+    assert "use_logical_cores" in one_line(info.value) and "true or false" in str(info.value)
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("ninstances", 2.5, "an integer"),
+    ("ninstances", True, "an integer"),
+    ("ninstances", "2", "an integer"),
+    ("grace_period", "3", "a number"),
+    ("allocator", "nope", "one of"),
+    ("core_list", [0, 1], "a string"),
+])
+def test_a_value_of_the_wrong_type_is_named(name, value, expected, sysroots):
+    with pytest.raises(CpulaunchError) as info:
+        cpulaunch.plan_instances(sysroot=str(sysroots[XEON]), **{name: value})
+    line = one_line(info.value)
+    assert line.startswith(f"plan_instances: {name} = ") and expected in line, line
+
+
+def test_a_program_string_is_split_like_a_shell(sysroots):
+    """Before: "python x.py" became one argv entry per character."""
+    r = cpulaunch.plan_instances(program="python x.py --tag 'a b'", sysroot=str(sysroots[XEON]), allocator="default")
+    assert r.instances[0].argv[-4:] == ("python", "x.py", "--tag", "a b")
+    r = cpulaunch.plan_instances(program=["python", Path("x.py")], sysroot=str(sysroots[XEON]), allocator="default")
+    assert r.instances[0].argv[-2:] == ("python", "x.py")
+
+
+@pytest.mark.parametrize("program, needle", [("python 'x.py", "quotation"), (5, "program = 5"),
+                                             ((b"python",), "program"), ({"a": 1}, "program")])
+def test_a_program_that_is_not_words_is_an_error(program, needle, sysroots):
+    with pytest.raises(CpulaunchError) as info:
+        cpulaunch.plan_instances(program=program, sysroot=str(sysroots[XEON]))
+    assert needle in one_line(info.value)
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(sysroot="/tmp/a\x00b"), "sysroot"),
+    (dict(core_list="0\x00"), "core_list"),
+    (dict(log_dir="l\x00g"), "log_dir"),
+    (dict(program=("python", "x\x00.py")), "program"),
+    (dict(program="python x\x00.py"), "program"),
+])
+def test_a_nul_byte_is_an_error_naming_the_argument(kw, name):
+    """Before: ValueError ("embedded null byte") from deep inside, naming nothing."""
+    with pytest.raises(CpulaunchError) as info:
+        cpulaunch.plan_instances(**kw)
+    line = one_line(info.value)
+    assert name in line and "NUL" in line, line
+
+
+def test_option_variables_of_the_environment_are_not_read(sysroots, monkeypatch):
+    """The keywords are the options: a CPULAUNCH_NINSTANCES (or CPULAUNCH_CONFIG) the
+    launcher that started this process was given does not leak into an in-process plan."""
+    monkeypatch.setenv("CPULAUNCH_NINSTANCES", "2")
+    monkeypatch.setenv("CPULAUNCH_CONFIG", "/nonexistent.toml")
+    r = cpulaunch.plan_instances(sysroot=str(sysroots[XEON]), allocator="default")
+    assert len(r.instances) == 1
+
+
+def test_environ_must_map_strings_to_strings(sysroots):
+    with pytest.raises(TypeError) as info:
+        cpulaunch.plan_instances(sysroot=str(sysroots[XEON]), environ={"A": 1})
+    assert "environ" in one_line(info.value)
+
+
+def _api_names() -> list:
+    from cpulaunch import cli
+
+    return sorted(cli.option_kinds()) + ["program", "environ"]
+
+
+_anything = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=10),
+    st.binary(max_size=5), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(),
+                                                                                max_size=2),
+    st.tuples(st.text(max_size=3)), st.sampled_from([object(), Path("/"), Path("x\x00"), 1j, float("inf"), ...]),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(_api_names()), value=_anything)
+def test_any_value_at_any_keyword_works_or_is_one_line(name, value, sysroots):
+    """Every keyword of plan_instances, any value: a plan, or CpulaunchError/TypeError
+    with one line, never anything else (ValueError, AttributeError, OverflowError...)."""
+    kw = {"sysroot": str(sysroots[XEON]), "allocator": "default", name: value}
+    try:
+        cpulaunch.plan_instances(**kw)
+    except (CpulaunchError, TypeError) as exc:
+        one_line(exc)
+
+
+@settings(max_examples=100, deadline=None)
+@given(instance=_anything, set_env=_anything)
+def test_bind_current_process_refuses_what_is_not_an_instance(instance, set_env):
+    """Nothing is changed (affinity, os.environ) before the arguments are checked."""
+    before = (os.sched_getaffinity(0), dict(os.environ))
+    with pytest.raises(TypeError) as info:
+        cpulaunch.bind_current_process(instance, set_env=set_env)
+    one_line(info.value)
+    assert (os.sched_getaffinity(0), dict(os.environ)) == before
+
+
+def test_bind_current_process_refuses_a_non_bool_set_env(sysroots):
+    inst = cpulaunch.plan_instances(allocator="default").instances[0]
+    with pytest.raises(TypeError) as info:
+        cpulaunch.bind_current_process(inst, set_env="no")
+    assert "set_env" in one_line(info.value)

@@ -269,10 +269,24 @@ def test_ddp_program_arguments_reach_it_untouched():
 
 @need2
 def test_log_dir_layout_after_a_failing_instance(tmp_path):
-    logs = tmp_path / "logs"
-    code = "import os,sys; i=int(os.environ['CPULAUNCH_INSTANCE_INDEX']); print('hello', i); sys.exit(3 if i else 0)"
+    """Instance 1 fails only once instance 0's line is flushed (instance 0 then makes a
+    file that instance 1 waits for, bounded): fail-fast may stop instance 0 at any
+    moment after that, and the line must be in its stdout.log (issue 19: failing at
+    once raced Python's own start-up in instance 0, not the launcher)."""
+    logs, printed = tmp_path / "logs", tmp_path / "printed"
+    code = ("import os, sys, time\n"
+            "i, printed = int(os.environ['CPULAUNCH_INSTANCE_INDEX']), sys.argv[1]\n"
+            "if i == 0:\n"
+            "    print('hello', i, flush=True)\n"
+            "    open(printed, 'w').close()\n"
+            "    sys.exit(0)\n"
+            "deadline = time.monotonic() + 30\n"
+            "while not os.path.exists(printed) and time.monotonic() < deadline:\n"
+            "    time.sleep(0.01)\n"
+            "print('hello', i)\n"
+            "sys.exit(3)\n")
     proc = run_cli("--ninstances", "2", "--allocator", "default", "--log-dir", str(logs), PY, "-c", code,
-                   check_rc=3)
+                   str(printed), check_rc=3)
     (run,) = list(logs.iterdir())
     plan = json.loads((run / "plan.json").read_text())
     assert [i["index"] for i in plan["instances"]] == [0, 1]

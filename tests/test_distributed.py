@@ -15,7 +15,8 @@ import pytest
 from conftest import REPO, json_records, run_cli
 from pathlib import Path
 
-from cpulaunch import cpulist, distributed, host
+from cpulaunch import cpulist, distributed
+from cpulaunch.machine import host
 from cpulaunch.distributed import (
     DistributedError,
     RankContext,

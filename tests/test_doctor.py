@@ -1,4 +1,4 @@
-"""cpulaunch.doctor: on this machine, on every fixture dump, on generated trees; the ELF reader
+"""cpulaunch.tools.doctor: on this machine, on every fixture dump, on generated trees; the ELF reader
 on the real libtorch_cpu.so and on hand-built ELF files."""
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch import cpulist, doctor, libraries
+from cpulaunch import cpulist
+from cpulaunch.machine import elf
+from cpulaunch.tools import doctor
+from cpulaunch.machine import libfinder, libraries
 from tests.conftest import MACHINES
 
 
@@ -41,15 +44,17 @@ def _failed(report) -> list:
 # --------------------------------------------------------------------------- this machine
 
 
+#: The flags --show-topology and doctor list (render.ISA_FLAGS), written out here.
+SHOWN_ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+             "amx_int8", "asimd", "sve")
+
+
 def _expected_isa(arch: str, flags: frozenset) -> tuple:
     """(present, bf16_fast) derived from the flags alone."""
     if arch == "x86_64":
-        order = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
-                 "amx_tile", "amx_bf16", "amx_int8")
-        return tuple(f for f in order if f in flags), bool({"avx512_bf16", "amx_bf16"} & flags)
+        return tuple(f for f in SHOWN_ISA if f in flags), bool({"avx512_bf16", "amx_bf16"} & flags)
     if arch == "aarch64":
-        order = ("asimd", "asimddp", "sve", "sve2", "bf16", "i8mm")
-        return tuple(f for f in order if f in flags), "bf16" in flags
+        return tuple(f for f in SHOWN_ISA if f in flags), "bf16" in flags
     return (), None
 
 
@@ -99,7 +104,7 @@ def test_this_machine_json():
     # Libraries: the ones a launch from here would preload.
     for entry in doc["libraries"]:
         lib = libraries.REGISTRY[entry["name"]]
-        found = libraries.find(lib, os.environ)
+        found = libfinder.find(lib, os.environ)
         assert entry["path"] == (str(found) if found else None)
         assert entry["install"] == lib.install
         if found is not None and entry["version"] is not None:
@@ -128,7 +133,7 @@ def test_this_machine_torch_without_import():
     spec = importlib.util.find_spec("torch")
     if spec is None:
         pytest.skip("torch not installed")
-    code = ("import sys, json; from cpulaunch import doctor; r = doctor.diagnose('/', live=True); "
+    code = ("import sys, json; from cpulaunch.tools import doctor; r = doctor.diagnose('/', live=True); "
             "print(json.dumps({'torch': doctor.to_json(r)['torch'], 'imported': 'torch' in sys.modules}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parent.parent, check=True)
@@ -164,12 +169,12 @@ def test_elf_needed_on_real_libraries():
     if spec is not None:
         paths.append(Path(spec.submodule_search_locations[0]) / "lib" / "libtorch_cpu.so")
     for name in ("jemalloc", "tcmalloc", "iomp5"):
-        found = libraries.find(libraries.REGISTRY[name], os.environ)
+        found = libfinder.find(libraries.REGISTRY[name], os.environ)
         if found:
             paths.append(found)
     paths.append(Path(sys.executable).resolve())  # an executable: PT_DYNAMIC too
     for path in paths:
-        assert list(doctor.read_elf_needed(path)) == _readelf_needed(path), path
+        assert list(elf.read_elf_needed(path)) == _readelf_needed(path), path
 
 
 def _elf(needed, *, cls64=True, little=True, phdrs=True, shdrs=False, strtab_in_load=True) -> bytes:
@@ -227,34 +232,34 @@ def _elf(needed, *, cls64=True, little=True, phdrs=True, shdrs=False, strtab_in_
 @pytest.mark.parametrize("little", [True, False])
 def test_elf_needed_hand_built(cls64, little):
     needed = ["libfoo.so.1", "libgomp.so.1", "libc.so.6"]
-    assert doctor.elf_needed(_elf(needed, cls64=cls64, little=little)) == tuple(needed)
+    assert elf.elf_needed(_elf(needed, cls64=cls64, little=little)) == tuple(needed)
     # Section headers only (no program headers): SHT_DYNAMIC and the DT_STRTAB section.
-    assert doctor.elf_needed(_elf(needed, cls64=cls64, little=little, phdrs=False, shdrs=True)) == tuple(needed)
+    assert elf.elf_needed(_elf(needed, cls64=cls64, little=little, phdrs=False, shdrs=True)) == tuple(needed)
     # DT_STRTAB outside every PT_LOAD, but a section says where it is.
     data = _elf(needed, cls64=cls64, little=little, shdrs=True, strtab_in_load=False)
-    assert doctor.elf_needed(data) == tuple(needed)
-    assert doctor.elf_needed(_elf([], cls64=cls64, little=little)) == ()
+    assert elf.elf_needed(data) == tuple(needed)
+    assert elf.elf_needed(_elf([], cls64=cls64, little=little)) == ()
 
 
 def test_elf_needed_garbage(tmp_path):
     good = _elf(["libx.so"])
     for bad in (b"", b"not an elf file at all" * 4, good[:70], b"\x7fELF" + bytes([3, 1]) + bytes(60)):
-        with pytest.raises(doctor.ElfError):
-            doctor.elf_needed(bad)
+        with pytest.raises(elf.ElfError):
+            elf.elf_needed(bad)
     # A LOAD that misses the string table and no section headers: nowhere to read names.
-    with pytest.raises(doctor.ElfError, match="DT_STRTAB"):
-        doctor.elf_needed(_elf(["libx.so"], strtab_in_load=False))
+    with pytest.raises(elf.ElfError, match="DT_STRTAB"):
+        elf.elf_needed(_elf(["libx.so"], strtab_in_load=False))
     # A static executable: no dynamic section.
     static = bytearray(_elf(["libx.so"]))
     struct.pack_into("<I", static, 64 + 56, 4)  # PT_DYNAMIC -> PT_NOTE
-    with pytest.raises(doctor.ElfError, match="no dynamic section"):
-        doctor.elf_needed(bytes(static))
+    with pytest.raises(elf.ElfError, match="no dynamic section"):
+        elf.elf_needed(bytes(static))
     empty = tmp_path / "empty.so"
     empty.write_bytes(b"")
-    with pytest.raises(doctor.ElfError):
-        doctor.read_elf_needed(empty)
-    with pytest.raises(doctor.ElfError):
-        doctor.read_elf_needed(tmp_path / "missing.so")
+    with pytest.raises(elf.ElfError):
+        elf.read_elf_needed(empty)
+    with pytest.raises(elf.ElfError):
+        elf.read_elf_needed(tmp_path / "missing.so")
 
 
 # --------------------------------------------------------------------------- ISA (pure)
@@ -274,11 +279,22 @@ def test_isa_status_rules():
     assert doctor.isa_status("x86_64", spr).meaning.startswith("AMX kernels; bf16 inference can be faster")
     graviton3 = frozenset("fp asimd asimddp sve bf16 i8mm".split())
     s = doctor.isa_status("aarch64", graviton3)
-    assert (s.present, s.bf16_fast, s.int8_fast) == (("asimd", "asimddp", "sve", "bf16", "i8mm"), True, True)
+    assert (s.present, s.bf16_fast, s.int8_fast) == (("asimd", "sve"), True, True)
     kunpeng = frozenset("fp asimd asimddp".split())
     assert doctor.isa_status("aarch64", kunpeng).bf16_fast is False
     s = doctor.isa_status("ppc64", frozenset())
     assert (s.bf16_fast, s.int8_fast) == (None, None)
+
+
+def test_isa_flags_are_the_one_table():
+    """doctor lists the flags of render.ISA_FLAGS (what --show-topology shows), in its order:
+    one table, not a second copy (issue 20)."""
+    from cpulaunch import render
+
+    assert doctor.ISA_FLAGS is render.ISA_FLAGS
+    every = frozenset(render.ISA_FLAGS) | {"sse2", "lm", "avx_vnni", "fpu"}
+    assert doctor.isa_status("x86_64", every).present == render.ISA_FLAGS
+    assert doctor.isa_status("aarch64", frozenset(SHOWN_ISA)).present == SHOWN_ISA == render.ISA_FLAGS
 
 
 # --------------------------------------------------------------------------- fixture dumps
@@ -528,3 +544,93 @@ def test_numactl_missing(tmp_path):
                                                  "reason": "not installed", "argv": None}
     f = _by_id(report)["numactl"]
     assert (f.severity, f.summary, f.fix) == ("warn", "numactl is not installed", "apt-get install numactl (dnf install numactl)")
+
+
+# --------------------------------------------------------------------------- one rule, one place
+
+
+def _logging_numactl(folder: Path) -> tuple:
+    """A numactl that appends each command line it gets to a log (one line, NUL-separated
+    words) and succeeds; returns (its path, the log)."""
+    folder.mkdir()
+    log = folder / "calls"
+    exe = folder / "numactl"
+    exe.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$0\" \"$@\" >> '{log}'\necho >> '{log}'\nexit 0\n")
+    exe.chmod(0o755)
+    return exe, log
+
+
+def _calls(log: Path) -> list:
+    return [line.rstrip("\0").split("\0") for line in log.read_text().splitlines() if line]
+
+
+@pytest.mark.parametrize("policy", ["bind", "preferred", "interleave", "local", "none"])
+def test_numactl_verdict_is_the_launchers_check(tmp_path, policy):
+    """doctor runs exactly the `numactl ... true` that `cpulaunch --bind numactl --mem-policy P`
+    runs as its check before a launch (before: doctor always built `-m NODES`, whatever the
+    policy, so it could pass a command the launcher never runs)."""
+    exe, log = _logging_numactl(tmp_path / "bin")
+    env = dict(os.environ, PATH=f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop("LD_PRELOAD", None)
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "cpulaunch", "--bind", "numactl", "--mem-policy", policy, "true"],
+                   env=env, cwd=repo, timeout=60, check=True, capture_output=True)
+    launcher_check = _calls(log)[0]  # then the launch itself: numactl PREFIX true
+    log.unlink()
+    out = subprocess.run([sys.executable, "-m", "cpulaunch", "doctor", "--mem-policy", policy, "--format", "json"],
+                         env=env, cwd=repo, timeout=60, capture_output=True, text=True)
+    assert out.returncode in (0, 1), out.stderr
+    assert _calls(log) == [launcher_check]
+    doc = json.loads(out.stdout)["numactl"]
+    assert (doc["argv"], doc["usable"]) == (launcher_check, True)
+    flag = {"bind": "-m", "preferred": "-p", "interleave": "-i", "local": "-l", "none": "-C"}[policy]
+    assert launcher_check[0] == str(exe) and flag in launcher_check and launcher_check[-1] == "true"
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+@pytest.mark.parametrize("policy", ["bind", "preferred", "interleave", "local"])
+def test_numactl_argv_on_every_dump(sysroots, tmp_path, machine, policy):
+    """On each dumped machine, doctor's numactl command is numactl.check_argv's for the
+    same topology and policy (doctor run as if live, with a numactl that only logs)."""
+    from cpulaunch.machine import numactl, probe
+    from cpulaunch.machine.numactl import MemPolicy
+
+    exe, log = _logging_numactl(tmp_path / "bin")
+    report = doctor.diagnose(sysroots[machine], {"PATH": str(exe.parent)}, live=True,
+                             mem_policy=MemPolicy(policy))
+    want = numactl.check_argv(str(exe), probe.probe(sysroots[machine]), MemPolicy(policy))
+    assert list(report.numactl.argv) == want == _calls(log)[0]
+
+
+def test_ld_preload_is_split_like_glibc(tmp_path):
+    """glibc's ld.so splits LD_PRELOAD on spaces and colons only (ld.so(8)): "a.so<TAB>b.so"
+    is one entry that it cannot load. Checked here with the real loader, then doctor must
+    agree (before: doctor split on any whitespace and saw two allocators)."""
+    jemalloc = libfinder.find(libraries.REGISTRY["jemalloc"], os.environ)
+    tcmalloc = libfinder.find(libraries.REGISTRY["tcmalloc"], os.environ)
+    if jemalloc is None or tcmalloc is None:
+        pytest.skip("jemalloc and tcmalloc are both needed for the real-loader check")
+    cat = shutil.which("cat")
+
+    def mapped(value: str) -> tuple:
+        res = subprocess.run([cat, "/proc/self/maps"], env={"LD_PRELOAD": value}, capture_output=True,
+                             text=True, timeout=30, check=True)
+        names = {os.path.basename(line.split()[-1]) for line in res.stdout.splitlines() if "/" in line}
+        return (any(n.startswith("libjemalloc") for n in names),
+                any(n.startswith("libtcmalloc") for n in names), res.stderr)
+
+    for sep in ("\t", "\n"):
+        value = f"{jemalloc}{sep}{tcmalloc}"
+        je, tc, err = mapped(value)
+        assert (je, tc) == (False, False) and "cannot be preloaded" in err  # glibc: one entry
+        report = doctor.diagnose(tmp_path, {"LD_PRELOAD": value}, live=False)
+        assert report.environment.preload == (value,)
+        assert report.environment.preload_allocators == (libraries.identify(value),)
+        f = _by_id(report)["env-LD_PRELOAD"]
+        assert (f.severity, f.summary) == ("info", f"LD_PRELOAD is set: {value}")
+    for sep in (" ", ":", " : "):
+        value = f"{jemalloc}{sep}{tcmalloc}"
+        assert mapped(value)[:2] == (True, True)  # glibc: two entries, both loaded
+        report = doctor.diagnose(tmp_path, {"LD_PRELOAD": value}, live=False)
+        assert report.environment.preload == (str(jemalloc), str(tcmalloc))
+        assert _by_id(report)["env-LD_PRELOAD"].severity == "error"

@@ -279,3 +279,60 @@ def test_single_instance_with_log_dir_keeps_exit_code(tmp_path):
     (run_dir,) = (tmp_path / "l").iterdir()
     assert (run_dir / "0" / "stdout.log").read_text() == "x\n"
     assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 6
+
+
+# --------------------------------------------------------------------------- --verify (issue 19)
+
+
+VERIFIED_CHILD = """
+import json, os, sys, time
+from pathlib import Path
+
+logs, me = Path(sys.argv[1]), os.getpid()
+
+def verified():
+    for f in logs.glob("*/verify.json"):
+        try:
+            if me in [i["pid"] for i in json.loads(f.read_text())["instances"]]:
+                return True
+        except (OSError, ValueError):
+            pass
+    return False
+
+deadline = time.monotonic() + 30
+while not verified() and time.monotonic() < deadline:  # until --verify has looked at us
+    time.sleep(0.02)
+"""
+
+
+def verify_run(logs: Path, child: str):
+    proc = run(cpulaunch("--bind", "none", "--allocator", "default", "--verify", "--verify-after", "0.2",
+                         "--log-dir", str(logs), child, str(logs)))
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_two_verify_runs_in_one_log_folder_each_keep_their_own_verify_json(tmp_path):
+    """Each --verify run writes verify.json in its own run folder, whatever else the log
+    folder holds: here run B's folder has the newest mtime while run A checks (as when B
+    is still running and writing), which used to make A write B's verify.json."""
+    logs = tmp_path / "logs"
+    child = script(tmp_path, VERIFIED_CHILD)
+    verify_run(logs, child)
+    (b,) = logs.iterdir()
+    future = time.time() + 3600
+    os.utime(b, (future, future))
+    verify_run(logs, child)
+    (a,) = [d for d in logs.iterdir() if d != b]
+    for run_dir in (a, b):
+        pids = [r["pid"] for r in json.loads((run_dir / "result.json").read_text())["instances"]]
+        assert [i["pid"] for i in json.loads((run_dir / "verify.json").read_text())["instances"]] == pids
+
+
+def test_verify_after_says_when_every_instance_had_exited(tmp_path):
+    """--verify-after later than the program's end: one line says nothing was checked."""
+    proc = run(cpulaunch("--bind", "none", "--allocator", "default", "--verify", "--verify-after", "30",
+                         PY, "-c", "pass"))
+    assert proc.returncode == 0
+    assert proc.stderr.splitlines() == [
+        "cpulaunch: verify: nothing to check: every instance had exited before 30 s (--verify-after)"]

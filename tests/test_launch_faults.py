@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -23,7 +26,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from cpulaunch import launch
+from cpulaunch.launch.group import FORWARDED_SIGNALS, ProcessGroup, RELAY_TIMEOUT
+from cpulaunch.launch.spawn import LaunchError, ProcessSpec, exec_spec
+from cpulaunch.launch.supervise import describe_failure, run_group
 
 PY = sys.executable
 NCPUS = len(os.sched_getaffinity(0))
@@ -90,7 +95,9 @@ def children_of_me() -> set:
 DRIVER = r'''
 import json, os, signal, sys
 from pathlib import Path
-from cpulaunch import launch
+from cpulaunch.launch.group import ProcessGroup
+from cpulaunch.launch.spawn import LaunchError, ProcessSpec
+from cpulaunch.launch.supervise import describe_failure, run_group
 
 cfg = json.loads(sys.argv[1])
 for name in cfg.get("ignore", []):
@@ -100,24 +107,24 @@ for name in cfg.get("default", []):
 if cfg.get("block"):
     signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, n) for n in cfg["block"]])
 if cfg.get("signal_after_spawn"):  # a signal that arrives while instances are being started
-    spawn, sig = launch.ProcessGroup._spawn, getattr(signal, cfg["signal_after_spawn"])
+    spawn, sig = ProcessGroup._spawn, getattr(signal, cfg["signal_after_spawn"])
     def spawn_then_signal(self, spec, setup):
         fds = spawn(self, spec, setup)
         if spec.index == 0:
             os.kill(os.getpid(), sig)
         return fds
-    launch.ProcessGroup._spawn = spawn_then_signal
-specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=tuple(a), env=cfg.get("env", {}))
+    ProcessGroup._spawn = spawn_then_signal
+specs = [ProcessSpec(index=i, label=f"instance {i}", argv=tuple(a), env=cfg.get("env", {}))
          for i, a in enumerate(cfg["argv"])]
 kw = cfg.get("kw", {})
 try:
-    out = launch.run_group(specs, os.environ, **kw)
-except launch.LaunchError as exc:
+    out = run_group(specs, os.environ, **kw)
+except LaunchError as exc:
     print(f"LaunchError: {exc}", file=sys.stderr)
     sys.exit(2)
 Path(cfg["result"]).write_text(json.dumps({
     "exit_code": out.exit_code, "root_cause": out.root_cause, "signalled": out.signalled,
-    "describe": launch.describe_failure(out, specs), "results": [r.to_dict() for r in out.results]}))
+    "describe": describe_failure(out, specs), "results": [r.to_dict() for r in out.results]}))
 sys.exit(out.exit_code)
 '''
 
@@ -125,11 +132,11 @@ sys.exit(out.exit_code)
 def drive(tmp_path: Path, argv: list, timeout=20, **cfg):
     """Run DRIVER (launch.run_group in a fresh Python) with these instances; returns
     (CompletedProcess, the outcome as a dict)."""
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
     result = tmp_path / "result.json"
     cfg.update(argv=argv, result=str(result))
-    proc = subprocess.run([PY, str(driver), json.dumps(cfg)], capture_output=True, text=True,
+    # -c: sys.path[0] is the cwd, this checkout (a script's folder would not be, and the
+    # cpulaunch imported would be whichever is installed)
+    proc = subprocess.run([PY, "-c", DRIVER, json.dumps(cfg)], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, **cfg.pop("popen", {}))
     return proc, (json.loads(result.read_text()) if result.exists() else None)
 
@@ -183,9 +190,9 @@ def test_exec_spec_failure_is_launch_error_and_restores_launcher(tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM)}
     for argv, cause in ((["no-such-program-xyz"], "No such file or directory"),
                         ([str(not_exec)], "Permission denied")):
-        spec = launch.ProcessSpec(index=0, label="instance 0", argv=tuple(argv))
-        with pytest.raises(launch.LaunchError) as exc:
-            launch.exec_spec(spec, os.environ)
+        spec = ProcessSpec(index=0, label="instance 0", argv=tuple(argv))
+        with pytest.raises(LaunchError) as exc:
+            exec_spec(spec, os.environ)
         assert str(exc.value) == f"cannot run {argv[0]!r}: {cause}"
     assert {s: signal.getsignal(s) for s in before} == before
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
@@ -193,11 +200,11 @@ def test_exec_spec_failure_is_launch_error_and_restores_launcher(tmp_path):
 
 def test_non_utf8_env_value_reaches_child_byte_for_byte(tmp_path):
     value = os.fsdecode(b"/x/\xff\xfe.so")  # surrogate escapes, as os.environ holds them
-    spec = launch.ProcessSpec(index=0, label="instance 0", env={"CPULAUNCH_T": value},
+    spec = ProcessSpec(index=0, label="instance 0", env={"CPULAUNCH_T": value},
                               argv=(PY, "-c", "import os, sys; sys.stdout.buffer.write(os.environb[b'CPULAUNCH_T'])"))
     out = tmp_path / "out"
     with open(out, "wb") as f:
-        outcome = launch.run_group([spec], os.environ, stdout=f, prefix_output=False)
+        outcome = run_group([spec], os.environ, stdout=f, prefix_output=False)
     assert outcome.exit_code == 0
     assert out.read_bytes() == b"/x/\xff\xfe.so\n"
 
@@ -285,13 +292,94 @@ def test_launcher_sigkill_leaves_nothing_behind(tmp_path):
     wait_until(lambda: with_marker(marker) == [], timeout=5, what="every marked process gone")
 
 
+STALL_DRIVER = r"""
+import os, signal, sys, time
+from pathlib import Path
+from cpulaunch.launch import group
+from cpulaunch.launch.spawn import ProcessSpec
+from cpulaunch.launch.supervise import run_group
+
+moment, tmp = sys.argv[1], Path(sys.argv[2])
+launcher = os.getpid()
+
+def stall(name):
+    # Say who is held, then wait: the launcher for the test's SIGKILL (its handled
+    # signals are blocked while it starts instances); a child until its launcher is gone
+    # (then it carries on, unless its parent-death signal killed it).
+    (tmp / name).write_text(str(os.getpid()))
+    if os.getpid() == launcher:
+        signal.pause()
+    while os.getppid() == launcher:
+        time.sleep(0.005)
+
+if moment == "before-prctl":  # child forked (and setsid), PR_SET_PDEATHSIG not yet set
+    real = group._load_prctl()
+    group._load_prctl = lambda: (lambda *a: (stall("stalled"), real(*a))[1])
+elif moment == "before-exec":  # PDEATHSIG set, registered with the watchdog, not exec'd
+    setaffinity = os.sched_setaffinity
+    os.sched_setaffinity = lambda pid, cpus: (stall("stalled"), setaffinity(pid, cpus))
+elif moment == "after-exec":  # the program runs and has forked; Popen has just returned
+    init = group._Proc.__init__
+    def stalled_init(self, spec, popen, start):
+        init(self, spec, popen, start)
+        if spec.index == 0:
+            while not (tmp / "grandchild").exists() or not (tmp / "grandchild").read_text():
+                time.sleep(0.005)
+            stall("stalled")
+    group._Proc.__init__ = stalled_init
+cpus = tuple(sorted(os.sched_getaffinity(0)))[:1]
+argv = ("sh", "-c", f"sleep 61 & echo $! > {tmp}/grandchild; wait")
+specs = [ProcessSpec(index=i, label=f"instance {i}", argv=argv if i == 0 else ("sleep", "62"),
+                     affinity=cpus) for i in (0, 1)]
+run_group(specs, os.environ)
+"""
+
+
+@pytest.mark.parametrize("moment", ["before-prctl", "before-exec", "after-exec"])
+def test_launcher_sigkill_in_the_spawn_window_leaves_nothing_behind(tmp_path, moment):
+    """kill -9 of the launcher while it starts instance 0, held at each moment of the
+    child's start (issue 19): forked but PR_SET_PDEATHSIG not set yet (the child sees
+    its launcher gone and kills itself before exec); set and registered with the
+    watchdog but not exec'd (PDEATHSIG); exec'd and forked a grandchild but Popen only
+    just returned in the launcher (the watchdog knew the group before exec, so it
+    kills the grandchild). Nothing carrying the run's marker is left."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen([PY, "-c", STALL_DRIVER, moment, str(tmp_path)], cwd=REPO,
+                            env=dict(os.environ, CPULAUNCH_TEST_MARKER=marker),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        stalled = tmp_path / "stalled"
+        wait_until(lambda: stalled.exists() and stalled.read_text(), timeout=20, what=f"launcher held at {moment}")
+        held = int(stalled.read_text())
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_until(lambda: with_marker(marker) == [], timeout=5, what="every marked process gone")
+    finally:
+        for pid in with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive(held)  # a zombie until its new parent reaps it
+    assert (tmp_path / "grandchild").exists() == (moment == "after-exec")  # the program ran
+
+
+@pytest.mark.slow
+def test_stress_spawn_kill_mode_leaves_nothing(tmp_path):
+    """scripts/stress_signals.py --mode spawn-kill, a few trials: the launcher SIGKILLed
+    the moment it has its first, second or third child (watchdog, instance 0, 1)."""
+    for at in ("1", "2", "3"):
+        proc = subprocess.run([PY, str(REPO / "scripts" / "stress_signals.py"), "--mode", "spawn-kill",
+                               "--trials", "3", "--at-child", at], capture_output=True, text=True,
+                              timeout=120, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "trials that left processes behind: 0 (0 processes)" in proc.stdout
+
+
 def test_run_group_restores_handlers_and_mask_and_reaps_watchdog():
-    handled = launch.FORWARDED_SIGNALS + (signal.SIGTSTP, signal.SIGCONT)
+    handled = FORWARDED_SIGNALS + (signal.SIGTSTP, signal.SIGCONT)
     before = {s: signal.getsignal(s) for s in handled}
     kids = children_of_me()
-    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("true",))
+    spec = ProcessSpec(index=0, label="instance 0", argv=("true",))
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group([spec], os.environ, stdout=null, stderr=null)
+        outcome = run_group([spec], os.environ, stdout=null, stderr=null)
     assert outcome.exit_code == 0
     assert {s: signal.getsignal(s) for s in handled} == before
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
@@ -301,10 +389,10 @@ def test_run_group_restores_handlers_and_mask_and_reaps_watchdog():
 @need2
 def test_grandchildren_killed_at_end_of_normal_run(tmp_path):
     pidfile = tmp_path / "gc"
-    spec = launch.ProcessSpec(index=0, label="instance 0", argv=(
+    spec = ProcessSpec(index=0, label="instance 0", argv=(
         "sh", "-c", f"sleep 61 & echo $! > {pidfile}; exit 0"))
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group([spec, launch.ProcessSpec(index=1, label="instance 1", argv=("true",))],
+        outcome = run_group([spec, ProcessSpec(index=1, label="instance 1", argv=("true",))],
                                    os.environ, stdout=null, stderr=null)
     assert outcome.exit_code == 0
     wait_until(lambda: not alive(int(pidfile.read_text())), timeout=2, what="grandchild gone")
@@ -315,35 +403,35 @@ def test_grandchildren_killed_at_end_of_normal_run(tmp_path):
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, "abc"])
 def test_grace_period_must_be_finite_and_not_negative(value):
-    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("true",))
-    with pytest.raises(launch.LaunchError, match="grace period"):
-        launch.run_group([spec], os.environ, grace_period=value)
+    spec = ProcessSpec(index=0, label="instance 0", argv=("true",))
+    with pytest.raises(LaunchError, match="grace period"):
+        run_group([spec], os.environ, grace_period=value)
 
 
 def test_program_not_found_stops_those_already_started(tmp_path):
     marker = uuid.uuid4().hex
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sleep", "30"),
+    specs = [ProcessSpec(index=0, label="instance 0", argv=("sleep", "30"),
                                 env={"CPULAUNCH_TEST_MARKER": marker}),
-             launch.ProcessSpec(index=1, label="instance 1", argv=("no-such-program-xyz",))]
-    with pytest.raises(launch.LaunchError) as exc:
-        launch.run_group(specs, os.environ)
+             ProcessSpec(index=1, label="instance 1", argv=("no-such-program-xyz",))]
+    with pytest.raises(LaunchError) as exc:
+        run_group(specs, os.environ)
     assert str(exc.value) == "cannot run 'no-such-program-xyz': No such file or directory"
     assert with_marker(marker) == []
 
 
 @need2
 def test_describe_failure_names_signal_and_stopped_others(tmp_path):
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sleep", "30")),
-             launch.ProcessSpec(index=1, label="rank 1", argv=(PY, "-c", "import os; os.kill(os.getpid(), 9)"))]
+    specs = [ProcessSpec(index=0, label="instance 0", argv=("sleep", "30")),
+             ProcessSpec(index=1, label="rank 1", argv=(PY, "-c", "import os; os.kill(os.getpid(), 9)"))]
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null)
+        outcome = run_group(specs, os.environ, stdout=null, stderr=null)
     assert outcome.exit_code == 137 and outcome.root_cause == 1
-    assert launch.describe_failure(outcome, specs) == "rank 1 killed by SIGKILL; the others were stopped"
+    assert describe_failure(outcome, specs) == "rank 1 killed by SIGKILL; the others were stopped"
     assert outcome.result(0).describe() == "killed by SIGTERM"
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 3"))]
+    specs = [ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 3"))]
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null)
-    assert (outcome.exit_code, launch.describe_failure(outcome, specs)) == (3, "instance 0 exited with code 3")
+        outcome = run_group(specs, os.environ, stdout=null, stderr=null)
+    assert (outcome.exit_code, describe_failure(outcome, specs)) == (3, "instance 0 exited with code 3")
 
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
@@ -358,9 +446,9 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
     cg.mkdir()
     ready, go = tmp_path / "ready", tmp_path / "go"
     specs = [
-        launch.ProcessSpec(index=0, label="instance 0", argv=(
+        ProcessSpec(index=0, label="instance 0", argv=(
             "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; exit 3")),
-        launch.ProcessSpec(index=1, label="instance 1", argv=("sh", "-c", f"echo $$ > {ready}; exec sleep 60")),
+        ProcessSpec(index=1, label="instance 1", argv=("sh", "-c", f"echo $$ > {ready}; exec sleep 60")),
     ]
     frozen = []
 
@@ -377,7 +465,7 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
     t0 = time.monotonic()
     try:
         with open(os.devnull, "wb") as null:
-            outcome = launch.run_group(specs, os.environ, grace_period=0.2, kill_timeout=0.5,
+            outcome = run_group(specs, os.environ, grace_period=0.2, kill_timeout=0.5,
                                        stdout=null, stderr=null)
         took = time.monotonic() - t0
     finally:
@@ -391,7 +479,7 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
     stuck = outcome.result(1)
     assert stuck.stuck and stuck.returncode is None and stuck.pid == frozen[0]
     assert took < 4
-    assert launch.describe_failure(outcome, specs) == (
+    assert describe_failure(outcome, specs) == (
         f"instance 0 exited with code 3; the others were stopped; "
         f"instance 1 did not exit after SIGKILL (pid {frozen[0]})")
 
@@ -402,11 +490,11 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
 @need2
 def test_relay_lines_never_interleave(tmp_path):
     body = "import sys\nc = sys.argv[1] * 3000\nfor _ in range(300): sys.stdout.write(c + '\\n')\nsys.stdout.write('tail')"
-    specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=(PY, "-c", body, ch))
+    specs = [ProcessSpec(index=i, label=f"instance {i}", argv=(PY, "-c", body, ch))
              for i, ch in ((0, "a"), (1, "b"))]
     out = tmp_path / "out"
     with open(out, "wb") as f:
-        assert launch.run_group(specs, os.environ, stdout=f).exit_code == 0
+        assert run_group(specs, os.environ, stdout=f).exit_code == 0
     lines = out.read_bytes().split(b"\n")
     assert lines[-1] == b""  # the unterminated last line got its newline
     counts = {b"[0] " + b"a" * 3000: 0, b"[1] " + b"b" * 3000: 0, b"[0] tail": 0, b"[1] tail": 0}
@@ -417,10 +505,10 @@ def test_relay_lines_never_interleave(tmp_path):
 
 def test_relay_endless_line_is_bounded_and_whole(tmp_path):
     body = "import sys; sys.stdout.write('x' * 1000000 + '\\nend\\n')"
-    spec = launch.ProcessSpec(index=3, label="instance 3", argv=(PY, "-c", body))
+    spec = ProcessSpec(index=3, label="instance 3", argv=(PY, "-c", body))
     out = tmp_path / "out"
     with open(out, "wb") as f:
-        assert launch.run_group([spec], os.environ, stdout=f).exit_code == 0
+        assert run_group([spec], os.environ, stdout=f).exit_code == 0
     assert out.read_bytes() == b"[3] " + b"x" * 1000000 + b"\n[3] end\n"
 
 
@@ -431,7 +519,7 @@ def test_slow_console_reader_gets_all_output(tmp_path):
     proc = subprocess.Popen([PY, "-c", DRIVER, json.dumps({
         "argv": [[PY, "-c", body]], "kw": {"prefix_output": False}, "result": str(tmp_path / "r.json")})],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(launch.RELAY_TIMEOUT + 0.5)
+    time.sleep(RELAY_TIMEOUT + 0.5)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert out.decode().splitlines() == [f"{i:04d} " + "q" * 95 for i in range(1200)]
@@ -461,7 +549,8 @@ def test_console_epipe_with_sigpipe_default_in_launcher(tmp_path):
     cfg = {"argv": [["yes"], ["yes"]], "default": ["SIGPIPE"], "result": str(tmp_path / "r.json")}
     (tmp_path / "d.py").write_text(DRIVER)
     cmd = f"{PY} {tmp_path / 'd.py'} '{json.dumps(cfg)}' | head -1; echo ${{PIPESTATUS[0]}} >&2"
-    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20, cwd=REPO)
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # this checkout's cpulaunch
     assert proc.stderr.splitlines()[-1] == "141", proc.stderr
     out = json.loads((tmp_path / "r.json").read_text())
     assert out["exit_code"] == 141 and out["results"][out["root_cause"]]["signal"] == "SIGPIPE"
@@ -472,12 +561,12 @@ def test_process_group_start_poll_stop_close(tmp_path):
     stubborn member (SIGTERM, then SIGKILL at the deadline), close, results."""
     stubborn = (PY, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('up', flush=True); time.sleep(60)")
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 4")),
-             launch.ProcessSpec(index=1, label="instance 1", argv=("sleep", "60")),
-             launch.ProcessSpec(index=2, label="instance 2", argv=stubborn)]
+    specs = [ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 4")),
+             ProcessSpec(index=1, label="instance 1", argv=("sleep", "60")),
+             ProcessSpec(index=2, label="instance 2", argv=stubborn)]
     out = tmp_path / "out"
     with open(out, "wb") as f:
-        group = launch.ProcessGroup(specs, os.environ, stdout=f, kill_timeout=2)
+        group = ProcessGroup(specs, os.environ, stdout=f, kill_timeout=2)
         group.start()
         try:
             wait_until(lambda: [r.index for r in group.poll()] == [0], what="instance 0 exit seen")
@@ -497,18 +586,19 @@ def test_process_group_start_poll_stop_close(tmp_path):
 
 def test_after_hook_sees_running_instances_and_cannot_break_the_run(caplog):
     """``after=(seconds, fn)`` (used by --verify): called once with {index: pid} of the
-    running instances; an exception in it is logged, the run goes on."""
+    running instances and the run folder (None: no log_dir); an exception in it is
+    logged, the run goes on."""
     seen = []
 
-    def check(pids):
-        seen.append({i: state(p) for i, p in pids.items()})
+    def check(pids, run):
+        seen.append(({i: state(p) for i, p in pids.items()}, run))
         raise RuntimeError("boom")
 
-    specs = [launch.ProcessSpec(index=i, label=f"instance {i}", argv=("sleep", "0.6")) for i in (0, 1)]
+    specs = [ProcessSpec(index=i, label=f"instance {i}", argv=("sleep", "0.6")) for i in (0, 1)]
     with open(os.devnull, "wb") as null:
-        outcome = launch.run_group(specs, os.environ, stdout=null, stderr=null, after=(0.2, check))
+        outcome = run_group(specs, os.environ, stdout=null, stderr=null, after=(0.2, check))
     assert outcome.exit_code == 0
-    assert seen == [{0: "S", 1: "S"}]
+    assert seen == [({0: "S", 1: "S"}, None)]
     assert "after-start check failed: boom" in caplog.text
 
 
@@ -569,11 +659,11 @@ def test_full_disk_under_log_dir_keeps_exit_code_and_says_so_once(tiny_tmpfs, tm
 
 def test_full_disk_on_console_stdout_keeps_exit_code(tiny_tmpfs, tmp_path):
     """stdout redirected to a file on a full disk: said once, logs and exit code kept."""
-    specs = [launch.ProcessSpec(index=0, label="instance 0", argv=(
+    specs = [ProcessSpec(index=0, label="instance 0", argv=(
         PY, "-c", "import sys\nfor i in range(5000): print('w' * 60)\nsys.exit(5)"))]
     err = tmp_path / "err"
     with open(tiny_tmpfs / "out", "wb") as out, open(err, "wb") as errf:
-        outcome = launch.run_group(specs, os.environ, stdout=out, stderr=errf, log_dir=tmp_path / "logs")
+        outcome = run_group(specs, os.environ, stdout=out, stderr=errf, log_dir=tmp_path / "logs")
     assert outcome.exit_code == 5
     assert err.read_text() == "cpulaunch: relaying output to stdout stopped: No space left on device\n"
     (run_dir,) = (tmp_path / "logs").iterdir()
@@ -582,9 +672,9 @@ def test_full_disk_on_console_stdout_keeps_exit_code(tiny_tmpfs, tmp_path):
 
 def log_dir_error(log_dir, tmp_path) -> str:
     touched = tmp_path / "touched"
-    spec = launch.ProcessSpec(index=0, label="instance 0", argv=("touch", str(touched)))
-    with pytest.raises(launch.LaunchError) as exc:
-        launch.run_group([spec], os.environ, log_dir=log_dir, run_info="{}")
+    spec = ProcessSpec(index=0, label="instance 0", argv=("touch", str(touched)))
+    with pytest.raises(LaunchError) as exc:
+        run_group([spec], os.environ, log_dir=log_dir, run_info="{}")
     assert not touched.exists()  # nothing started
     return str(exc.value)
 
@@ -615,3 +705,149 @@ def test_log_folder_read_only_or_full(tiny_tmpfs, tmp_path):
     assert log_dir_error(tiny_tmpfs / "other", tmp_path) == (
         f"cannot use log folder {str(tiny_tmpfs / 'other')!r}: Read-only file system; "
         "pass a writable folder to --log-dir")
+
+
+# --------------------------------------------------------------------------- planted links (issue 19)
+
+
+NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run(NOBODY + list(argv), check=True, timeout=20)
+
+
+@pytest.fixture
+def shared():
+    """A world-writable sticky folder in /tmp (a pytest tmp_path is private: another
+    user could not reach it), where another user (nobody, via setpriv) plants links;
+    removed afterwards."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("plants links as another user: needs root and setpriv")
+    d = Path(tempfile.mkdtemp(prefix="cpulaunch-shared-", dir="/tmp"))
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def precious_file(tmp_path: Path) -> Path:
+    p = tmp_path / "precious"
+    p.write_text("keep")
+    return p
+
+
+def owned_runs(shared: Path) -> list:
+    """The run folders a launcher made: real folders of ours (not links, not nobody's)."""
+    return [d for d in shared.iterdir() if not d.is_symlink() and d.is_dir() and d.stat().st_uid == os.geteuid()]
+
+
+RUN_ID = r"\d{8}-\d{6}(-\d+)?"
+
+PLANT_DRIVER = r"""
+import os, re, subprocess, sys
+from pathlib import Path
+
+# Another user wins the race: right after the launcher's mkdir of AT (its run folder,
+# or <run>/0), nobody plants a link named WHAT in it, pointing at TARGET.
+shared, at, what, target = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+real_mkdir, made = os.mkdir, []
+
+def mkdir(path, mode=0o777, *, dir_fd=None):
+    real_mkdir(path, mode, dir_fd=dir_fd)
+    name = os.path.basename(os.fspath(path))
+    if not made and re.fullmatch(RUN_ID, name):
+        made.append(shared / name)
+        folder, this = made[0], "run"
+    elif made and name == "0":
+        folder, this = made[0] / "0", "0"
+    else:
+        return
+    if this == at:
+        os.chmod(folder, 0o777)  # as under umask 0: others may write in it
+        subprocess.run(NOBODY + ["ln", "-s", target, str(folder / what)], check=True)
+
+os.mkdir = mkdir
+from cpulaunch.cli import main
+sys.exit(main(sys.argv[5:]))
+"""
+
+
+@pytest.mark.parametrize("at, what", [("run", "plan.json"), ("run", "0"), ("0", "stdout.log")])
+def test_names_planted_while_the_run_folder_is_made_are_never_followed(shared, tmp_path, at, what):
+    """Another user plants a link in the new run folder (writable by others under umask
+    0) between its mkdir and the launcher's next step: plan.json is renamed over the
+    link (the run goes on); a link at <index>/ or <index>/stdout.log stops the run
+    before anything starts with one line, exit 2. Never entered, never written through."""
+    precious = precious_file(tmp_path)
+    elsewhere = shared / "elsewhere"
+    as_nobody("mkdir", "-m", "777", str(elsewhere))
+    target = elsewhere if what == "0" else precious
+    driver = PLANT_DRIVER.replace("RUN_ID", repr(RUN_ID)).replace("NOBODY", repr(NOBODY))
+    ran = tmp_path / "ran"
+    proc = subprocess.run([PY, "-c", driver, str(shared), at, what, str(target), "--bind", "none",
+                           "--log-dir", str(shared), "touch", str(ran)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert precious.read_text() == "keep" and list(elsewhere.iterdir()) == []
+    (run,) = owned_runs(shared)
+    planted = run / what if at == "run" else run / "0" / what
+    if what == "plan.json":
+        assert proc.returncode == 0, proc.stderr
+        assert not planted.is_symlink() and json.loads(planted.read_text())["instances"]
+        assert ran.exists()
+        return
+    assert os.readlink(planted) == str(target)  # the link is still there, untouched
+    assert proc.returncode == 2 and not ran.exists()
+    assert proc.stderr.splitlines() == [
+        f"cpulaunch: error: cannot use log folder {str(shared)!r} ({planted}): it exists already "
+        "(put there by someone else); pass a folder only you can write to --log-dir"]
+
+
+PLANTING_CHILD = r"""
+import os, subprocess, sys, time
+from pathlib import Path
+
+shared, precious = Path(sys.argv[1]), Path(sys.argv[2])
+(run,) = [d for d in shared.iterdir() if not d.is_symlink() and d.is_dir() and d.stat().st_uid == os.getuid()]
+if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "0":  # written at the end: a link waits for it
+    subprocess.run(NOBODY + ["ln", "-s", str(precious), str(run / "result.json")], check=True)
+verify = run / "verify.json"
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and precious.read_text() == "keep" and not (
+        verify.exists() and not verify.is_symlink()):
+    time.sleep(0.02)  # until --verify has written, here or through a link
+"""
+
+
+@need2
+def test_run_files_never_written_through_links_in_a_shared_log_folder(shared, tmp_path):
+    """--log-dir a world-writable sticky folder where another user planted, before the
+    run: every predictable run id for two minutes (a link to their folder) and, in that
+    folder, links at plan.json, result.json and verify.json with the newest mtime; during
+    the run (umask 0: the run folder is writable by others) a link at result.json. The
+    run picks a free name, writes its own plan.json, result.json and verify.json as
+    files of its own, and the links' target is untouched."""
+    precious = precious_file(tmp_path)
+    trap = shared / "trap"
+    as_nobody("mkdir", "-m", "777", str(trap))
+    for name in ("plan.json", "result.json", "verify.json"):
+        as_nobody("ln", "-s", str(precious), str(trap / name))
+    now = int(time.time())
+    stamps = [time.strftime("%Y%m%d-%H%M%S", time.localtime(t)) for t in range(now - 1, now + 120)]
+    as_nobody("sh", "-c", 'cd "$0" && for s in "$@"; do ln -s trap "$s"; done', str(shared), *stamps)
+    as_nobody("touch", "-d", f"@{now + 3600}", str(trap))  # the newest folder holding a plan.json
+    child = write(tmp_path, "child.py", PLANTING_CHILD.replace("NOBODY", repr(NOBODY)))
+    proc = subprocess.run(cpulaunch("--ninstances", "2", "--bind", "none", "--allocator", "default", "--verify",
+                                    "--verify-after", "0.3", "--log-dir", str(shared), child, str(shared),
+                                    str(precious)),
+                          capture_output=True, text=True, timeout=90, cwd=REPO, preexec_fn=lambda: os.umask(0))
+    assert proc.returncode == 0, proc.stderr
+    assert precious.read_text() == "keep"
+    (run,) = owned_runs(shared)
+    assert re.fullmatch(RUN_ID, run.name) and run.name not in stamps  # a planted name is skipped
+    for name in ("plan.json", "result.json", "verify.json"):
+        assert not (run / name).is_symlink() and os.readlink(trap / name) == str(precious)
+    result = json.loads((run / "result.json").read_text())
+    verified = json.loads((run / "verify.json").read_text())
+    assert sorted(i["pid"] for i in verified["instances"]) == sorted(i["pid"] for i in result["instances"])

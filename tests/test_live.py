@@ -18,7 +18,8 @@ import sys
 import pytest
 
 from conftest import REPO, json_records, run_cli
-from cpulaunch import cpulist, libraries
+from cpulaunch import cpulist
+from cpulaunch.machine import libfinder, libraries
 
 PY = sys.executable
 NCORES = len(os.sched_getaffinity(0))
@@ -58,7 +59,7 @@ def dry(*args) -> dict:
 
 
 def find(name):
-    path = libraries.find(libraries.REGISTRY[name])
+    path = libfinder.find(libraries.REGISTRY[name])
     if path is None:
         pytest.skip(f"{name} not installed here ({libraries.REGISTRY[name].install})")
     return path
@@ -193,12 +194,13 @@ def test_launch_path_does_not_import_torch_or_cpuinfo():
 def test_plain_launch_path_imports_only_what_it_needs():
     """Issue 12: a one-instance run logs nothing, prints text and execs one process, so it
     imports no logging (cpulaunch.log imports it at the first message), json, subprocess
-    (numactl's check is a posix_spawn), supervisor (cpulaunch.launch) or distributed code
+    (numactl's check is a posix_spawn), supervisor (cpulaunch.launch.supervise, .group) or
+    distributed code
     (no engine variable set)."""
     code = ("import sys, runpy; sys.argv=['cpulaunch','--dry-run','true'];\n"
             "try:\n runpy.run_module('cpulaunch', run_name='__main__')\nexcept SystemExit: pass\n"
             "print(sorted(m for m in sys.modules if m in ('logging', 'json', 'subprocess', "
-            "'cpulaunch.launch', 'cpulaunch.distributed')))")
+            "'cpulaunch.launch.supervise', 'cpulaunch.launch.group', 'cpulaunch.distributed')))")
     env = {k: v for k, v in os.environ.items()
            if k not in ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")}
     proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
@@ -214,7 +216,8 @@ def test_launch_path_records_are_not_built_from_string_annotations():
     import typing
 
     records = []
-    for name in ("topology", "options", "plan", "render", "core", "host", "libraries", "spawn"):
+    for name in ("machine.topology", "options", "plan", "render", "core", "machine.host",
+                 "machine.libraries", "launch.spawn"):
         mod = importlib.import_module(f"cpulaunch.{name}")
         for obj in vars(mod).values():
             if isinstance(obj, type) and issubclass(obj, tuple) and obj.__module__ == mod.__name__:

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import plan_json
-from cpulaunch import cpulist, probe
+from cpulaunch import cpulist
+from cpulaunch.machine import probe
 from cpulaunch.errors import InternalError
 from cpulaunch.plan import PlanError, Request, plan, validate
 from test_plan_fixtures import (

@@ -1,4 +1,4 @@
-"""cpulaunch.verify: real child processes with known affinity, threads, preloads and memory
+"""cpulaunch.tools.verify: real child processes with known affinity, threads, preloads and memory
 policy, read from /proc and compared with a plan; the parsers on literal text; a generated
 /proc tree under a root."""
 
@@ -17,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from cpulaunch import cpulist, libraries, verify
-from cpulaunch.verify import Expected
+from cpulaunch import cpulist
+from cpulaunch.tools import verify
+from cpulaunch.machine import libfinder, libraries
+from cpulaunch.machine import proc as procfs
+from cpulaunch.tools.verify import Expected
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 C = ALLOWED[-1]  # the CPU children are pinned to
@@ -43,7 +46,7 @@ def child(script: str, env: dict | None = None, prefix: tuple = ()):
     """Start ``python -c PRELUDE+script`` (after ``prefix``, e.g. numactl), wait for its
     ``ready {json}`` line, yield (pid of the python process, info); kill its group after."""
     # Nothing the test runner carries (OMP_*, KMP_*, CPULAUNCH_*, LD_PRELOAD) leaks into the child.
-    full_env = {k: v for k, v in os.environ.items() if not verify.ENV_KEPT.match(k)}
+    full_env = {k: v for k, v in os.environ.items() if not procfs.ENV_KEPT.match(k)}
     full_env.update(env or {})
     proc = subprocess.Popen([*prefix, sys.executable, "-c", PRELUDE + script], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=full_env, start_new_session=True)
@@ -75,7 +78,7 @@ ts = [threading.Thread(target=ev.wait, daemon=True) for _ in range(3)]
 ready(tids=[t.native_id for t in ts])
 """
     with child(script) as (pid, info):
-        view = verify.inspect(pid)
+        view = procfs.inspect(pid)
     assert view.pid == pid and view.name == _comm() and view.cmdline[:2] == (sys.executable, "-c")
     assert view.cpus == frozenset({C})
     assert [t.tid for t in view.threads] == [pid] + sorted(info["tids"])
@@ -100,7 +103,7 @@ ts = [threading.Thread(target=work, args=(d,), daemon=True) for d in done]
 ready(tids=[t.native_id for t in ts])
 """
     with child(script) as (pid, info):
-        view = verify.inspect(pid)
+        view = procfs.inspect(pid)
     assert [t.busy for t in view.threads[1:]] == [True, True, True]
     assert all(t.cpu_seconds >= 0.3 - 0.011 for t in view.threads[1:])  # one clock tick of rounding
     assert verify.compare(Expected(index=0, bound_cpus=(C,), cpus=(C,)), view) == [
@@ -126,7 +129,7 @@ os.sched_setaffinity(0, {set(ALLOWED)!r})   # the main thread only
 ready(tid=t.native_id)
 """
     with child(script) as (pid, info):
-        view = verify.inspect(pid)
+        view = procfs.inspect(pid)
     assert {t.tid: t.cpus for t in view.threads} == {pid: frozenset(ALLOWED), info["tid"]: frozenset({C})}
     others = fmt(set(ALLOWED) - {C})
     assert verify.compare(Expected(index=1, bound_cpus=(C,), cpus=(C,)), view) == [
@@ -152,7 +155,7 @@ ready(tids=[t.native_id for t in ts])
 """
     bound = (ALLOWED[0], C)
     with child(script, prefix=("taskset", "-c", fmt(bound))) as (pid, info):
-        view = verify.inspect(pid)
+        view = procfs.inspect(pid)
     t1, t2 = sorted(info["tids"])
     warnings = verify.compare(Expected(index=0, bound_cpus=bound), view)
     assert warnings[0] == (f"instance 0: 2 busy threads pinned to CPU {C} alone (threads {t1}, {t2}): "
@@ -169,8 +172,8 @@ kid = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], s
 ready(kid=kid.pid)
 """
     with child(script) as (pid, info):
-        view = verify.inspect(pid)
-        assert verify.inspect(pid, children=False).children == ()
+        view = procfs.inspect(pid)
+        assert procfs.inspect(pid, children=False).children == ()
     assert [c.pid for c in view.children] == [info["kid"]]
     assert view.children[0].ppid == pid and view.children[0].cpus == frozenset({C})
     assert [p.pid for p in view.walk()] == [pid, info["kid"]]
@@ -183,7 +186,7 @@ ready(kid=kid.pid)
 
 
 def _lib(name: str) -> Path:
-    path = libraries.find(libraries.REGISTRY[name], os.environ)
+    path = libfinder.find(libraries.REGISTRY[name], os.environ)
     if path is None:
         pytest.skip(f"{name} not installed ({libraries.REGISTRY[name].install})")
     return path
@@ -200,7 +203,7 @@ def _torch_gomp() -> Path:
 def test_preloaded_tcmalloc_is_seen():
     tcmalloc = _lib("tcmalloc")
     with child("ready()", env={"LD_PRELOAD": str(tcmalloc)}) as (pid, _):
-        view = verify.inspect(pid)
+        view = procfs.inspect(pid)
     assert os.path.realpath(tcmalloc) in view.libraries
     assert view.allocators == ("tcmalloc",)
     base = dict(index=0, bound_cpus=tuple(ALLOWED))
@@ -209,7 +212,7 @@ def test_preloaded_tcmalloc_is_seen():
         f"instance 0: jemalloc planned but not mapped in pid {pid} (mapped: tcmalloc; LD_PRELOAD lost?)"
     ]
     with child("ready()") as (pid, _):
-        plain = verify.inspect(pid)
+        plain = procfs.inspect(pid)
     assert plain.allocators == ()
     assert verify.compare(Expected(**base, allocator="tcmalloc"), plain) == [
         f"instance 0: tcmalloc planned but not mapped in pid {pid} (mapped: the C library malloc only; "
@@ -220,7 +223,7 @@ def test_preloaded_tcmalloc_is_seen():
 def test_two_allocators_mapped():
     tcmalloc, jemalloc = _lib("tcmalloc"), _lib("jemalloc")
     with child("ready()", env={"LD_PRELOAD": f"{tcmalloc} {jemalloc}"}) as (pid, _):
-        view = verify.inspect(pid)
+        view = procfs.inspect(pid)
     assert sorted(view.allocators) == ["jemalloc", "tcmalloc"]
     assert verify.compare(Expected(index=0, bound_cpus=tuple(ALLOWED), allocator="tcmalloc"), view) == [
         f"instance 0: two allocators mapped in pid {pid}: jemalloc, tcmalloc"
@@ -233,20 +236,20 @@ def test_openmp_runtimes_mapped():
     base = dict(index=0, bound_cpus=tuple(ALLOWED))
     # --omp-runtime intel: libiomp5 preloaded while torch's libgomp stays mapped (PLATFORM.md).
     with child("ready()", env={"LD_PRELOAD": f"{iomp5} {gomp}"}) as (pid, _):
-        both = verify.inspect(pid)
+        both = procfs.inspect(pid)
     assert dict(both.openmp) == {"intel": real_iomp5, "gnu": real_gomp}
     assert verify.compare(Expected(**base, omp_runtime="intel"), both) == []
     assert verify.compare(Expected(**base, omp_runtime="gnu"), both) == [
         f"instance 0: two OpenMP runtimes mapped in pid {pid}: gnu ({real_gomp}), intel ({real_iomp5})"
     ]
     with child("ready()", env={"LD_PRELOAD": str(gomp)}) as (pid, _):
-        gnu_only = verify.inspect(pid)
+        gnu_only = procfs.inspect(pid)
     assert verify.compare(Expected(**base, omp_runtime="intel"), gnu_only) == [
         f"instance 0: Intel OpenMP planned but libiomp5 is not mapped in pid {pid} (mapped: gnu)"
     ]
     assert verify.compare(Expected(**base, omp_runtime="gnu"), gnu_only) == []
     with child("ready()", env={"LD_PRELOAD": str(iomp5)}) as (pid, _):
-        intel_only = verify.inspect(pid)
+        intel_only = procfs.inspect(pid)
     assert verify.compare(Expected(**base, omp_runtime="gnu"), intel_only) == [
         f"instance 0: GNU OpenMP planned but pid {pid} maps intel"
     ]
@@ -265,7 +268,7 @@ ALLOC = "data = b'\\x01' * (32 << 20)   # 32 MiB, every page written\nready()\n"
 @pytest.mark.skipif(shutil.which("numactl") is None or 0 not in _nodes(), reason="needs numactl and node 0")
 def test_memory_bound_by_numactl():
     with child(ALLOC, prefix=("numactl", "-C", str(C), "-m", "0")) as (pid, _):
-        view = verify.inspect(pid)
+        view = procfs.inspect(pid)
     assert view.cpus == frozenset({C})
     assert view.numa.policy == "bind:0"
     assert view.numa.anon_kb_per_node[0] >= 32 << 10
@@ -283,7 +286,7 @@ def test_memory_bound_by_numactl():
 @pytest.mark.skipif(_nodes() != [0], reason="needs a single NUMA node 0")
 def test_memory_binding_lost():
     with child(ALLOC) as (pid, _):
-        view = verify.inspect(pid)
+        view = procfs.inspect(pid)
     assert view.numa.policy == "default"
     assert verify.compare(Expected(index=4, bound_cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind"), view) == [
         f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did not apply)"
@@ -300,13 +303,13 @@ def test_parse_numa_maps_literal():
         "7ffe00000000 bind:0-1\n"
         "garbage\n"
     )
-    usage = verify.parse_numa_maps(text)
+    usage = procfs.parse_numa_maps(text)
     assert usage.kb_per_node == {0: 12 * 4 + 200 * 4 + 4 + 5 * 4, 1: 8 * 4 + 100 * 4 + 3 * 2048}
     assert usage.anon_kb_per_node == {0: 200 * 4 + 4 + 5 * 4, 1: 100 * 4 + 3 * 2048}
     assert usage.policies == {"default": 1, "bind:0-1": 5}
     assert usage.policy == "bind:0-1"
     assert usage.share_on((1,)) == (100 * 4 + 3 * 2048) / (200 * 4 + 4 + 5 * 4 + 100 * 4 + 3 * 2048)
-    assert verify.parse_numa_maps("").share_on((0,)) is None and verify.parse_numa_maps("").policy is None
+    assert procfs.parse_numa_maps("").share_on((0,)) is None and procfs.parse_numa_maps("").policy is None
 
 
 # --------------------------------------------------------------------------- plan-free and env-based
@@ -349,12 +352,14 @@ def test_plan_free_check_and_vanished_process():
     gone = int(done.stdout)
     report = verify.verify([(gone, None), (gone, Expected(index=5))])
     assert [r.error for r in report.instances] == [
-        f"pid {gone}: no process {gone} to verify (it exited, or /proc/{gone} is unreadable)",
-        f"instance 5: no process {gone} to verify (it exited, or /proc/{gone} is unreadable)",
+        f"pid {gone}: gone: no process {gone} (it does not exist or has exited)",
+        f"instance 5: gone: no process {gone} (it does not exist or has exited)",
     ]
-    assert not report.ok and report.warnings == tuple(r.error for r in report.instances)
-    with pytest.raises(verify.VerifyError):
-        verify.inspect(gone)
+    assert [(r.status, r.missing, r.view) for r in report.instances] == [(verify.Verdict.GONE, True, None)] * 2
+    assert not report.ok and report.exit_code == 3
+    assert report.warnings == tuple(r.error for r in report.instances)
+    with pytest.raises(procfs.NoSuchProcess):
+        procfs.inspect(gone)
 
 
 def test_expected_from_rendered_instance():
@@ -380,6 +385,12 @@ def test_expected_from_environ_budgets():
         index=1, bound_cpus=tuple(range(8)), cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind",
         allocator="jemalloc", omp_runtime="intel")
     assert Expected.from_environ({"OMP_NUM_THREADS": "4"}) is None
+    # LD_PRELOAD split as glibc does (spaces and colons only, ld.so(8)): a tab keeps two names
+    # one entry (issue 20: it was split on any whitespace, so libiomp5 counted as preloaded)
+    base = {"CPULAUNCH_CPUS": "0-1"}
+    both = Expected.from_environ({**base, "LD_PRELOAD": "/x/libjemalloc.so.2:/y/libiomp5.so"})
+    assert (both.allocator, both.omp_runtime) == ("jemalloc", "intel")
+    assert Expected.from_environ({**base, "LD_PRELOAD": "libtcmalloc.so.4\tlibiomp5.so"}).omp_runtime is None
     assert Expected.from_environ({"CPULAUNCH_CPUS": "3-1"}) is None  # garbage: no expectation, no crash
 
 
@@ -397,15 +408,15 @@ def test_parse_maps_and_stat():
         "7f05-7f06 r--p 00000000 08:01 14 /usr/lib/locale/C.utf8/LC_CTYPE\n"
         "7f06-7f07 r--p 00000000 08:01 15 /usr/lib/libc.so\n"
     )
-    assert verify.parse_maps(maps) == (
+    assert procfs.parse_maps(maps) == (
         "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.10",
         "/opt/torch/lib/libgomp-a34b3233.so.1",
         "/usr/lib/libc.so",
     )
     stat = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 3 0 100 0 0"
-    assert verify.parse_stat_cpu_ticks(stat) == ("S", 280)
-    assert verify.openmp_runtime_of("/opt/torch/lib/libgomp-a34b3233.so.1") == "gnu"
-    assert [verify.openmp_runtime_of(n) for n in ("libiomp5.so", "libomp.so.5", "libomptarget.so",
+    assert procfs.parse_stat_cpu_ticks(stat) == ("S", 280)
+    assert libraries.openmp_runtime_of("/opt/torch/lib/libgomp-a34b3233.so.1") == "gnu"
+    assert [libraries.openmp_runtime_of(n) for n in ("libiomp5.so", "libomp.so.5", "libomptarget.so",
                                                     "libiompstubs5.so")] == ["intel", "llvm", None, None]
 
 
@@ -413,8 +424,9 @@ def _fake_proc(root: Path, pid: int, ppid: int, cpus: str, tids: dict, maps: str
     base = root / "proc" / str(pid)
     (base / "task").mkdir(parents=True)
     (base / "status").write_text(f"Name:\tworker\nPPid:\t{ppid}\nCpus_allowed_list:\t{cpus}\n")
-    (base / "stat").write_text(f"{pid} (worker) S {ppid} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
+    (base / "stat").write_text(f"{pid} (worker) S {ppid}" + " 0" * 48 + "\n")  # 52 fields, as the kernel writes
     (base / "cmdline").write_text(f"worker\x00--id\x00{pid}\x00")
+    (base / "environ").write_text(f"HOME=/root\x00OMP_NUM_THREADS=4\x00")
     (base / "maps").write_text(maps)
     (base / "numa_maps").write_text(numa)
     for tid, (name, tcpus, ticks) in tids.items():
@@ -436,11 +448,12 @@ def test_inspect_under_a_generated_root(tmp_path):
     _fake_proc(tmp_path, 300, 1, "0-3", {300: ("other", "0-3", 0)})
     (tmp_path / "proc/300/stat").write_text("garbage")
     (tmp_path / "proc/100/task/102/stat").write_text("garbage")
-    view = verify.inspect(100, tmp_path)
+    view = procfs.inspect(100, tmp_path)
     assert [(t.tid, t.name, fmt(t.cpus), t.busy) for t in view.threads] == [
         (100, "main", "0-3", True), (101, "omp", "0-7", True), (102, "idle", "0-3", False)]
     assert [c.pid for c in view.children] == [200]
     assert view.cmdline == ("worker", "--id", "100") and view.allocators == ("jemalloc",)
+    assert (view.environ, view.unreadable, view.state, view.uncheckable) == ({"OMP_NUM_THREADS": "4"}, {}, "S", "")
     assert view.numa.policy == "bind:1"
     exp = Expected(index=7, bound_cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind", allocator="jemalloc",
                    label="rank 7")
@@ -454,12 +467,23 @@ def test_inspect_under_a_generated_root(tmp_path):
 # --------------------------------------------------------------------------- a real torch process
 
 TORCH_CHILD = """
-import torch
+import glob, torch
 torch.set_num_threads({threads})
 x = torch.randn(2_000_000)
-end = time.monotonic() + 2.0
-while time.monotonic() < end:   # intra-op parallel work for two seconds
-    torch.exp(x)
+tick = os.sysconf("SC_CLK_TCK")
+def cpu_seconds():  # every thread's utime+stime (fields 14 and 15 of task/TID/stat)
+    out = []
+    for path in glob.glob("/proc/self/task/*/stat"):
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        out.append((int(fields[11]) + int(fields[12])) / tick)
+    return sorted(out, reverse=True)
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:  # intra-op work until the whole team is busy by verify's rule
+    for _ in range(10):
+        torch.exp(x)
+    if min(cpu_seconds()[:{threads}]) >= 0.4:
+        break
 ready(threads=torch.get_num_threads())
 """
 
@@ -474,13 +498,13 @@ def test_torch_intra_op_threads_counted():
     exp = Expected(index=0, bound_cpus=tuple(ALLOWED), cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind",
                    omp_runtime="gnu")
     with child(TORCH_CHILD.format(threads=n), prefix=prefix) as (pid, info):
-        fits = verify.inspect(pid)
+        fits = procfs.inspect(pid)
     assert info["threads"] == n
     assert "gnu" in fits.openmp and fits.numa.policy == "bind:0"
     assert sum(t.busy or t.tid == pid for t in fits.threads) == n  # the main thread + n-1 OpenMP workers
     assert verify.compare(exp, fits) == []
     with child(TORCH_CHILD.format(threads=2 * n), prefix=prefix) as (pid, info):
-        over = verify.inspect(pid)
+        over = procfs.inspect(pid)
     assert info["threads"] == 2 * n
     assert verify.compare(exp, over) == [
         f"instance 0: {2 * n} busy threads (of {len(over.threads)} threads in 1 process(es)) on {n} CPU(s) "
@@ -491,18 +515,33 @@ def test_torch_intra_op_threads_counted():
 # --------------------------------------------------------------------------- through the launcher
 
 WIDEN = """
-import os, sys, threading, time
+import glob, os, sys, threading, time
 def spin():
     start = time.thread_time()
     while time.thread_time() - start < 0.3:
         pass
     threading.Event().wait()                 # alive, idle, until the process ends
-if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "0":
-    for _ in range(2):                       # instance 0 starts two extra busy threads
-        threading.Thread(target=spin, daemon=True).start()
-if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
+index = os.environ["CPULAUNCH_INSTANCE_INDEX"]
+if index == "0":
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(2)]
+    [t.start() for t in spinners]            # instance 0 starts two extra busy threads
+if index == "1":
     os.sched_setaffinity(0, {allowed})     # instance 1 widens its main thread to every allowed CPU
-time.sleep(4)
+if index == "0":
+    start = time.monotonic()                 # wait until both spinners are busy by verify's rule
+    def busy():
+        n = 0
+        for path in glob.glob("/proc/self/task/*/stat"):
+            with open(path) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            n += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") >= 0.25
+        return n
+    while busy() < 2 and time.monotonic() - start < 60:
+        time.sleep(0.05)
+open(os.path.join({ready!r}, index), "w").close()   # ready: verify may look now
+deadline = time.monotonic() + 120                    # then stay until the launcher's check ran
+while not glob.glob(os.path.join({logs!r}, "*", "verify.json")) and time.monotonic() < deadline:
+    time.sleep(0.05)
 """
 
 
@@ -511,9 +550,19 @@ time.sleep(4)
 def test_two_instance_run_reports_extra_threads_and_widening(tmp_path):
     from tests.conftest import run_cli
 
-    proc = run_cli("--ninstances", "2", "--verify-after", "1.5", "--log-dir", str(tmp_path), "--",
-                   sys.executable, "-c", WIDEN.format(allowed=set(ALLOWED)), timeout=60)
-    (doc_path,) = tmp_path.glob("*/verify.json")
+    """--verify through the launcher: instance 0 has two extra busy threads, instance 1 widened
+    its affinity. Each instance says when it is ready (a file); the check runs at
+    --verify-after 10 s, which the test asserts came after both were ready (else the
+    check would have judged a program still starting), and the instances stay until
+    verify.json exists."""
+    ready, logs = tmp_path / "ready", tmp_path / "logs"
+    ready.mkdir()
+    proc = run_cli("--ninstances", "2", "--verify-after", "10", "--log-dir", str(logs), "--",
+                   sys.executable, "-c", WIDEN.format(allowed=set(ALLOWED), ready=str(ready), logs=str(logs)),
+                   timeout=240)
+    (doc_path,) = logs.glob("*/verify.json")
+    assert max(f.stat().st_mtime for f in ready.iterdir()) <= doc_path.stat().st_mtime, \
+        "an instance was not ready when the check ran"
     doc = json.loads(doc_path.read_text())
     inst0, inst1 = doc["instances"]
     assert (inst0["index"], inst1["index"]) == (0, 1)

@@ -13,8 +13,15 @@ What comes from where:
 - from this Python environment and this machine, whatever ``root`` is (they are what a
   launch from here would use): libraries found, torch and its OpenMP runtime, oneCCL
   bindings, environment variables;
-- numactl is run only when ``live`` (``numactl -C <allowed CPUs> -m <their memory
-  nodes> true``); on a dump it is "not checked: another machine".
+- numactl is run only when ``live``, with the launcher's own check
+  (:func:`cpulaunch.machine.numactl.check_argv`: ``numactl -C <allowed CPUs> -m
+  <their memory nodes> true`` for ``--mem-policy bind``); on a dump it is "not checked:
+  another machine".
+
+Every file is read through the probe's bounded reader
+(:class:`cpulaunch.machine.files.FileReader`: regular files only, never blocking, at most
+1 MiB of a sysfs or procfs file): a FIFO, a device or an oversized file in place of one
+becomes a ``file-not-read:<path>`` finding naming it, never a hang.
 
 Cost: no torch import, no py-cpuinfo (about 1 s per call here: PLATFORM.md), at most one
 ``numactl`` run and the library search; well under 2 s. torch's ``libtorch_cpu.so``
@@ -22,26 +29,34 @@ Cost: no torch import, no py-cpuinfo (about 1 s per call here: PLATFORM.md), at 
 section are read.
 
 Nothing here raises for a missing or garbled file: a check that fails becomes a finding
-with id ``check-failed:<check>``.
+with id ``check-failed:<check>``. :func:`exit_code` turns a report into the command's exit
+status (1 when a finding is an error).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import mmap
 import os
 import platform
 import re
 import shutil
-import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
+
+import click
 
 from cpulaunch import cpulist
-from cpulaunch.errors import CpulaunchError
-from cpulaunch.verify import openmp_runtime_of
+from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine.elf import ElfError, read_elf_needed
+from cpulaunch.machine.files import FileReader
+from cpulaunch.machine.host import dist_version
+from cpulaunch.machine.libraries import openmp_runtime_of
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.machine.probe import CPUINFO_BYTES
+from cpulaunch.render import ISA_FLAGS
+from cpulaunch.tools import CLICK_CONTEXT
 
 __all__ = [
     "SEVERITIES",
@@ -54,15 +69,15 @@ __all__ = [
     "SystemSettings",
     "EnvironmentStatus",
     "Report",
-    "ElfError",
-    "elf_needed",
-    "read_elf_needed",
     "isa_status",
     "diagnose",
+    "exit_code",
     "render_text",
     "to_json",
+    "main",
     "SCHEMA_VERSION",
 ]
+
 
 #: Severities, least to most serious. "ok": checked and fine; "info": a fact worth knowing;
 #: "warn": it will cost performance or correctness of binding; "error": a run will not do
@@ -78,13 +93,9 @@ FIGHTING_VARS = ("KMP_AFFINITY", "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PR
 #: Variables shown in the environment section when set (those above plus context).
 SHOWN_VARS = FIGHTING_VARS + ("LD_PRELOAD", "KMP_BLOCKTIME", "MKL_NUM_THREADS", "MALLOC_CONF")
 
-#: ISA flags that decide which oneDNN / ATen kernels run, per architecture, as spelled in
-#: /proc/cpuinfo (x86 ``flags``, arm64 ``Features``).
-ISA_FLAGS = {
-    "x86_64": ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
-               "amx_tile", "amx_bf16", "amx_int8"),
-    "aarch64": ("asimd", "asimddp", "sve", "sve2", "bf16", "i8mm"),
-}
+#: Largest dpkg file read (``var/lib/dpkg/status`` is 0.8 MB here and grows with the
+#: packages installed; a package's ``.list`` can be a few MB).
+DPKG_FILE_BYTES = 64 << 20
 
 
 # --------------------------------------------------------------------------- the report
@@ -169,7 +180,7 @@ class NumactlStatus:
 
 @dataclass(frozen=True)
 class LibraryStatus:
-    """One library of the registry (cpulaunch.libraries.REGISTRY).
+    """One library of the registry (cpulaunch.machine.libraries.REGISTRY).
 
     Attributes:
         name: registry name ("tcmalloc", "jemalloc", "iomp5").
@@ -223,7 +234,8 @@ class IsaStatus:
 
     Attributes:
         arch: "x86_64", "aarch64", "ppc64", or "unknown".
-        present: the flags of ``ISA_FLAGS[arch]`` that cpuinfo lists, in that order.
+        present: the flags of :data:`cpulaunch.render.ISA_FLAGS` (the table
+            ``--show-topology`` shows) that cpuinfo lists, in that order.
         bf16_fast: True when bf16 has hardware dot products (x86: avx512_bf16 or amx_bf16;
             arm64: bf16), False when not, None when not assessed (other arch, no cpuinfo).
         int8_fast: True with int8 dot products (VNNI, AMX-INT8; arm64 i8mm/asimddp).
@@ -266,7 +278,8 @@ class EnvironmentStatus:
 
     Attributes:
         vars: the variables of :data:`SHOWN_VARS` that are set, with their values.
-        preload: LD_PRELOAD entries (split like ld.so: spaces and colons).
+        preload: LD_PRELOAD entries, split as glibc's ld.so does (spaces and colons only:
+            :func:`cpulaunch.machine.libraries.preload_entries`).
         preload_allocators: registry names of allocators among them.
         preload_openmp: OpenMP runtimes among them ("gnu", "intel", "llvm").
     """
@@ -309,12 +322,11 @@ class Report:
 # --------------------------------------------------------------------------- small readers
 
 
-def _read(root: Path, rel: str) -> Optional[str]:
-    """Text of ``root/rel``; None when absent or unreadable (never raises)."""
-    try:
-        return (root / rel.lstrip("/")).read_text(errors="replace")
-    except (OSError, ValueError):
-        return None
+def _text(files: FileReader, rel: str) -> Optional[str]:
+    """Text of ``rel`` below ``files.root`` (no leading slash); None when absent or not
+    read (a FIFO, a device, an oversized file: ``files.skipped`` then names it). Never
+    raises, never blocks."""
+    return files.read(rel, strict=False)
 
 
 def _bracketed(text: Optional[str]) -> Optional[str]:
@@ -325,144 +337,17 @@ def _bracketed(text: Optional[str]) -> Optional[str]:
     return m.group(1) if m else (text.strip() or None)
 
 
-# --------------------------------------------------------------------------- ELF
-
-
-class ElfError(CpulaunchError, ValueError):
-    """Bytes that are not a readable ELF file with a dynamic section."""
-
-
-_PT_LOAD, _PT_DYNAMIC = 1, 2
-_SHT_DYNAMIC = 6
-_DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
-
-
-def elf_needed(data) -> tuple:
-    """The DT_NEEDED entries of an ELF file, in file order (pure).
-
-    Args:
-        data: the file's bytes, or any buffer supporting slicing and ``struct.unpack_from``
-            (an ``mmap`` of a 430 MB library reads only the pages touched).
-
-    Returns:
-        e.g. ``("libc10.so", "libgomp.so.1", "libc.so.6")``; ``()`` for a file with a
-        dynamic section but no DT_NEEDED.
-
-    How (System V ABI, "Dynamic Section"): the dynamic section is found through the
-    PT_DYNAMIC program header (else the SHT_DYNAMIC section header); its DT_STRTAB value is
-    a virtual address, turned into a file offset through the PT_LOAD segment holding it
-    (else the section whose sh_addr it is); each DT_NEEDED value is an offset into that
-    string table. 32/64-bit and both byte orders are handled.
-
-    Raises:
-        ElfError: not ELF, truncated, or no dynamic section / string table.
-    """
-    try:
-        return _elf_needed(data)
-    except (struct.error, IndexError, ValueError) as exc:
-        if isinstance(exc, ElfError):
-            raise
-        raise ElfError(f"truncated or malformed ELF file ({exc})") from None
-
-
-def _elf_needed(data) -> tuple:
-    if len(data) < 52 or bytes(data[:4]) != b"\x7fELF":
-        raise ElfError("not an ELF file (no \\x7fELF magic)")
-    cls, enc = data[4], data[5]
-    if cls not in (1, 2) or enc not in (1, 2):
-        raise ElfError(f"unknown ELF class {cls} or data encoding {enc}")
-    e = "<" if enc == 1 else ">"
-    is64 = cls == 2
-    if is64:
-        phoff, shoff = struct.unpack_from(e + "QQ", data, 32)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", data, 54)
-        ph_fmt, sh_fmt, dyn_fmt = e + "IIQQQQQQ", e + "IIQQQQIIQQ", e + "qQ"
-    else:
-        phoff, shoff = struct.unpack_from(e + "II", data, 28)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", data, 42)
-        ph_fmt, sh_fmt, dyn_fmt = e + "IIIIIIII", e + "IIIIIIIIII", e + "iI"
-
-    segments = []  # (type, offset, vaddr, filesz)
-    for i in range(phnum if phoff else 0):
-        f = struct.unpack_from(ph_fmt, data, phoff + i * phentsize)
-        if is64:
-            p_type, _flags, p_off, p_vaddr, _paddr, p_filesz = f[:6]
-        else:
-            p_type, p_off, p_vaddr, _paddr, p_filesz = f[:5]
-        segments.append((p_type, p_off, p_vaddr, p_filesz))
-    sections = []  # (type, addr, offset, size, link)
-    for i in range(shnum if shoff else 0):
-        f = struct.unpack_from(sh_fmt, data, shoff + i * shentsize)
-        sections.append((f[1], f[3], f[4], f[5], f[6]))
-
-    dyn = next(((off, size) for t, off, _v, size in segments if t == _PT_DYNAMIC), None)
-    dyn_link = None
-    if dyn is None:
-        sec = next((s for s in sections if s[0] == _SHT_DYNAMIC), None)
-        if sec is None:
-            raise ElfError("no dynamic section (a static executable or an object file?)")
-        dyn, dyn_link = (sec[2], sec[3]), sec[4]
-
-    entsize = struct.calcsize(dyn_fmt)
-    needed_offsets, strtab_addr, strsz = [], None, None
-    for i in range(dyn[1] // entsize):
-        tag, val = struct.unpack_from(dyn_fmt, data, dyn[0] + i * entsize)
-        if tag == _DT_NULL:
-            break
-        if tag == _DT_NEEDED:
-            needed_offsets.append(val)
-        elif tag == _DT_STRTAB:
-            strtab_addr = val
-        elif tag == _DT_STRSZ:
-            strsz = val
-
-    strtab_off = None
-    if strtab_addr is not None:
-        for t, off, vaddr, size in segments:
-            if t == _PT_LOAD and vaddr <= strtab_addr < vaddr + size:
-                strtab_off = strtab_addr - vaddr + off
-                break
-        if strtab_off is None:
-            strtab_off = next((s[2] for s in sections if s[1] == strtab_addr and s[1]), None)
-    if strtab_off is None and dyn_link is not None and dyn_link < len(sections):
-        strtab_off, strsz = sections[dyn_link][2], sections[dyn_link][3]
-    if strtab_off is None:
-        raise ElfError("DT_STRTAB points outside every loadable segment")
-    end = len(data) if strsz is None else min(len(data), strtab_off + strsz)
-    out = []
-    for rel in needed_offsets:
-        start = strtab_off + rel
-        stop = data.find(b"\x00", start, end)
-        if start >= end or stop < 0:
-            raise ElfError(f"DT_NEEDED offset {rel} outside the string table")
-        out.append(bytes(data[start:stop]).decode("utf-8", "replace"))
-    return tuple(out)
-
-
-def read_elf_needed(path: os.PathLike) -> tuple:
-    """:func:`elf_needed` of the file at ``path``, memory-mapped (reads only what it needs).
-
-    Raises:
-        ElfError: as :func:`elf_needed`, or when the file cannot be opened.
-    """
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return elf_needed(m)
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, ElfError):
-            raise
-        raise ElfError(f"cannot read {path}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- checks
 
 
-def _topology(root: Path, findings: list) -> tuple:
-    """(TopologySummary, Topology) of the machine at ``root``."""
-    from cpulaunch import probe as probe_mod
-    from cpulaunch.topology import build
+def _topology(files: FileReader, findings: list) -> tuple:
+    """(TopologySummary, Topology) of the machine below ``files.root``."""
+    from cpulaunch.machine import probe as probe_mod
+    from cpulaunch.machine.topology import build
 
-    raw = probe_mod.read_facts(root)
+    raw = probe_mod.read_facts(files.root, files=files)
     topo = build(raw)
     limits = []
     if topo.cpuset is not None and topo.cpuset != topo.online:
@@ -472,7 +357,8 @@ def _topology(root: Path, findings: list) -> tuple:
     if topo.quota_cpus is not None and topo.quota_cpus < len(topo.allowed):
         limits.append("cpu quota")
     summary = TopologySummary(
-        model=topo.model or _arm_model(_read(root, "proc/cpuinfo")),
+        model=topo.model or _arm_model(files.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES,
+                                                  truncate=True)),
         sockets=len(topo.sockets),
         nodes=tuple(sorted(n.id for n in topo.nodes.values() if n.cpus)),
         memory_nodes=tuple(sorted(topo.memory_nodes)),
@@ -546,18 +432,15 @@ def _arm_model(cpuinfo: Optional[str]) -> str:
     return ""
 
 
-def _mems_allowed(root: Path) -> Optional[frozenset]:
-    text = _read(root, "proc/self/status") or ""
-    m = re.search(r"^Mems_allowed_list:\s*(\S+)", text, re.M)
-    try:
-        return cpulist.parse(m.group(1)) if m else None
-    except CpulaunchError:
-        return None
-
-
-def _numactl(root: Path, topo, environ: Mapping[str, str], live: bool, findings: list) -> NumactlStatus:
-    """numactl installed? usable on the allowed CPUs and their memory nodes (live only)?"""
-    from cpulaunch import probe as probe_mod
+def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
+             findings: list) -> NumactlStatus:
+    """numactl installed? usable here (live only)? Checked with the launcher's own command
+    (:func:`cpulaunch.machine.numactl.check_argv`, run by
+    :func:`cpulaunch.machine.host.check_numactl`, as ``cpulaunch --bind numactl
+    --mem-policy POLICY`` does before a launch), so the verdict is about the command a
+    launch runs."""
+    from cpulaunch.machine import numactl as numactl_mod
+    from cpulaunch.machine.host import check_numactl
 
     path = shutil.which("numactl", path=environ.get("PATH", os.defpath))
     if not live:
@@ -570,16 +453,12 @@ def _numactl(root: Path, topo, environ: Mapping[str, str], live: bool, findings:
             "apt-get install numactl (dnf install numactl)",
         ))
         return NumactlStatus(path=None, checked=False, usable=False, reason="not installed")
-    mems = _mems_allowed(root)
-    nodes = {topo.node_of(c) for c in topo.allowed} & set(topo.memory_nodes)
-    if mems is not None:
-        nodes &= mems
-    argv = (path, "-C", cpulist.format(topo.allowed)) + (("-m", cpulist.format(nodes)) if nodes else ())
-    reason = probe_mod.check_numactl(path, [list(argv)])
+    argv = tuple(numactl_mod.check_argv(path, topo, MemPolicy(policy)))
+    reason = check_numactl([list(argv[:-1])])
     if reason is None:
-        findings.append(Finding("numactl", "ok", f"numactl {path} binds CPUs {cpulist.format(topo.allowed)}"
-                                + (f" and memory to node(s) {cpulist.format(nodes)}" if nodes else "")))
-        return NumactlStatus(path=path, checked=True, usable=True, reason="", argv=argv + ("true",))
+        findings.append(Finding("numactl", "ok", f"numactl works here: `{' '.join(argv)}` "
+                                f"(the launcher's check for --mem-policy {MemPolicy(policy).value})"))
+        return NumactlStatus(path=path, checked=True, usable=True, reason="", argv=argv)
     eperm = "not permitted" in reason.lower()
     findings.append(Finding(
         "numactl", "error", f"numactl cannot bind here: {reason}",
@@ -589,7 +468,7 @@ def _numactl(root: Path, topo, environ: Mapping[str, str], live: bool, findings:
         "docker run --cap-add SYS_NICE ... (or pass --bind affinity: CPU binding only)" if eperm
         else "check the cgroup's cpuset.cpus/cpuset.mems, or pass --bind affinity",
     ))
-    return NumactlStatus(path=path, checked=True, usable=False, reason=reason, argv=argv + ("true",))
+    return NumactlStatus(path=path, checked=True, usable=False, reason=reason, argv=argv)
 
 
 _INSTALL_RE = re.compile(r"\b(apt-get|apt|dnf|yum|pip|conda) install ([\w.+-]+)(?: \(or ([\w.+-]+)\))?")
@@ -600,8 +479,9 @@ def _version_from_name(real: str) -> Optional[str]:
     return m.group(1) if m else None
 
 
-def _dpkg_status_versions(names: set) -> dict:
-    text = _read(Path("/"), "var/lib/dpkg/status")
+def _dpkg_status_versions(host: FileReader, names: set) -> dict:
+    """{package: version} of the installed packages among ``names``, from dpkg's status."""
+    text = host.read("var/lib/dpkg/status", strict=False, cap=DPKG_FILE_BYTES)
     out = {}
     if not text:
         return out
@@ -614,20 +494,20 @@ def _dpkg_status_versions(names: set) -> dict:
     return out
 
 
-def _package_of(real: str, install: str) -> Optional[str]:
+def _package_of(host: FileReader, real: str, install: str) -> Optional[str]:
     """The package, among those the install hint names, that installed the file ``real``
-    (symlinks resolved). Cheap: reads only those packages' dpkg file lists, or the pip
-    distribution's RECORD; compares resolved paths (so /lib vs /usr/lib does not matter)."""
+    (symlinks resolved). Cheap: reads only those packages' dpkg file lists (through
+    ``host``, the reader of this machine's ``/``), or the pip distribution's RECORD;
+    compares resolved paths (so /lib vs /usr/lib does not matter)."""
     for mgr, first, second in _INSTALL_RE.findall(install):
         for name in (n for n in (first, second) if n):
             if mgr in ("apt-get", "apt"):
-                info = Path("/var/lib/dpkg/info")
                 arch = platform.machine().replace("x86_64", "amd64").replace("aarch64", "arm64")
-                for lst in (info / f"{name}:{arch}.list", info / f"{name}.list"):
-                    text = _read(Path("/"), str(lst))
+                for lst in (f"{name}:{arch}.list", f"{name}.list"):
+                    text = host.read(f"var/lib/dpkg/info/{lst}", strict=False, cap=DPKG_FILE_BYTES)
                     if text and any(os.path.realpath(line) == real
                                     for line in text.splitlines() if ".so" in line):
-                        ver = _dpkg_status_versions({name}).get(name, "?")
+                        ver = _dpkg_status_versions(host, {name}).get(name, "?")
                         return f"{name} {ver} (dpkg)"
             elif mgr == "pip":
                 try:
@@ -641,14 +521,14 @@ def _package_of(real: str, install: str) -> Optional[str]:
     return None
 
 
-def _libraries(environ: Mapping[str, str], findings: list) -> tuple:
-    from cpulaunch import libraries
+def _libraries(host: FileReader, environ: Mapping[str, str], findings: list) -> tuple:
+    from cpulaunch.machine import libfinder, libraries
 
     out = []
     for lib in libraries.REGISTRY.values():
-        if not lib.filenames:  # nothing to preload (e.g. torch's bundled runtime)
+        if not lib.filenames or not lib.selectable:  # nothing to preload (torch's own runtime)
             continue
-        found = libraries.find(lib, environ)
+        found = libfinder.find(lib, environ)
         if found is None:
             out.append(LibraryStatus(lib.name, lib.kind, None, None, None, None, lib.install))
             findings.append(Finding(f"lib-{lib.name}", "info", f"{lib.name} not found",
@@ -656,7 +536,7 @@ def _libraries(environ: Mapping[str, str], findings: list) -> tuple:
             continue
         real = os.path.realpath(found)
         version = _version_from_name(real)
-        package = _package_of(real, lib.install)
+        package = _package_of(host, real, lib.install)
         out.append(LibraryStatus(lib.name, lib.kind, str(found), real, version, package, lib.install))
         findings.append(Finding(f"lib-{lib.name}", "ok", f"{lib.name}: {found}"
                                 + (f" (version {version})" if version else "")
@@ -664,20 +544,11 @@ def _libraries(environ: Mapping[str, str], findings: list) -> tuple:
     return tuple(out)
 
 
-def _dist_version(*names: str) -> Optional[str]:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def _torch(findings: list) -> TorchStatus:
     """torch's version and the OpenMP runtime libtorch_cpu.so links, without importing torch."""
-    version = _dist_version("torch")
-    ccl = _dist_version("oneccl_bind_pt", "oneccl-bind-pt")
-    ipex = _dist_version("intel_extension_for_pytorch")
+    version = dist_version("torch")
+    ccl = dist_version("oneccl_bind_pt", "oneccl-bind-pt")
+    ipex = dist_version("intel_extension_for_pytorch")
     spec = importlib.util.find_spec("torch")
     locations = list(spec.submodule_search_locations or []) if spec else []
     lib = next((Path(d) / "lib" / "libtorch_cpu.so" for d in locations
@@ -735,7 +606,7 @@ def isa_status(arch: str, flags: frozenset) -> IsaStatus:
         arch: "x86_64", "aarch64" or anything else (not assessed).
         flags: cpuinfo flags (x86 ``flags``, arm64 ``Features``).
     """
-    present = tuple(f for f in ISA_FLAGS.get(arch, ()) if f in flags)
+    present = tuple(f for f in ISA_FLAGS if f in flags)
     if arch == "x86_64":
         bf16 = bool({"avx512_bf16", "amx_bf16"} & flags)
         int8 = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & flags)
@@ -771,22 +642,20 @@ def _isa(live: bool, topo, findings: list) -> IsaStatus:
     return status
 
 
-def _governors(root: Path, allowed: frozenset) -> tuple:
+def _governors(files: FileReader, allowed: frozenset) -> tuple:
     """(cpufreq present, {governor: CPU count}) over the allowed CPUs; per-CPU files first
     (``cpuN/cpufreq/scaling_governor``), then policies with their ``related_cpus``."""
     base = "sys/devices/system/cpu"
     per_cpu = {}
     for cpu in sorted(allowed):
-        g = _read(root, f"{base}/cpu{cpu}/cpufreq/scaling_governor")
+        g = _text(files, f"{base}/cpu{cpu}/cpufreq/scaling_governor")
         if g and g.strip():
             per_cpu[cpu] = g.strip()
-    try:
-        policies = sorted(p for p in os.listdir(root / base / "cpufreq") if p.startswith("policy"))
-    except OSError:
-        policies = []
+    policies = sorted(p for p in files.listdir(f"{base}/cpufreq") if p.startswith("policy"))
     for pol in policies:
-        g = _read(root, f"{base}/cpufreq/{pol}/scaling_governor")
-        rel = _read(root, f"{base}/cpufreq/{pol}/related_cpus") or _read(root, f"{base}/cpufreq/{pol}/affected_cpus")
+        g = _text(files, f"{base}/cpufreq/{pol}/scaling_governor")
+        rel = (_text(files, f"{base}/cpufreq/{pol}/related_cpus")
+               or _text(files, f"{base}/cpufreq/{pol}/affected_cpus"))
         if not g or not g.strip():
             continue
         try:
@@ -801,18 +670,18 @@ def _governors(root: Path, allowed: frozenset) -> tuple:
     return bool(per_cpu or policies), dict(sorted(counts.items()))
 
 
-def _settings(root: Path, topo, live: bool, findings: list) -> SystemSettings:
-    nb_text = _read(root, "proc/sys/kernel/numa_balancing")
+def _settings(files: FileReader, topo, live: bool, findings: list) -> SystemSettings:
+    nb_text = _text(files, "proc/sys/kernel/numa_balancing")
     try:
         nb = int(nb_text.strip()) if nb_text else None
     except ValueError:
         nb = None
-    cpufreq, governors = _governors(root, topo.allowed)
-    thp = _bracketed(_read(root, "sys/kernel/mm/transparent_hugepage/enabled"))
-    defrag = _bracketed(_read(root, "sys/kernel/mm/transparent_hugepage/defrag"))
-    smt_text = (_read(root, "sys/devices/system/cpu/smt/active") or "").strip()
+    cpufreq, governors = _governors(files, topo.allowed)
+    thp = _bracketed(_text(files, "sys/kernel/mm/transparent_hugepage/enabled"))
+    defrag = _bracketed(_text(files, "sys/kernel/mm/transparent_hugepage/defrag"))
+    smt_text = (_text(files, "sys/devices/system/cpu/smt/active") or "").strip()
     smt_active = {"1": True, "0": False}.get(smt_text)
-    smt_control = (_read(root, "sys/devices/system/cpu/smt/control") or "").strip() or None
+    smt_control = (_text(files, "sys/devices/system/cpu/smt/control") or "").strip() or None
     multi_node = len([n for n in topo.nodes.values() if n.cpus]) > 1
 
     if nb is not None and nb != 0:
@@ -864,10 +733,10 @@ def _settings(root: Path, topo, live: bool, findings: list) -> SystemSettings:
 
 
 def _environment(environ: Mapping[str, str], findings: list) -> EnvironmentStatus:
-    from cpulaunch.libraries import REGISTRY, identify
+    from cpulaunch.machine.libraries import REGISTRY, identify, preload_entries
 
     shown = {k: environ[k] for k in SHOWN_VARS if k in environ}
-    entries = tuple(e for e in environ.get("LD_PRELOAD", "").replace(":", " ").split() if e)
+    entries = tuple(preload_entries(environ.get("LD_PRELOAD", "")))
     allocs = tuple(n for n in (identify(e) for e in entries) if n and REGISTRY[n].kind == "allocator")
     omps = tuple(r for r in (openmp_runtime_of(e) for e in entries) if r)
     fixes = {
@@ -937,25 +806,53 @@ def _guarded(name: str, findings: list, fn: Callable, *args):
         return None
 
 
-def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]] = None, *, live: bool) -> Report:
+def _files_not_read(readers: tuple) -> list:
+    """One ``file-not-read:<path>`` warning per file that was present but not read (a FIFO,
+    a device, a folder, an oversized file, permission denied), in read order."""
+    findings, seen = [], set()
+    for files in readers:
+        for rel, why in files.skipped:
+            path = printable(files.prefix + rel)
+            if path in seen:
+                continue
+            seen.add(path)
+            denied = why == "permission denied"
+            findings.append(Finding(
+                f"file-not-read:{path}", "warn", f"{path} was not read: {why}",
+                "what it holds is reported as unknown (null). cpulaunch reads regular files only, "
+                "at most 1 MiB of a sysfs or procfs file, and never waits on a FIFO or a device.",
+                "run as a user who may read it" if denied else
+                "replace it with a copy of the file from the machine the dump comes from (a regular "
+                "file, not a FIFO or a link to a device), or remove it",
+            ))
+    return findings
+
+
+def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]] = None, *, live: bool,
+             mem_policy: MemPolicy = MemPolicy.BIND) -> Report:
     """Examine the machine at ``root`` and this Python environment.
 
     Args:
-        root: ``/`` or a ``--sysroot`` dump; every system file is read below it.
+        root: ``/`` or a ``--sysroot`` dump; every system file is read below it, through
+            the probe's bounded reader (:class:`cpulaunch.machine.files.FileReader`).
         environ: the user's environment (default ``os.environ``); never modified.
-        live: True when ``root`` is this running machine: numactl is then run once
-            (``numactl -C <allowed CPUs> -m <their memory nodes> true``); with False it is
-            reported "not checked: another machine".
+        live: True when ``root`` is this running machine: numactl is then run once, with
+            the launcher's own check for ``mem_policy`` (``numactl -C <allowed CPUs> -m
+            <their memory nodes> true`` for bind); with False it is reported "not checked:
+            another machine".
+        mem_policy: the ``--mem-policy`` of the launch to check numactl for (default bind,
+            the launcher's default).
 
     Returns:
         a :class:`Report`. Never raises for what it reads: a missing or garbled file is a
-        finding, and a check that fails outright is a ``check-failed:<name>`` finding.
+        finding (a FIFO, device or oversized file: ``file-not-read:<path>``), and a check
+        that fails outright is a ``check-failed:<name>`` finding.
     """
     environ = os.environ if environ is None else environ
-    rootp = Path(root)
+    files, host = FileReader(root), FileReader("/")
     findings: list = []
     try:
-        topo_pair = _topology(rootp, findings)
+        topo_pair = _topology(files, findings)
     except CpulaunchError as exc:  # e.g. TopologyError: no CPU under root
         findings.append(Finding("topology", "error", f"cannot read the machine under {root}: {exc}",
                                 fix="point --sysroot at the root of a Linux machine or dump (holding "
@@ -967,16 +864,25 @@ def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]]
     summary, topo = topo_pair if topo_pair else (None, None)
     numactl = isa = settings = None
     if topo is not None:
-        numactl = _guarded("numactl", findings, _numactl, rootp, topo, environ, live, findings)
+        numactl = _guarded("numactl", findings, _numactl, topo, environ, live, mem_policy, findings)
         isa = _guarded("isa", findings, _isa, live, topo, findings)
-        settings = _guarded("settings", findings, _settings, rootp, topo, live, findings)
-    libs = _guarded("libraries", findings, _libraries, environ, findings) or ()
+        settings = _guarded("settings", findings, _settings, files, topo, live, findings)
+    libs = _guarded("libraries", findings, _libraries, host, environ, findings) or ()
     torch = _guarded("torch", findings, _torch, findings)
     env = _guarded("environment", findings, _environment, environ, findings)
+    findings += _files_not_read((files, host))
     return Report(
         root=str(root), live=live, findings=tuple(findings), topology=summary, numactl=numactl,
         libraries=libs, torch=torch, isa=isa, settings=settings, environment=env,
     )
+
+
+def exit_code(report: Report, *, strict: bool = False) -> int:
+    """The exit status of ``cpulaunch doctor`` for ``report``: 1 when a finding is an error
+    (with ``strict``, also a warning), else 0; like ``cpulaunch verify``'s 1 = "differs",
+    so a CI job can gate on it. (2, a usage error, is the CLI's.)"""
+    worst = SEVERITIES.index(report.worst)
+    return 1 if worst >= SEVERITIES.index("warn" if strict else "error") else 0
 
 
 # --------------------------------------------------------------------------- output
@@ -1079,3 +985,35 @@ def render_text(report: Report) -> str:
         if f.fix and f.severity != "ok":
             lines.append(f"        fix: {f.fix}")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@click.command("doctor", context_settings=CLICK_CONTEXT)
+@click.option("--sysroot", type=click.Path(file_okay=False), default="/", show_default=True,
+              help="Examine a dump of another machine (numactl is then not run).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--mem-policy", type=click.Choice([p.value for p in MemPolicy]),
+              default="bind", show_default=True,
+              help="The --mem-policy of the launch to check numactl for (the launcher's own check).")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
+def command(sysroot, fmt, mem_policy, strict):
+    """What to know before trusting a pinned run on this machine, each finding with its fix.
+
+    Exit status: 0 when no finding is an error (with --strict: no error and no warning),
+    1 when one is (the report is printed either way), 2 on a usage error."""
+    from cpulaunch import core
+    from cpulaunch.machine import probe
+    from cpulaunch.render import json_text
+
+    probe.check_sysroot(sysroot)
+    report = diagnose(sysroot, os.environ, live=probe.is_live(sysroot), mem_policy=MemPolicy(mem_policy))
+    core.write_out(json_text(to_json(report)) + "\n" if fmt == "json" else render_text(report))
+    return exit_code(report, strict=strict)
+
+
+def main(args: Sequence[str]) -> int:
+    """``cpulaunch doctor ARGS``: returns the exit status (raises CpulaunchError and click's
+    usage errors for :func:`cpulaunch.cli.main` to map)."""
+    return command.main(args=list(args), prog_name="cpulaunch doctor", standalone_mode=False)

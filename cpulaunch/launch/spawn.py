@@ -15,39 +15,28 @@ import os
 import signal
 import sys
 from types import MappingProxyType
-from typing import Callable, Dict, Mapping, NamedTuple, NoReturn, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Mapping,
+    NamedTuple,
+    NoReturn,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 
-__all__ = ["LaunchError", "ProcessSpec", "exec_spec", "spec_from_instance", "exit_code_of",
-           "signal_name"]
+__all__ = ["LaunchError", "ProcessSpec", "exec_spec"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class LaunchError(CpulaunchError):
     """A run could not start: program not runnable, log folder unusable, bad grace period."""
-
-
-def exit_code_of(returncode: int) -> int:
-    """Popen return code -> shell-style exit code: -N (killed by signal N) -> 128+N.
-
-    >>> exit_code_of(-9), exit_code_of(3)
-    (137, 3)
-    """
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def signal_name(n: int) -> str:
-    """Signal number -> name as kill -l spells it: 9 -> ``"SIGKILL"``, 36 -> ``"SIGRTMIN+2"``;
-    an unknown number -> ``"signal 99"``."""
-    if signal.SIGRTMIN < n < signal.SIGRTMAX:
-        return f"SIGRTMIN+{n - signal.SIGRTMIN}"
-    try:
-        return signal.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
 
 
 # --------------------------------------------------------------------------- the spec
@@ -75,21 +64,28 @@ class ProcessSpec(NamedTuple):
     affinity: Optional[Tuple[int, ...]] = None
     cpus: Tuple[int, ...] = ()
 
+    def to_json(self) -> Dict[str, Any]:
+        """The spec as JSON-ready values: ``{"index", "label", "argv", "env", "affinity",
+        "cpus"}`` (lists for tuples; ``affinity`` None when inherited). What the elastic
+        launcher hands each rank entry (:mod:`cpulaunch.launch.elastic`)."""
+        return {"index": self.index, "label": self.label, "argv": list(self.argv), "env": dict(self.env),
+                "affinity": list(self.affinity) if self.affinity is not None else None,
+                "cpus": list(self.cpus)}
 
-def spec_from_instance(inst, label: Optional[str] = None) -> ProcessSpec:
-    """A :class:`ProcessSpec` from anything with ``.index .argv .env .affinity .cpus``
-    (``render.RenderedInstance``); ``label`` defaults to ``"instance <index>"``."""
-    return ProcessSpec(
-        index=inst.index,
-        label=label or f"instance {inst.index}",
-        argv=tuple(inst.argv),
-        env=dict(inst.env),
-        affinity=tuple(inst.affinity) if inst.affinity is not None else None,
-        cpus=tuple(inst.cpus),
-    )
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "ProcessSpec":
+        """The spec :meth:`to_json` gave.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``doc`` is not such a value.
+        """
+        affinity = doc["affinity"]
+        return cls(index=int(doc["index"]), label=str(doc["label"]), argv=tuple(doc["argv"]),
+                   env=dict(doc["env"]), affinity=tuple(affinity) if affinity is not None else None,
+                   cpus=tuple(doc["cpus"]))
 
 
-def _environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
+def _child_environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
     env = dict(base)
     env.update(spec.env)
     return env
@@ -134,16 +130,41 @@ def _load_prctl() -> Optional[Callable]:
         return None
 
 
-def _child_setup(signals: Tuple[int, ...], affinity, launcher_pid: int, prctl) -> Callable[[], None]:
-    """The function run in each child between fork and exec (Popen's preexec_fn; the
-    launcher has no other thread then): default dispositions, empty mask, parent-death
-    signal, affinity."""
+def _child_setup(signals: Tuple[int, ...], affinity, launcher_pid: int, prctl,
+                 watchdog_fd: Optional[int] = None) -> Callable[[], None]:
+    """The function run in each child between fork and exec (Popen's preexec_fn, after
+    its setsid(): the child leads a process group of its own; the launcher has no other
+    thread then): parent-death signal, registration with the watchdog, affinity, default
+    dispositions, empty mask.
+
+    Why this order (issue 19: nothing may outlive a launcher SIGKILLed at any moment):
+
+    * PR_SET_PDEATHSIG=SIGKILL first, then getppid() checked (prctl(2)): a launcher that
+      died before the prctl is caught by the check and the child SIGKILLs itself; one
+      that dies after it kills the child. Either way before exec nothing else is in the
+      child's group.
+    * Then ``"+<pid>\\n"`` is written to the watchdog's pipe (``watchdog_fd``: its write
+      end, inherited by the fork, close-on-exec), one write under PIPE_BUF, so atomic.
+      The group is thus known to the watchdog before the program can exec and fork
+      anything into it; the watchdog reads everything written before it sees end of
+      file, and end of file needs every write end closed: the launcher's and those of
+      children not yet exec'd. Registering from the parent after Popen returned left a
+      window (after exec, before the registration) in which a SIGKILLed launcher left
+      the program's children behind. SIGPIPE is ignored around the write: a dead
+      watchdog is an error to ignore, not a death (the signals are reset just after).
+    """
 
     def setup() -> None:
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != launcher_pid:  # the launcher died before prctl: prctl(2)
                 os.kill(os.getpid(), signal.SIGKILL)
+        if watchdog_fd is not None:
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+            try:
+                os.write(watchdog_fd, b"+%d\n" % os.getpid())
+            except OSError:  # the watchdog is gone: the launcher's own clean-up remains
+                pass
         if affinity is not None:
             os.sched_setaffinity(0, affinity)
         _reset_signals(signals)  # last: the mask unblocks only once all else is done
@@ -166,7 +187,7 @@ def exec_spec(spec: ProcessSpec, base_environ: Mapping[str, str]) -> NoReturn:
         LaunchError: ``cannot run 'PROG': <strerror>`` when exec fails (the launcher's
             dispositions and mask are restored first) or the affinity cannot be set.
     """
-    env = _environ(base_environ, spec)
+    env = _child_environ(base_environ, spec)
     if spec.affinity is not None:
         try:
             os.sched_setaffinity(0, spec.affinity)

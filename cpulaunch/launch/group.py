@@ -1,71 +1,38 @@
-"""Side effects only: exec one instance, or start, relay and supervise several.
-
-The shape is torchelastic's (``multiprocessing/api.py``: a spec per process, a group with
-start / poll / stop(deadline) / close, failures named with their signal):
-
-* :class:`ProcessSpec` says what one process runs (argv, env changes, CPU affinity).
-* :func:`exec_spec` replaces the launcher with a single instance (its signals and exit
-  code are then its own).
-* :class:`ProcessGroup` starts several, each in its own session (so each is a process
-  group the launcher can signal as a whole), relays their output and reports exits.
-* :func:`run_group` is the supervisor: signals, the first failure as root cause, the
-  grace period, the ``--log-dir`` files and the :class:`Outcome`.
-
-Promises (issue 8), each with a real-process test in ``tests/test_launch*.py``:
-
-* Children start with every catchable signal at SIG_DFL and an empty signal mask (Python
-  ignores SIGPIPE and SIGXFSZ and handles SIGINT; ignored dispositions survive exec). The
-  one exception: SIGHUP ignored by the launcher's own parent (``nohup``) stays ignored,
-  in the launcher (not forwarded) and in its children, as ``nohup PROGRAM`` would have it.
-* Nothing outlives the launcher, even when it is SIGKILLed: every child sets
-  PR_SET_PDEATHSIG=SIGKILL before exec (and checks its parent is still the launcher, as
-  prctl(2) advises), and a watchdog process killpg()s every registered group with SIGKILL
-  when the launcher's end of its pipe closes. A program that leaves its process group
-  (setsid, daemons) is beyond reach; only a cgroup could follow it.
-* No signal is lost while starting: the forwarded signals are blocked while children are
-  spawned and registered, then unblocked and delivered to every group.
-* SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every group
-  (torchrun's ``--signals-to-handle``). SIGTSTP (Ctrl-Z) stops every group, then the
-  launcher; SIGCONT continues them. Children sit in sessions of their own, whose groups
-  the kernel treats as orphaned and in which it discards SIGTSTP, so groups are stopped
-  with SIGSTOP.
-* Every wait is bounded, including the one after SIGKILL (a process in D state is
-  reported, not waited for).
+"""Several processes started together, each in its own session and process group, their output
+relayed line by line (``[i]`` prefixed) to the console and to log files, watched by a
+watchdog process that SIGKILLs every group should the launcher die (issue 19), and reaped
+with bounded waits (torchelastic's ``PContext``: start / poll / stop(deadline) / close).
 """
 
 from __future__ import annotations
 
 import datetime
-import errno
 import fcntl
-import math
 import os
 import select
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
+from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
-from cpulaunch.render import json_text
-from cpulaunch.spawn import (  # noqa: F401 - re-exported: launch's public names stay here
-    LaunchError, ProcessSpec, _cannot_run, _child_setup, _environ, _load_prctl, _signals_to_reset,
-    exec_spec, exit_code_of, signal_name, spec_from_instance,
+from cpulaunch.launch.spawn import (
+    LaunchError,
+    ProcessSpec,
+    _cannot_run,
+    _child_setup,
+    _child_environ,
+    _load_prctl,
+    _signals_to_reset,
 )
+from cpulaunch.machine.exec import exit_code_of, signal_name
 
-__all__ = [
-    "LaunchError", "ProcessSpec", "InstanceResult", "Outcome", "ProcessGroup",
-    "exec_spec", "run_group", "describe_failure", "spec_from_instance",
-    "exit_code_of", "signal_name", "FORWARDED_SIGNALS", "STOPPING_SIGNALS",
-    "exec_instance", "supervise",
-]
+__all__ = ["FORWARDED_SIGNALS", "STOPPING_SIGNALS", "KILL_TIMEOUT", "RELAY_TIMEOUT", "InstanceResult", "ProcessGroup"]
 
 log = _log.get(__name__)
 
@@ -93,10 +60,14 @@ class _Watchdog:
     """A forked process that outlives a SIGKILLed launcher just long enough to killpg()
     every registered group with SIGKILL.
 
-    It blocks reading a pipe whose only write end is the launcher's: "+PGID" registers a
-    group, "q" ends it quietly; end of file (the launcher died) kills every group. It
-    runs in a session of its own with catchable signals ignored, so neither Ctrl-C on
-    the terminal nor a kill of the launcher's process group reaches it.
+    It blocks reading a pipe whose write ends are the launcher's and, between fork and
+    exec, each child's: a child writes "+PGID" (its own pid: it leads its group) before
+    it execs, so its group is known before anything can run in it; the launcher writes
+    "-PGID" just before it reaps a group's leader (the id may be reused after that) and
+    "q" to end it quietly. End of file (the launcher died, and no child is still between
+    fork and exec) kills every registered group; the data written before it is read
+    first. It runs in a session of its own with catchable signals ignored, so neither
+    Ctrl-C on the terminal nor a kill of the launcher's process group reaches it.
     """
 
     def __init__(self) -> None:
@@ -113,8 +84,15 @@ class _Watchdog:
         self.pid: Optional[int] = pid
         self._fd: Optional[int] = w
 
-    def register(self, pgid: int) -> None:
-        self._send(b"+%d\n" % pgid)
+    @property
+    def fd(self) -> Optional[int]:
+        """The pipe's write end (close-on-exec), for children to register with before
+        exec; None once closed."""
+        return self._fd
+
+    def forget(self, pgid: int) -> None:
+        """The group's leader is about to be reaped: its id may be reused afterwards."""
+        self._send(b"-%d\n" % pgid)
 
     def _send(self, data: bytes) -> None:
         if self._fd is None:
@@ -159,7 +137,7 @@ def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the fo
         os.dup2(null, fd)
     os.closerange(3, r)  # hold nothing of the launcher's open (its stdout pipe, say)
     os.closerange(r + 1, max(os.sysconf("SC_OPEN_MAX"), r + 1))
-    groups: List[int] = []
+    groups: set = set()
     buf = b""
     while True:
         data = os.read(r, 4096)
@@ -176,7 +154,9 @@ def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the fo
             if line == b"q":
                 return
             if line.startswith(b"+"):
-                groups.append(int(line[1:]))
+                groups.add(int(line[1:]))
+            elif line.startswith(b"-"):
+                groups.discard(int(line[1:]))
 
 
 # --------------------------------------------------------------------------- output relay
@@ -401,78 +381,6 @@ def _iso(t: Optional[float]) -> Optional[str]:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="microseconds")
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What a supervised run ended with.
-
-    Attributes:
-        exit_code: the launcher's exit code, shell style: the root cause's exit code; else
-            128+N when the launcher was stopped by signal N; 0 only if every instance
-            exited with code 0. A stopping signal received after a failure keeps the
-            failure's code (the run had failed already; the signal only hurried it).
-        root_cause: index of the first instance that failed before any stopping signal,
-            or None.
-        results: one :class:`InstanceResult` per spec, in the specs' order.
-        signalled: the first stopping signal (SIGINT/TERM/HUP/QUIT) the launcher
-            received and forwarded, or None.
-        forwarded: every signal forwarded, in order (SIGUSR1/2 included).
-        stopped: indices of instances the launcher stopped (SIGTERM) after the root cause.
-        run_dir: ``DIR/<run-id>`` with ``--log-dir``, else None.
-    """
-
-    exit_code: int
-    root_cause: Optional[int]
-    results: Tuple[InstanceResult, ...]
-    signalled: Optional[int] = None
-    forwarded: Tuple[int, ...] = ()
-    stopped: Tuple[int, ...] = ()
-    run_dir: Optional[Path] = None
-
-    @property
-    def codes(self) -> Dict[int, Optional[int]]:
-        """Exit code (shell style) of every instance by index; None if it did not exit."""
-        return {r.index: r.exit_code for r in self.results}
-
-    def result(self, index: int) -> InstanceResult:
-        return next(r for r in self.results if r.index == index)
-
-
-def describe_failure(outcome: Outcome, specs: Sequence[ProcessSpec] = (), *,
-                     keep_going: Optional[bool] = None) -> str:
-    """One line saying how the run ended, for stderr.
-
-    ``"instance 1 killed by SIGKILL"``, ``"instance 0 exited with code 3; the others
-    were stopped"``, ``"stopped by SIGTERM"``; with ``keep_going`` the other failures are
-    counted (``"; 1 other failed too"``); instances that did not exit after SIGKILL are
-    appended (``"; instance 0 did not exit after SIGKILL (pid 12)"``). A run that
-    succeeded gives ``"every instance exited with code 0"``.
-
-    Args:
-        outcome: what :func:`run_group` returned.
-        specs: the specs run, for their labels (default: the results' own labels).
-        keep_going: the run let the others go on after a failure (count their failures).
-    """
-    labels = {r.index: r.label for r in outcome.results}
-    labels.update({s.index: s.label for s in specs})
-    parts = []
-    if outcome.root_cause is not None:
-        root = outcome.result(outcome.root_cause)
-        parts.append(f"{labels[root.index]} {root.describe()}")
-        if outcome.stopped:
-            parts.append("the others were stopped")
-        others = sum(1 for r in outcome.results if r.index != root.index and r.failed and not r.stuck)
-        if keep_going and others:
-            parts.append(f"{others} other{'s' if others > 1 else ''} failed too")
-        if outcome.signalled is not None:
-            parts.append(f"then stopped by {signal_name(outcome.signalled)}")
-    elif outcome.signalled is not None:
-        parts.append(f"stopped by {signal_name(outcome.signalled)}")
-    elif outcome.exit_code == 0:
-        parts.append("every instance exited with code 0")
-    parts += [f"{labels[r.index]} {r.describe()}" for r in outcome.results if r.stuck]
-    return "; ".join(parts)
-
-
 # --------------------------------------------------------------------------- the group
 
 
@@ -541,7 +449,9 @@ class ProcessGroup:
             reads /dev/null. None: all read /dev/null.
         prefix_output: prefix each console line with ``[index] ``.
         stdout, stderr: binary streams to relay to (default: the launcher's).
-        log_paths: ``{index: (stdout_path, stderr_path)}`` of open-able new files.
+        log_files: ``{index: ((stdout_path, fd), (stderr_path, fd))}``: each instance's
+            log files, open for writing (:meth:`RunDir.take_logs`); the group owns and
+            closes the descriptors. The paths are for messages only.
         kill_timeout: seconds to wait for processes to go after SIGKILL.
 
     The methods run in the thread that created the group (the main thread, for
@@ -552,13 +462,13 @@ class ProcessGroup:
     def __init__(self, specs: Sequence[ProcessSpec], base_environ: Mapping[str, str], *,
                  stdin_for: Optional[int] = None, prefix_output: bool = True,
                  stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[bytes]] = None,
-                 log_paths: Optional[Mapping[int, Tuple[Path, Path]]] = None,
+                 log_files: Optional[Mapping[int, Tuple[Tuple[Path, int], Tuple[Path, int]]]] = None,
                  kill_timeout: float = KILL_TIMEOUT) -> None:
         self.specs = tuple(specs)
         self.base_environ = base_environ
         self.stdin_for = stdin_for
         self.prefix_output = prefix_output
-        self.log_paths = dict(log_paths or {})
+        self._log_files = dict(log_files or {})
         self.kill_timeout = kill_timeout
         self.out = _Console(stdout if stdout is not None else _std_buffer(sys.stdout), "stdout")
         self.err = _Console(stderr if stderr is not None else _std_buffer(sys.stderr), "stderr")
@@ -596,8 +506,10 @@ class ProcessGroup:
                 self._watchdog = _Watchdog()
             except OSError as exc:  # fork refused: PR_SET_PDEATHSIG still covers the children
                 log.info("no watchdog for grandchildren: %s", exc.strerror)
+            watchdog_fd = self._watchdog.fd if self._watchdog is not None else None
             for spec in self.specs:
-                pipes[spec.index] = self._spawn(spec, _child_setup(signals, spec.affinity, me, prctl))
+                setup = _child_setup(signals, spec.affinity, me, prctl, watchdog_fd)
+                pipes[spec.index] = self._spawn(spec, setup)
             for spec in self.specs:
                 self._start_relays(spec, *pipes.pop(spec.index))
         except BaseException:
@@ -613,7 +525,7 @@ class ProcessGroup:
         start = time.time()
         try:
             popen = subprocess.Popen(
-                list(spec.argv), env=_environ(self.base_environ, spec),
+                list(spec.argv), env=_child_environ(self.base_environ, spec),
                 stdin=None if spec.index == self.stdin_for else subprocess.DEVNULL,
                 stdout=out_w, stderr=err_w, start_new_session=True, preexec_fn=setup,
             )
@@ -627,9 +539,7 @@ class ProcessGroup:
                               "between fork and exec") from None
         finally:
             os.close(out_w), os.close(err_w)
-        self.procs[spec.index] = _Proc(spec, popen, start)
-        if self._watchdog is not None:
-            self._watchdog.register(popen.pid)
+        self.procs[spec.index] = _Proc(spec, popen, start)  # registered itself with the watchdog
         return out_r, err_r
 
     def _start_relays(self, spec: ProcessSpec, out_r: int, err_r: int) -> None:
@@ -641,18 +551,11 @@ class ProcessGroup:
             self._relays.append((spec.index, relay))
 
     def _open_logs(self, index: int) -> Tuple[Optional[_LogFile], Optional[_LogFile]]:
-        if index not in self.log_paths:
+        """The instance's log files (already open: never reopened by name), or Nones."""
+        if index not in self._log_files:
             return None, None
-        files = []
-        for path in self.log_paths[index]:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-            except OSError as exc:
-                self._say(f"cpulaunch: logging to {path} stopped: {exc.strerror}\n")
-                files.append(None)
-            else:
-                files.append(_LogFile(path, fd, self._say))
-        return files[0], files[1]
+        out, err = self._log_files.pop(index)
+        return _LogFile(out[0], out[1], self._say), _LogFile(err[0], err[1], self._say)
 
     def _say(self, message: str) -> None:
         """A line of the launcher's own on stderr, whole, between relayed lines."""
@@ -734,6 +637,10 @@ class ProcessGroup:
         if self._closed:
             return
         self._closed = True
+        for files in self._log_files.values():  # of instances never started
+            for _, fd in files:
+                os.close(fd)
+        self._log_files = {}
         for p in self.procs.values():
             p.signal_group(signal.SIGKILL)
         if self.paused:
@@ -774,6 +681,8 @@ class ProcessGroup:
             if p.reaped:
                 continue
             p.check()
+            if self._watchdog is not None:  # the group has had its SIGKILL; reaping the
+                self._watchdog.forget(p.pid)  # leader below frees the id for reuse
             try:
                 p.popen.wait(timeout=max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
@@ -788,333 +697,3 @@ class ProcessGroup:
         """One result per spec, in the specs' order (never started: pid None)."""
         return tuple(self.procs[s.index].result() if s.index in self.procs
                      else InstanceResult(index=s.index, label=s.label) for s in self.specs)
-
-
-# --------------------------------------------------------------------------- signals
-
-
-class _Signals:
-    """The launcher's handlers while supervising (main thread only; elsewhere a no-op).
-
-    ``hold()`` blocks the handled signals (they stay pending) and installs the handlers
-    (and SIGPIPE ignored, SIGCHLD not ignored, whatever the caller had); ``release()``
-    unblocks them, so what arrived meanwhile is delivered then; ``restore()`` puts back
-    the previous handlers and mask.
-    """
-
-    def __init__(self, group: ProcessGroup, grace_period: float) -> None:
-        self.group, self.grace_period = group, grace_period
-        self.active = threading.current_thread() is threading.main_thread()
-        self.signalled: Optional[int] = None
-        self.forwarded: List[int] = []
-        self.stop_at: Optional[float] = None  # monotonic time for SIGKILL
-        self._old: Dict[int, object] = {}
-        self._old_mask: Optional[set] = None
-
-    def hold(self) -> None:
-        if not self.active:
-            return
-        self._old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
-        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:  # would reap our children
-            self._old[signal.SIGCHLD] = signal.SIG_IGN
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        if signal.getsignal(signal.SIGPIPE) != signal.SIG_IGN:  # EPIPE, not death, on a
-            self._old[signal.SIGPIPE] = signal.getsignal(signal.SIGPIPE)  # closed console
-            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        for s in _HANDLED:
-            old = signal.getsignal(s)
-            if s == signal.SIGHUP and old == signal.SIG_IGN:
-                continue  # nohup: stay immune
-            self._old[s] = old
-            signal.signal(s, self._handle)
-
-    def release(self) -> None:
-        if self.active and self._old_mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, set(self._old_mask) - set(_HANDLED))
-
-    def restore(self) -> None:
-        if not self.active or self._old_mask is None:
-            return
-        signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
-        for s, h in self._old.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self._old_mask)
-        self._old_mask = None
-
-    def _handle(self, signum: int, _frame) -> None:
-        if signum == signal.SIGTSTP:
-            self._suspend()
-        elif signum == signal.SIGCONT:
-            self.group.resume()
-        else:
-            self.forwarded.append(signum)
-            self.group.send(signum)
-            if signum in STOPPING_SIGNALS:
-                self.group.interrupts += 1
-                if self.signalled is None:
-                    self.signalled = signum
-                if self.stop_at is None:
-                    self.stop_at = time.monotonic() + self.grace_period
-
-    def _suspend(self) -> None:
-        """Ctrl-Z: stop the instances, then the launcher itself (as the shell expects of
-        a job); when continued, continue them."""
-        self.group.pause()
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        try:
-            os.kill(os.getpid(), signal.SIGTSTP)  # stops here (unless our group is orphaned)
-        finally:
-            signal.signal(signal.SIGTSTP, self._handle)
-            self.group.resume()
-
-
-# --------------------------------------------------------------------------- run_group
-
-
-def _check_grace_period(grace_period: float) -> float:
-    try:
-        value = float(grace_period)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise LaunchError(f"grace period {grace_period!r} is not a finite number of seconds >= 0; "
-                          "pass e.g. --grace-period 10")
-    return value
-
-
-def _check_specs(specs: Sequence[ProcessSpec], stdin_for: Optional[int]) -> None:
-    indices = [s.index for s in specs]
-    if not specs:
-        raise LaunchError("nothing to run: no process specs")
-    if len(set(indices)) != len(indices):
-        raise LaunchError(f"process indices must be distinct, got {indices}")
-    if any(not s.argv for s in specs):
-        raise LaunchError("a process spec has an empty command")
-    if stdin_for is not None and stdin_for not in indices:
-        raise LaunchError(f"stdin_for={stdin_for} names no process (indices {indices})")
-
-
-def _new_run_dir(log_dir: Path) -> Path:
-    """``DIR/<YYYYmmdd-HHMMSS>``, or ``...-2``, ``-3`` when taken (earlier runs are kept)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for n in range(1, 10000):
-        run_dir = log_dir / (stamp if n == 1 else f"{stamp}-{n}")
-        try:
-            run_dir.mkdir()
-            return run_dir
-        except FileExistsError:
-            continue
-    raise OSError(errno.EEXIST, "too many runs in the same second", str(log_dir))
-
-
-def _prepare_run_dir(log_dir: Path, specs: Sequence[ProcessSpec],
-                     run_info: Optional[str]) -> Tuple[Path, Dict[int, Tuple[Path, Path]]]:
-    """Create ``DIR/<run-id>/<index>/`` for every spec and ``plan.json``.
-
-    Raises:
-        LaunchError: naming the log folder and the cause (a file in the way, read-only,
-            permission denied, name too long, no space left).
-    """
-    log_dir, run_dir = Path(log_dir), None
-    try:
-        if log_dir.exists() and not log_dir.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, "it exists and is not a folder", str(log_dir))
-        log_dir.mkdir(parents=True, exist_ok=True)
-        run_dir = _new_run_dir(log_dir)
-        paths = {}
-        for spec in specs:
-            d = run_dir / str(spec.index)
-            d.mkdir()
-            paths[spec.index] = (d / "stdout.log", d / "stderr.log")
-            for p in paths[spec.index]:
-                os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
-        if run_info is not None:
-            _write_file(run_dir / "plan.json", run_info)
-    except OSError as exc:
-        if run_dir is not None:  # leave no half-made run folder (disk full)
-            shutil.rmtree(run_dir, ignore_errors=True)
-        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(log_dir) else ""
-        raise LaunchError(f"cannot use log folder {str(log_dir)!r}{where}: {exc.strerror or exc}; "
-                          "pass a writable folder to --log-dir") from None
-    return run_dir, paths
-
-
-def _write_file(path: Path, text: str) -> None:
-    data = text.encode("utf-8", "surrogateescape")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-
-
-def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec]) -> str:
-    by_index = {s.index: s for s in specs}
-    instances = []
-    for r in outcome.results:
-        d = r.to_dict()
-        d["argv"] = list(by_index[r.index].argv)
-        d["cpus"] = cpulist.format(by_index[r.index].cpus) if by_index[r.index].cpus else ""
-        instances.append(d)
-    doc = {
-        "exit_code": outcome.exit_code,
-        "root_cause": outcome.root_cause,
-        "signalled": signal_name(outcome.signalled) if outcome.signalled is not None else None,
-        "forwarded": [signal_name(s) for s in outcome.forwarded],
-        "stopped": list(outcome.stopped),
-        "description": describe_failure(outcome, specs),
-        "instances": instances,
-    }
-    return json_text(doc) + "\n"
-
-
-def run_group(
-    specs: Sequence[ProcessSpec],
-    base_environ: Mapping[str, str],
-    *,
-    log_dir: Optional[Path] = None,
-    run_info: Optional[str] = None,
-    keep_going: bool = False,
-    grace_period: float = 10.0,
-    prefix_output: bool = True,
-    stdin_for: Optional[int] = None,
-    stdout: Optional[IO[bytes]] = None,
-    stderr: Optional[IO[bytes]] = None,
-    kill_timeout: float = KILL_TIMEOUT,
-    after: Optional[Tuple[float, Callable[[Dict[int, int]], None]]] = None,
-) -> Outcome:
-    """Start every spec, relay its output, forward signals, and wait for the end.
-
-    Args:
-        specs: what to run (distinct indices).
-        base_environ: the user's environment (``os.environ``); never modified.
-        log_dir: torchrun's layout: ``DIR/<run-id>/<index>/stdout.log`` and
-            ``stderr.log``, ``DIR/<run-id>/plan.json`` (``run_info``, written before
-            anything starts) and ``DIR/<run-id>/result.json`` (written at the end). The
-            run id is a timestamp made unique, so earlier runs are kept. Output still
-            goes to the console too. A write error on a log (disk full) is said once per
-            file on stderr; the run and its exit code are unaffected.
-        run_info: text for ``plan.json`` (the dry-run JSON); None writes no plan.json.
-        keep_going: on a failure let the others run to their end.
-        grace_period: seconds between SIGTERM and SIGKILL when stopping instances
-            (finite, >= 0).
-        prefix_output: prefix console lines with ``[index] ``.
-        stdin_for: index of the spec that reads the launcher's stdin (others: /dev/null).
-        stdout, stderr: binary streams to relay to (default: the launcher's own).
-        kill_timeout: seconds to wait for processes to go after SIGKILL before reporting
-            them stuck (D state).
-
-    Returns:
-        :class:`Outcome` (never raises for a child's failure or a signal). Every group
-        has been SIGKILLed and reaped (or reported stuck), the relays drained, the
-        signal handlers and mask restored.
-
-    ``after=(seconds, fn)``: once, ``seconds`` after start while instances still run,
-    ``fn({index: pid})`` is called (``--verify``); its exceptions are logged, never fatal.
-
-    Raises:
-        LaunchError: bad ``grace_period``/specs, unusable log folder (before anything
-            starts), or a program that cannot be run (the others are stopped first).
-    """
-    grace_period = _check_grace_period(grace_period)
-    _check_specs(specs, stdin_for)
-    run_dir, log_paths = (None, {}) if log_dir is None else _prepare_run_dir(log_dir, specs, run_info)
-    for spec in specs:
-        log.info("%s: %s", spec.label, shlex.join(spec.argv))
-        if spec.index in log_paths:
-            log.info("%s: output in %s and %s", spec.label, *log_paths[spec.index])
-    group = ProcessGroup(specs, base_environ, stdin_for=stdin_for, prefix_output=prefix_output,
-                         stdout=stdout, stderr=stderr, log_paths=log_paths, kill_timeout=kill_timeout)
-    outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going, after=after)
-    outcome = replace(outcome, run_dir=run_dir)
-    if run_dir is not None:
-        try:
-            _write_file(run_dir / "result.json", _result_json(outcome, specs))
-        except OSError as exc:
-            group._say(f"cpulaunch: cannot write {run_dir / 'result.json'}: {exc.strerror}\n")
-    return outcome
-
-
-def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, after=None) -> Outcome:
-    """Start ``group`` with signals held, then watch it: the first failure before any
-    stopping signal is the root cause and (unless ``keep_going``) the others get SIGTERM;
-    a stopping signal was forwarded by the handler; SIGKILL when the grace period is
-    over; stop waiting ``kill_timeout`` after SIGKILL."""
-    sig = _Signals(group, grace_period)
-    root: Optional[int] = None
-    stopped: List[int] = []
-    try:
-        sig.hold()
-        try:
-            group.start()
-        finally:
-            sig.release()  # what arrived while starting is delivered now, to every group
-        kill_at: Optional[float] = None
-        after_at = time.monotonic() + after[0] if after else None
-        while group.running():
-            if after_at is not None and time.monotonic() >= after_at and sig.stop_at is None:
-                after_at = None
-                pids = {i: p.pid for i, p in group.procs.items() if p.pid is not None and not p.reaped}
-                try:
-                    after[1](pids)
-                except Exception as exc:  # noqa: BLE001 - a check must never break the run
-                    log.warning("after-start check failed: %s", exc)
-            for r in group.poll():
-                if r.failed and root is None and sig.signalled is None:
-                    root = r.index
-                    log.info("%s %s", r.label, r.describe())
-                    if not keep_going and group.running():
-                        stopped = group.running()
-                        group.send(signal.SIGTERM, stopped)
-                        sig.stop_at = time.monotonic() + grace_period
-            now = time.monotonic()
-            if kill_at is None and sig.stop_at is not None and now >= sig.stop_at and group.running():
-                group.send(signal.SIGKILL)
-                kill_at = now + group.kill_timeout
-            if kill_at is not None and now >= kill_at:
-                break
-            deadlines = [t for t in (sig.stop_at, kill_at, after_at) if t is not None and t > now]
-            group.wait(min([0.1] + [t - now for t in deadlines]))
-    finally:
-        try:
-            group.close()
-        finally:
-            sig.restore()
-    results = group.results()
-    if root is not None:
-        code = exit_code_of(next(r for r in results if r.index == root).returncode)
-    elif sig.signalled is not None:
-        code = 128 + sig.signalled
-    else:
-        code = next((r.exit_code for r in results if r.failed and r.exit_code is not None), 0)
-    return Outcome(exit_code=code, root_cause=root, results=results, signalled=sig.signalled,
-                   forwarded=tuple(sig.forwarded), stopped=tuple(stopped))
-
-
-# --------------------------------------------------------------------------- compatibility
-
-
-def exec_instance(inst, environ: Mapping[str, str]) -> NoReturn:
-    """Compatibility for the current cli: :func:`exec_spec` of a ``RenderedInstance``;
-    raises OSError (as before) when exec fails."""
-    try:
-        exec_spec(spec_from_instance(inst), environ)
-    except LaunchError as exc:
-        raise OSError(None, str(exc).split(": ", 1)[-1]) from None
-
-
-def supervise(instances, environ: Mapping[str, str], *, log_dir: Optional[Path] = None,
-              keep_going: bool = False, grace_period: float = 10.0, prefix_output: bool = True,
-              stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[bytes]] = None) -> Outcome:
-    """Compatibility for the current cli: :func:`run_group` of ``RenderedInstance``s; a
-    single instance reads the launcher's stdin; LaunchError becomes OSError as before."""
-    specs = [spec_from_instance(i) for i in instances]
-    try:
-        return run_group(specs, environ, log_dir=log_dir, keep_going=keep_going,
-                         grace_period=grace_period, prefix_output=prefix_output,
-                         stdin_for=specs[0].index if len(specs) == 1 else None,
-                         stdout=stdout, stderr=stderr)
-    except LaunchError as exc:
-        raise OSError(None, str(exc)) from None
