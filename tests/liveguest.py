@@ -275,6 +275,9 @@ PLAN_MODES = {
     "per-socket-2": ("--instances-per-socket", "2"),
     "per-node": ("--instances-per-node",),
     "ninstances-3": ("--ninstances", "3"),
+    # the sizes before the nodes and cache domains decided them (issue 22's --equal-sizes)
+    "per-socket-2-equal": ("--instances-per-socket", "2", "--equal-sizes"),
+    "ninstances-3-equal": ("--ninstances", "3", "--equal-sizes"),
     "logical": ("--instances-per-socket", "--use-logical-cores"),
     "budgets": ("--instances-per-node", "--dataloader-workers", "1"),
     "budgets-1": ("--ninstances", "1", "--dataloader-workers", "1", "--reserve-cores", "1"),
