@@ -719,16 +719,16 @@ def test_dump_plan(live_roots, folder, mode, machine, tag):
 #: plan (EXPECTED holds its cpulists), and of the same request with --equal-sizes.
 RULING = {
     ("live-1s12c-7+5", "per-socket-2"): (
-        ["instance sizes (1 x 7, 1 x 5 cores) follow the NUMA nodes, so that no core is left "
-         "idle; --equal-sizes makes them differ by one core at most"],
+        [("instance sizes (1 x 7, 1 x 5 cores) follow the NUMA nodes, so that no core is left "
+         "idle; --equal-sizes makes them differ by one core at most")],
         ["1 usable core(s) left idle (CPUs 6)"]),
     ("live-2s4c-uneven", "per-socket-2"): (
-        ["instance sizes (1 x 3, 2 x 2, 1 x 1 cores) follow the NUMA nodes, so that no core is "
-         "left idle; --equal-sizes makes them differ by one core at most"],
+        [("instance sizes (1 x 3, 2 x 2, 1 x 1 cores) follow the NUMA nodes, so that no core is "
+         "left idle; --equal-sizes makes them differ by one core at most")],
         ["1 usable core(s) left idle (CPUs 3)"]),
     ("live-4s4c", "ninstances-3"): (
-        ["instance sizes (1 x 8, 2 x 4 cores) follow the L3 domains, so that no two instances "
-         "share an L3; --equal-sizes makes them differ by one core at most"],
+        [("instance sizes (1 x 8, 2 x 4 cores) follow the L3 domains, so that no two instances "
+         "share an L3; --equal-sizes makes them differ by one core at most")],
         []),
 }
 
