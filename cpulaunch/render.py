@@ -224,6 +224,26 @@ def _preload(settings: Settings, notes: list) -> Optional[str]:
     return " ".join(ours) + (" " + user_value if user_value else "")
 
 
+def _applied_memory(inst: Instance, settings: Settings) -> tuple:
+    """``(policy value, node ids)`` the launch really applies: the plan's under numactl;
+    ("none", ()) under --bind affinity or none, which set no memory policy (pages follow
+    the first touch)."""
+    if settings.bind == "numactl":
+        return inst.mem_policy.value, tuple(inst.mem_nodes)
+    return "none", ()
+
+
+def _expected_env(bound_cpus: Sequence[int], mem_policy: str, mem_nodes: Sequence[int]) -> dict:
+    """The identity variables ``cpulaunch verify PID`` compares a process with when no plan
+    is at hand (:meth:`cpulaunch.tools.verify.Expected.from_environ`): the logical CPUs it
+    is bound to, the memory policy applied ("bind", "interleave", "preferred", "local",
+    "none") and its NUMA node ids (absent when none)."""
+    env = {envvars.BOUND_CPUS: cpulist.format(bound_cpus), envvars.MEM_POLICY: mem_policy}
+    if mem_nodes:
+        env[envvars.MEM_NODES] = cpulist.format(mem_nodes)
+    return env
+
+
 def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
     """Render every instance of ``plan`` running ``program`` under ``settings`` (pure).
 
@@ -262,13 +282,15 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
             prefix, affinity = (), inst.bound_cpus
         else:
             prefix, affinity = (), None
+        mem_policy, mem_nodes = _applied_memory(inst, settings)
+        env.update(_expected_env(inst.bound_cpus, mem_policy, mem_nodes))
         out.append(
             RenderedInstance(
                 index=inst.index,
                 cpus=inst.cpus,
                 bound_cpus=inst.bound_cpus,
-                mem_nodes=inst.mem_nodes if settings.bind == "numactl" else (),
-                mem_policy=inst.mem_policy.value if settings.bind == "numactl" else "none",
+                mem_nodes=mem_nodes,
+                mem_policy=mem_policy,
                 env=dict(sorted(env.items())),
                 argv=tuple(prefix) + tuple(program),
                 prefix=tuple(prefix),

@@ -700,9 +700,12 @@ def test_cli_per_socket_argv_and_env(sysroots, monkeypatch, numactl):
     assert a["argv"] == [numactl, "-C", "0-7", "-m", "0", "true"]
     assert b["argv"] == [numactl, "-C", "8-15", "-m", "1", "true"]
     assert a["env"] == {
+        "CPULAUNCH_BOUND_CPUS": "0-7",
         "CPULAUNCH_CPUS": "0-7",
         "CPULAUNCH_INSTANCE_INDEX": "0",
+        "CPULAUNCH_MEM_NODES": "0",
         "CPULAUNCH_NUM_INSTANCES": "2",
+        "CPULAUNCH_PLANNED_MEM_POLICY": "bind",
         "OMP_NUM_THREADS": "8",
     }
     assert b["env"]["CPULAUNCH_INSTANCE_INDEX"] == "1" and b["env"]["CPULAUNCH_CPUS"] == "8-15"

@@ -278,7 +278,8 @@ def test_memory_bound_by_numactl():
     # The same process judged against a plan that bound it to node 1.
     where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(view.numa.anon_kb_per_node.items()))
     assert verify.compare(Expected(index=0, bound_cpus=(C,), mem_nodes=(1,), mem_policy="bind"), view) == [
-        f"instance 0: pid {pid} runs with memory policy bind:0, planned bind:1 (the memory binding did not apply)",
+        f"instance 0: pid {pid} runs with memory policy bind:0, planned bind:1 (the memory binding did "
+        f"not apply); {where}",
         f"instance 0: only 0% of its anonymous memory is on bound node(s) 1 ({where})",
     ]
 
@@ -288,8 +289,10 @@ def test_memory_binding_lost():
     with child(ALLOC) as (pid, _):
         view = procfs.inspect(pid)
     assert view.numa.policy == "default"
+    where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(view.numa.anon_kb_per_node.items()))
     assert verify.compare(Expected(index=4, bound_cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind"), view) == [
-        f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did not apply)"
+        f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did "
+        f"not apply); {where}"
     ]
 
 
@@ -380,7 +383,7 @@ def test_expected_from_environ_budgets():
            "CPULAUNCH_INSTANCE_INDEX": "1", "LD_PRELOAD": "/opt/lib/libiomp5.so /usr/lib/libjemalloc.so.2"}
     assert Expected.from_environ(env) == Expected(index=1, bound_cpus=(0, 1, 2, 3, 4, 6, 7), cpus=(0, 1, 2, 3),
                                                   allocator="jemalloc", omp_runtime="intel")
-    assert Expected.from_environ({**env, "CPULAUNCH_BOUND_CPUS": "0-7", "CPULAUNCH_MEM_POLICY": "bind",
+    assert Expected.from_environ({**env, "CPULAUNCH_BOUND_CPUS": "0-7", "CPULAUNCH_PLANNED_MEM_POLICY": "bind",
                                   "CPULAUNCH_MEM_NODES": "1"}) == Expected(
         index=1, bound_cpus=tuple(range(8)), cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind",
         allocator="jemalloc", omp_runtime="intel")
