@@ -620,13 +620,11 @@ def test_cgroup_cpuset_limits_the_launcher(guests):
 
 
 @LIVE
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="launcher bug (issue 23): cpulaunch verify PID never "
-                   "checks memory (it reads CPULAUNCH_MEM_POLICY/CPULAUNCH_MEM_NODES, which the "
-                   "launcher never sets), so pages planted on the wrong node pass")
 def test_verify_flags_pages_on_the_wrong_node(guests):
     """Two held instances (nodes 0 and 1); instance 1 bound its own memory to node 0.
-    ``cpulaunch verify PIDS`` must exit 1 and name instance 1's memory."""
+    ``cpulaunch verify PIDS`` (no plan at hand: the variables the launcher wrote) exits 1:
+    instance 0 is ok, instance 1 differs, named by its memory policy and by where its
+    anonymous memory is."""
     run = guests(SNC)
     rec = run.step("verify")
     probes = {int(r["index"]): r for r in json_records(run.step("run/planted")["stdout"]) if "pages" in r}
@@ -634,7 +632,19 @@ def test_verify_flags_pages_on_the_wrong_node(guests):
     assert probes[0]["policy"] == "bind:0" and share(probes[0]["pages"], [0]) >= 0.99  # right
     assert rec["rc"] == 1, (rec["stdout"], rec["stderr"])
     report = json.loads(rec["stdout"])
-    assert "memory" in json.dumps(report).lower() and "node" in json.dumps(report).lower()
+    by_index = {i["index"]: i for i in report["instances"]}
+    assert sorted(by_index) == [0, 1]
+    assert (by_index[0]["status"], by_index[0]["warnings"]) == ("ok", [])
+    bad = by_index[1]
+    assert (bad["status"], bad["expected"]["mem_policy"], bad["expected"]["mem_nodes"]) == ("differs", "bind", "1")
+    anon = {int(n): kb for n, kb in bad["process"]["memory"]["anon_kb_per_node"].items()}
+    assert anon[0] >= 32 << 10 and bad["share_on_bound_nodes"] < 0.01
+    where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(anon.items()))
+    share_1 = anon.get(1, 0) / sum(anon.values())
+    assert bad["warnings"] == [
+        (f"instance 1: pid {bad['pid']} runs with memory policy bind:0, planned bind:1 (the memory "
+         f"binding did not apply); {where}"),
+        f"instance 1: only {share_1:.0%} of its anonymous memory is on bound node(s) 1 ({where})"]
 
 
 @LIVE

@@ -278,8 +278,8 @@ def test_memory_bound_by_numactl():
     # The same process judged against a plan that bound it to node 1.
     where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(view.numa.anon_kb_per_node.items()))
     assert verify.compare(Expected(index=0, bound_cpus=(C,), mem_nodes=(1,), mem_policy="bind"), view) == [
-        f"instance 0: pid {pid} runs with memory policy bind:0, planned bind:1 (the memory binding did "
-        f"not apply); {where}",
+        (f"instance 0: pid {pid} runs with memory policy bind:0, planned bind:1 (the memory binding did "
+         f"not apply); {where}"),
         f"instance 0: only 0% of its anonymous memory is on bound node(s) 1 ({where})",
     ]
 
@@ -291,8 +291,8 @@ def test_memory_binding_lost():
     assert view.numa.policy == "default"
     where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(view.numa.anon_kb_per_node.items()))
     assert verify.compare(Expected(index=4, bound_cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind"), view) == [
-        f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did "
-        f"not apply); {where}"
+        (f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did "
+         f"not apply); {where}")
     ]
 
 
@@ -609,8 +609,8 @@ def test_verify_pid_flags_memory_policy_the_launch_did_not_plan():
     anon = inst["process"]["memory"]["anon_kb_per_node"]
     assert inst["process"]["memory"]["policy"] == "interleave:0" and int(anon["0"]) >= 32 << 10
     where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(anon.items()))
-    assert inst["warnings"] == [f"instance 0: pid {pid} runs with memory policy interleave:0, planned "
-                                f"bind:0 (the memory binding did not apply); {where}"]
+    assert inst["warnings"] == [(f"instance 0: pid {pid} runs with memory policy interleave:0, planned "
+                                 f"bind:0 (the memory binding did not apply); {where}")]
 
 
 @pytest.mark.skipif(shutil.which("numactl") is None or 0 not in _nodes(), reason="needs numactl and node 0")
