@@ -233,6 +233,20 @@ def _applied_memory(inst: Instance, settings: Settings) -> tuple:
     return "none", ()
 
 
+def _memory_not_bound_note(plan: Plan, settings: Settings) -> Optional[str]:
+    """Under --bind affinity (asked for, or numactl's fallback) no memory policy is set:
+    the note saying the planned one is not applied and where pages go instead (the kernel's
+    default policy: first touch, mm/mempolicy.c); None when numactl binds or nothing
+    planned a memory policy."""
+    planned = sorted({i.mem_policy.value for i in plan.instances if i.mem_policy.value != "none"})
+    if settings.bind != "affinity" or not planned:
+        return None
+    return ("memory is not bound: CPUs are bound with sched_setaffinity (--bind affinity), which sets "
+            f"no memory policy, so --mem-policy {', '.join(planned)} is not applied and pages follow the "
+            "first touch (each lands on the node of the CPU that first writes it); use --bind numactl "
+            "to bind memory")
+
+
 def _expected_env(bound_cpus: Sequence[int], mem_policy: str, mem_nodes: Sequence[int]) -> dict:
     """The identity variables ``cpulaunch verify PID`` compares a process with when no plan
     is at hand (:meth:`cpulaunch.tools.verify.Expected.from_environ`): the logical CPUs it
@@ -251,6 +265,9 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
         :class:`Rendered` with each instance's env (only what cpulaunch sets) and argv.
     """
     notes: list = list(plan.notes)
+    memory_note = _memory_not_bound_note(plan, settings)
+    if memory_note:
+        notes.append(memory_note)
     preload = _preload(settings, notes)
     kept_note_done: set = set()
     out = []
