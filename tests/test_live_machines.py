@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import liveguest as lg
 import pytest
-from conftest import FIXTURES, json_records, plan_json, run_cli
+from conftest import FIXTURES, json_records, plan_json, run_cli, unpack_dumps
 
 LIVE = pytest.mark.live
 MISSING = lg.missing()
@@ -679,13 +678,7 @@ def test_ddp_rank_per_socket(guests):
 @pytest.fixture(scope="session")
 def live_roots(tmp_path_factory) -> dict:
     """{fixture folder: unpacked root} of the live-* dumps."""
-    base = tmp_path_factory.mktemp("live-roots")
-    roots = {}
-    for name in LIVE_DUMPS:
-        (tarball,) = (FIXTURES / name).glob("*.tar.bz2")
-        subprocess.run(["tar", "-xjf", str(tarball), "-C", str(base), "--no-same-owner"], check=True)
-        roots[name] = base / name
-    return roots
+    return unpack_dumps(LIVE_DUMPS, tmp_path_factory.mktemp("live-roots"))
 
 
 def dump_cases() -> list:
