@@ -691,12 +691,6 @@ def dump_cases() -> list:
     return cases
 
 
-#: Plans a guest recorded before a later rule changed them (issue 22: instance sizes follow
-#: the nodes and L3 domains): checked against EXPECTED and the kernel's truth until
-#: ``scripts/live_machine.py MACHINE --job --save-fixture`` records them again.
-RECORDED_BEFORE = {("live-1s12c-7+5", "per-socket-2")}
-
-
 @pytest.mark.parametrize("folder, mode, machine, tag", dump_cases())
 def test_dump_plan(live_roots, folder, mode, machine, tag):
     """A guest's dump planned with --sysroot gives the plan computed inside the guest (same
@@ -711,12 +705,6 @@ def test_dump_plan(live_roots, folder, mode, machine, tag):
         return
     assert proc.returncode == 0, proc.stderr
     plan, live = json.loads(proc.stdout), rec["plan"]
-    if (folder, mode) in RECORDED_BEFORE:  # the exact plan and the kernel's truth only
-        meta = json.loads((FIXTURES / folder / f"{folder}.json").read_text())
-        check_against_truth(plan, Truth(meta["lscpu"], meta["numactl"], meta["numactl_show"]),
-                            mode, lg.MACHINES[machine])
-        assert rows(plan) == want
-        return
     assert rows(plan) == summary_rows(live)
     assert [i["mem_policy"] for i in plan["instances"]] == [i["mem_policy"] for i in live["instances"]]
     assert [i["env"].get("OMP_NUM_THREADS") for i in plan["instances"]] == [i["omp"] for i in live["instances"]]
