@@ -726,6 +726,7 @@ def test_cli_per_socket_argv_and_env(sysroots, monkeypatch, numactl):
         "CPULAUNCH_NUM_INSTANCES": "2",
         "CPULAUNCH_PLANNED_MEM_POLICY": "bind",
         "OMP_NUM_THREADS": "8",
+        "PYTHONUNBUFFERED": "1",  # two instances: their output is relayed (issue 24, live output)
     }
     assert b["env"]["CPULAUNCH_INSTANCE_INDEX"] == "1" and b["env"]["CPULAUNCH_CPUS"] == "8-15"
     assert (a["cpus"], a["bound_cpus"], a["mem_nodes"], a["mem_policy"]) == (
