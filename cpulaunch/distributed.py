@@ -7,7 +7,10 @@ called, in the training program.
 Engines and the variables they document:
 
 - torchrun / torch.distributed.run (torchelastic): RANK, WORLD_SIZE, LOCAL_RANK,
-  LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID.
+  LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE,
+  MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT,
+  TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE (the agent's worker env,
+  torch/distributed/elastic/agent/server/local_elastic_agent.py).
 - MPICH and Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
 - Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
   OMPI_COMM_WORLD_LOCAL_SIZE (PMIX_RANK alongside).
@@ -38,6 +41,9 @@ __all__ = [
     "tasks_on_node",
     "select_backend",
     "rank_env",
+    "elastic_rank_env",
+    "block_node",
+    "DEFAULT_ROLE",
     "rank_request",
     "ccl_env",
     "iface_env",
@@ -83,6 +89,9 @@ class RankContext:
         master_addr: host of rank 0, if the engine tells (None: unknown).
         master_port: rendezvous port, if the engine tells.
         notes: how values were derived.
+        node_rank: index of this machine among the job's machines (torchrun's GROUP_RANK,
+            Slurm's SLURM_NODEID), None when the engine does not tell.
+        nnodes: number of machines in the job, None when the engine does not tell.
     """
 
     engine: str
@@ -93,6 +102,8 @@ class RankContext:
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
     notes: tuple = field(default_factory=tuple)
+    node_rank: Optional[int] = None
+    nnodes: Optional[int] = None
 
 
 def _get_int(env: Mapping[str, str], *names: str) -> Optional[int]:
@@ -166,6 +177,8 @@ def detect_engine(env: Mapping[str, str]) -> Optional[RankContext]:
             local_world_size=local_size if local_size is not None else 1,
             master_addr=env.get("MASTER_ADDR"),
             master_port=_get_int(env, "MASTER_PORT"),
+            node_rank=_get_int(env, "GROUP_RANK"),
+            nnodes=_get_int(env, "GROUP_WORLD_SIZE"),
         )
     if env.get("OMPI_COMM_WORLD_RANK") is not None:
         return _mpi(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -190,8 +203,35 @@ def _mpi(env, engine, rank_v, size_v, local_v, local_size_v) -> RankContext:
         # Without local variables, assume one machine (the only safe reading).
         local, local_size = rank, world
         notes.append(f"{engine}: {local_v}/{local_size_v} not set; assuming all ranks on this machine")
+    node, nnodes = block_node(rank, world, local, local_size)
+    if node is None:
+        notes.append(f"{engine}: rank {rank} (local {local} of {local_size}) is not placed in blocks of "
+                     f"{local_size} ranks per machine, so this machine's index is unknown: NODE_RANK and "
+                     "GROUP_RANK not set (map ranks by slot, mpirun's default)")
     return RankContext(engine, rank, world, local, local_size, env.get("MASTER_ADDR"),
-                       _get_int(env, "MASTER_PORT"), tuple(notes))
+                       _get_int(env, "MASTER_PORT"), tuple(notes), node, nnodes)
+
+
+def block_node(rank: int, world_size: int, local_rank: int, local_world_size: int) -> tuple:
+    """This machine's index and the number of machines when ranks are placed in blocks of
+    ``local_world_size`` per machine -> ``(node_rank, nnodes)``, else ``(None, None)``.
+
+    MPI launchers tell a rank its place on its machine but not which machine it is on
+    (MPICH/Hydra: MPI_LOCALRANKID; Open MPI's OMPI_COMM_WORLD_NODE_RANK is a rank among
+    the processes of one node, not a node index). With block placement (mpirun's default
+    mapping by slot: node 0 runs ranks 0..L-1, node 1 runs L..2L-1, ...) rank = node x L +
+    local rank, so the node is (rank - local rank) / L; that is also how torchrun numbers
+    ranks, and how Lightning derives a global rank from NODE_RANK. Any other placement
+    (``--map-by node``, uneven hosts) gives no node index. Examples: ``(5, 8, 1, 2)`` ->
+    ``(2, 4)``; ``(3, 8, 0, 2)`` (round robin) -> ``(None, None)``; all ranks on one machine
+    ``(1, 2, 1, 2)`` -> ``(0, 1)``.
+    """
+    if local_world_size < 1 or world_size % local_world_size or not 0 <= local_rank < local_world_size:
+        return None, None
+    first = rank - local_rank
+    if first < 0 or first % local_world_size:
+        return None, None
+    return first // local_world_size, world_size // local_world_size
 
 
 def mpi_env_hint(engine: str, name: str, value: str) -> str:
@@ -226,7 +266,10 @@ def _slurm(env) -> RankContext:
         # shared nodes do not collide (range 20000-29999).
         port = 20000 + job % 10000
         notes.append(f"MASTER_PORT={port}: derived from SLURM_JOB_ID {job}")
-    return RankContext("slurm", rank, world, local, local_size, addr, port, tuple(notes))
+    # SLURM_NODEID: this node's index in the step (srun(1), "OUTPUT ENVIRONMENT VARIABLES").
+    nnodes = _get_int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+    return RankContext("slurm", rank, world, local, local_size, addr, port, tuple(notes),
+                       _get_int(env, "SLURM_NODEID"), nnodes)
 
 
 def select_backend(
@@ -327,9 +370,28 @@ def iface_env(iface: Optional[str]) -> dict:
     return {"GLOO_SOCKET_IFNAME": iface, "CCL_KVS_IFACE": iface, "FI_TCP_IFACE": iface}
 
 
+#: torchrun's name for the one role of a job (``torchrun --role``'s default).
+DEFAULT_ROLE = "default"
+
+
 def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str) -> dict:
-    """The variables torch.distributed's env:// rendezvous and DDP programs read."""
-    return {
+    """The variables torch.distributed's env:// rendezvous and DDP programs read: what
+    torchrun gives its workers, as far as a run without torchrun's agent can say it, plus
+    NODE_RANK (Lightning reads NODE_RANK, else GROUP_RANK, else takes node 0).
+
+    torchrun's worker variables (torch/distributed/run.py, "Environment Variables"; the agent's
+    ``_start_workers``): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT; GROUP_RANK and GROUP_WORLD_SIZE (this machine's index and the number of
+    machines, one worker group per machine); ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME (one role,
+    so the global rank, the world size and torchrun's default name). Given only when the
+    engine tells them: GROUP_RANK/NODE_RANK from ``ctx.node_rank``, GROUP_WORLD_SIZE from
+    ``ctx.nnodes``. Never the TORCHELASTIC_* variables: they describe torchelastic's agent (its
+    rendezvous id, its restarts of the worker group, its store), and there is none;
+    TORCHELASTIC_RUN_ID would also make ``torch.distributed.is_torchelastic_launched()``
+    true. Under the user's own torchrun (``ctx.engine == "torchrun"``) the agent's values
+    are left as it set them (a ``--role`` of its own included) and only NODE_RANK is added.
+    """
+    env = {
         "RANK": str(ctx.rank),
         "WORLD_SIZE": str(ctx.world_size),
         "LOCAL_RANK": str(ctx.local_rank),
@@ -338,6 +400,24 @@ def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str)
         "MASTER_PORT": str(master_port),
         BACKEND_ENV: backend,
     }
+    if ctx.node_rank is not None:
+        env["NODE_RANK"] = str(ctx.node_rank)
+    if ctx.engine == "torchrun":
+        return env
+    env.update({"ROLE_RANK": str(ctx.rank), "ROLE_WORLD_SIZE": str(ctx.world_size), "ROLE_NAME": DEFAULT_ROLE})
+    if ctx.node_rank is not None:
+        env["GROUP_RANK"] = str(ctx.node_rank)
+    if ctx.nnodes is not None:
+        env["GROUP_WORLD_SIZE"] = str(ctx.nnodes)
+    return env
+
+
+def elastic_rank_env(agent_env: Mapping[str, str]) -> dict:
+    """What the elastic rank entry adds to the variables torchrun's agent gave a worker:
+    NODE_RANK = GROUP_RANK (the agent assigns machines their index at the rendezvous, so
+    the parent cannot render it). Empty when the agent gave no GROUP_RANK."""
+    group = agent_env.get("GROUP_RANK")
+    return {"NODE_RANK": group} if group is not None and group.strip().isdigit() else {}
 
 
 def ccl_env(ctx: RankContext, worker_cpus_by_local_rank: Sequence[Sequence[int]]) -> dict:
@@ -525,7 +605,8 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
             if backend == "ccl":
                 env.update(ccl_env(ctx, helpers))
             instance_env[inst.index] = env
-        notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE and MASTER_* after it")
+        notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE, GROUP_RANK, ROLE_*, "
+                     "TORCHELASTIC_* and MASTER_* after it; the rank entry adds NODE_RANK=GROUP_RANK")
     else:
         nnodes = int(ddp.nnodes)
         addr = ddp.master_addr or "127.0.0.1"
@@ -536,7 +617,8 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         elif ddp.master_port is None:
             notes.append(f"MASTER_PORT={port}: a port free on this machine when planned (pass --master-port to fix it)")
         for inst in node_plan.instances:
-            ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc)
+            ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc,
+                              node_rank=ddp.node_rank, nnodes=nnodes)
             env = rank_env(ctx, addr, port, backend)
             env.update(iface_env(ddp.iface))
             if backend == "ccl":
