@@ -25,6 +25,7 @@ still sets SLURM_* for the job, but its own variables describe the ranks.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
@@ -42,6 +43,8 @@ __all__ = [
     "select_backend",
     "rank_env",
     "elastic_rank_env",
+    "exit_hook_env",
+    "site_hook_dir",
     "block_node",
     "DEFAULT_ROLE",
     "rank_request",
@@ -412,6 +415,33 @@ def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str)
     return env
 
 
+def site_hook_dir() -> str:
+    """The folder cpulaunch puts first on every rank's PYTHONPATH: it holds only a
+    ``sitecustomize`` that ends the default process group before the interpreter
+    finalizes, when the program left it alive (:mod:`cpulaunch.runtime.exithook`; issue 24
+    item 8). Computed from this file's path (no file is read)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime", "sitehook")
+
+
+def exit_hook_env(environ: Mapping[str, str]) -> dict:
+    """PYTHONPATH for a rank: :func:`site_hook_dir` first, then the user's own entries
+    unchanged (none added when the user had none: an empty entry would mean the current
+    folder). A PYTHONPATH that already holds the folder (cpulaunch under cpulaunch) is kept
+    as it is. Example: ``{"PYTHONPATH": "/src"}`` -> ``{"PYTHONPATH": "<hook>:/src"}``.
+
+    Why a ``sitecustomize`` and not a wrapper (``python -m cpulaunch.runtime.rank x.py``):
+    it reaches every Python a rank starts, whatever the program is (a shell script, a
+    console script such as ``lightning``), needs no cpulaunch in the rank's interpreter,
+    and leaves the program's argv, ``__main__`` and tracebacks as they are; the
+    ``sitecustomize`` Python would have run (the distribution's, a venv's, the user's) is
+    run after it (docs/training.md, "Ranks that abort at exit").
+    """
+    hook, user = site_hook_dir(), environ.get("PYTHONPATH", "")
+    if hook in user.split(os.pathsep):
+        return {"PYTHONPATH": user}
+    return {"PYTHONPATH": os.pathsep.join([hook, user]) if user else hook}
+
+
 def elastic_rank_env(agent_env: Mapping[str, str]) -> dict:
     """What the elastic rank entry adds to the variables torchrun's agent gave a worker:
     NODE_RANK = GROUP_RANK (the agent assigns machines their index at the rendezvous, so
@@ -587,6 +617,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         all_helpers = [_ccl_cpus(i) for i in node_plan.instances] if node_plan is not None else None
         if backend == "ccl":
             env.update(_ccl_for(engine, rank_plan.instances[0], all_helpers, notes))
+        env.update(exit_hook_env(environ))
         info = {"engine": engine.engine, "backend": backend, "rank": engine.rank,
                 "world_size": engine.world_size}
         inst = rank_plan.instances[0]
@@ -624,6 +655,8 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
             if backend == "ccl":
                 env.update(ccl_env(ctx, helpers))
             instance_env[inst.index] = env
+    for env in instance_env.values():
+        env.update(exit_hook_env(environ))
     info = {"engine": "torchrun" if ddp.elastic else "cpulaunch", "backend": backend,
             "nproc_per_node": nproc, "nnodes": ddp.nnodes, "node_rank": ddp.node_rank}
     return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from hypothesis import given, strategies as st
 from conftest import REPO, json_records, run_cli
 from engines import free_ports, run_together
 
-from cpulaunch.distributed import block_node, elastic_rank_env
+from cpulaunch import distributed
 
 PY = sys.executable
 PROG = str(Path(__file__).resolve().parent / "ranks_users_prog.py")
@@ -133,15 +135,15 @@ def test_elastic_ranks_get_node_rank_from_the_agent(sysroots):
     doc = dry_run(sysroots[XEON], "--rdzv-endpoint", "h0:29400", "--nnodes", "1:2")
     assert all("NODE_RANK" not in i["env"] and "RANK" not in i["env"] for i in doc["instances"])
     assert any("the rank entry adds NODE_RANK=GROUP_RANK" in n for n in doc["notes"])
-    assert elastic_rank_env({"GROUP_RANK": "3", "RANK": "7"}) == {"NODE_RANK": "3"}
-    assert elastic_rank_env({"RANK": "7"}) == {}
+    assert distributed.elastic_rank_env({"GROUP_RANK": "3", "RANK": "7"}) == {"NODE_RANK": "3"}
+    assert distributed.elastic_rank_env({"RANK": "7"}) == {}
 
 
 @given(nnodes=st.integers(1, 64), per_node=st.integers(1, 64), data=st.data())
 def test_block_node_reads_block_placement(nnodes, per_node, data):
     node = data.draw(st.integers(0, nnodes - 1))
     local = data.draw(st.integers(0, per_node - 1))
-    assert block_node(node * per_node + local, nnodes * per_node, local, per_node) == (node, nnodes)
+    assert distributed.block_node(node * per_node + local, nnodes * per_node, local, per_node) == (node, nnodes)
 
 
 @given(world=st.integers(1, 256), data=st.data())
@@ -151,7 +153,7 @@ def test_block_node_never_names_a_node_the_rank_is_not_on(world, data):
     per_node = data.draw(st.integers(1, world))
     rank = data.draw(st.integers(0, world - 1))
     local = data.draw(st.integers(0, per_node - 1))
-    node, nnodes = block_node(rank, world, local, per_node)
+    node, nnodes = distributed.block_node(rank, world, local, per_node)
     if node is not None:
         assert rank == node * per_node + local and nnodes * per_node == world and node < nnodes
 
@@ -159,7 +161,7 @@ def test_block_node_never_names_a_node_the_rank_is_not_on(world, data):
 # --------------------------------------------------------------------------- real runs
 
 
-def two_nodes(program: list, *, elastic: bool = False, timeout: float = 300.0) -> list:
+def two_nodes(program: list, *, elastic: bool = False, timeout: float = 240.0) -> list:
     """Two ``cpulaunch --ddp --nnodes 2`` "machines" on loopback, one rank each, running
     ``ranks_users_prog.py PROGRAM`` -> (every rank's record by global rank, the two processes)."""
     (port,) = free_ports(1)
@@ -212,3 +214,118 @@ def test_elastic_two_nodes_node_rank_is_the_agents_group_rank():
         assert env["NODE_RANK"] == env["GROUP_RANK"] and env["TORCHELASTIC_RUN_ID"], env
         assert int(env["RANK"]) == int(env["NODE_RANK"]) * 1 + int(env["LOCAL_RANK"]), env
     assert sorted(r["env"]["NODE_RANK"] for r in recs) == ["0", "1"]
+
+
+# --------------------------------------------------------------------------- item 8: exit
+
+
+def hook_dir() -> str:
+    return str(REPO / "cpulaunch" / "runtime" / "sitehook")
+
+
+def test_every_rank_gets_the_site_hook_first_on_pythonpath(sysroots, tmp_path):
+    plain = dry_run(sysroots[XEON], "--master-port", "29997")
+    assert [i["env"]["PYTHONPATH"] for i in plain["instances"]] == [hook_dir()] * 2
+    own = dry_run(sysroots[XEON], "--master-port", "29997", env={"PYTHONPATH": f"/src:{tmp_path}"})
+    assert {i["env"]["PYTHONPATH"] for i in own["instances"]} == {f"{hook_dir()}:/src:{tmp_path}"}
+    nested = dry_run(sysroots[XEON], "--master-port", "29997", env={"PYTHONPATH": f"/src:{hook_dir()}"})
+    assert {i["env"]["PYTHONPATH"] for i in nested["instances"]} == {f"/src:{hook_dir()}"}
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0",
+             "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "x1",
+             "SLURM_JOB_ID": "7", "PYTHONPATH": "/src"}
+    (inst,) = dry_run(sysroots[XEON], env=slurm)["instances"]
+    assert inst["env"]["PYTHONPATH"] == f"{hook_dir()}:/src"
+    elastic = dry_run(sysroots[XEON], "--rdzv-endpoint", "h0:29400")
+    assert {i["env"]["PYTHONPATH"] for i in elastic["instances"]} == {hook_dir()}
+
+
+def run_rank(*code_or_args, env=None, timeout=60):
+    """One rank under ``cpulaunch --ddp --nproc-per-node 1`` (a one-rank gloo job)."""
+    return run_cli("--ddp", "--nproc-per-node", "1", "--allocator", "default", "python", *code_or_args,
+                   env=env, timeout=timeout, check_rc=None)
+
+
+def test_the_site_hook_runs_the_users_own_sitecustomize_and_imports_neither_torch_nor_cpulaunch(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.stderr.write('users sitecustomize ran\\n')\n")
+    code = ("import sys, sitecustomize; print(sitecustomize.__file__); "
+            "print(sorted(m for m in sys.modules if m in ('torch', 'cpulaunch', '_cpulaunch_exithook')))")
+    proc = run_rank("-c", code, env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str(tmp_path / "sitecustomize.py"), "['_cpulaunch_exithook']"]
+    # once in cpulaunch's own interpreter (the user's PYTHONPATH), once in the rank's
+    assert proc.stderr.count("users sitecustomize ran") == 2
+
+
+def destroys(proc) -> list:
+    return [r["pid"] for r in json_records(proc.stdout) if r.get("tag") == "destroy_process_group"]
+
+
+def ending_pid(proc) -> int:
+    (rec,) = [r for r in json_records(proc.stdout) if r.get("tag") == "ranks_users"]
+    assert rec["allreduce"] == 1.0
+    return rec["pid"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("end, code, destroyed", [
+    ("normal", 0, 1),      # left alive: the hook ends it
+    ("destroyed", 0, 1),   # the program's own call; the hook does nothing more
+    ("exit3", 3, 1),       # sys.exit(N) cannot be told from a good end: ended as torch documents
+    ("raise", 1, 0),       # an uncaught exception: never wait for peers in the exit
+    ("fork", 0, 1),        # the forked child's copy of the group is not the child's to end
+])
+def test_the_ranks_cpulaunch_starts_end_a_group_left_alive(end, code, destroyed):
+    proc = run_rank(PROG, "ending", "--end", end)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert destroys(proc) == [ending_pid(proc)] * destroyed, proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("end, code, destroyed", [("normal", 0, 1), ("raise", 1, 0)])
+def test_cpulaunch_init_process_group_ends_its_group_at_exit_without_the_launcher(end, code, destroyed):
+    (port,) = free_ports(1)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), PYTHONPATH=str(REPO))  # this checkout's cpulaunch, no site hook
+    proc = subprocess.run([PY, PROG, "ending", "--init", "cpulaunch", "--end", end], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert destroys(proc) == [ending_pid(proc)] * destroyed, proc.stdout
+
+
+def exit_race_flags(signal_dir: Path) -> list:
+    return list((signal_dir / "flags").read_bytes())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_the_exit_time_abort_reproduced_and_gone_under_cpulaunch(tmp_path):
+    """ranks_users_prog.py's exit-race stages the abort of issue 24 item 8 (a gloo worker
+    taking the GIL while the interpreter finalizes): rank 0 is killed by SIGABRT every time
+    without the hook (checked on the code before it), and ends 0 with it."""
+    proc = run_cli("--ddp", "--nproc-per-node", "2", "--allocator", "default", "python", PROG, "exit-race",
+                   "--signal-dir", str(tmp_path), timeout=180, check_rc=None)
+    assert exit_race_flags(tmp_path) == [1, 1], "the race was not staged (rank 1 did not join within 5 s)"
+    assert "terminate called" not in proc.stderr and proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_the_exit_time_abort_gone_with_cpulaunch_init_process_group(tmp_path):
+    """The same race in two ranks started without cpulaunch, which use
+    cpulaunch.distributed.init_process_group: its exit handler ends the group."""
+    (port,) = free_ports(1)
+    env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+    argv = [PY, PROG, "exit-race", "--init", "cpulaunch", "--signal-dir", str(tmp_path)]
+    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+             for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    assert exit_race_flags(tmp_path) == [1, 1], "the race was not staged (rank 1 did not join within 5 s)"
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
