@@ -10,9 +10,14 @@ __version__ = "0.2.0"
 __all__ = ["plan_instances", "bind_current_process", "__version__"]
 
 
-def __getattr__(name):
-    if name in ("plan_instances", "bind_current_process"):
-        from cpulaunch import api
+#: The lazy API: name -> the module that defines it, imported at first use.
+_LAZY = {"plan_instances": "cpulaunch.api", "bind_current_process": "cpulaunch.runtime.bind"}
 
-        return getattr(api, name)
-    raise AttributeError(f"module 'cpulaunch' has no attribute {name!r}")
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cpulaunch' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -26,7 +26,10 @@ from cpulaunch.options import ALIASES, Format, OptionsError
 
 #: Options whose count is optional: a bare flag means 1 (``--instances-per-socket
 #: python x.py``).
-OPTIONAL_COUNT_OPTIONS = ("--instances-per-socket", "--instances-per-node")
+OPTIONAL_COUNT_OPTIONS = ("--instances-per-socket", "--instances-per-node", "--instances-per-l3")
+#: Options whose value is optional, with the words they take: bare, the first word is
+#: meant (``--share-host python x.py`` is ``--share-host=fail``).
+OPTIONAL_WORD_OPTIONS = {"--share-host": ("fail", "wait")}
 #: Subcommands, dispatched on the first word to ``cpulaunch.tools.<word>.main`` (a program of
 #: that name: ``cpulaunch -- doctor``).
 SUBCOMMANDS = ("doctor", "verify", "tune")
@@ -70,6 +73,12 @@ def split_argv(args: list, value_opts: set) -> tuple:
             return ours, args[i:]
         if not tok.startswith("-") or tok == "-":
             return ours, args[i:]
+        words = OPTIONAL_WORD_OPTIONS.get(name.replace("_", "-"))
+        if words and "=" not in tok:
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            ours.append(f"{name}={nxt if nxt in words else words[0]}")
+            i += 2 if nxt in words else 1
+            continue
         if name.replace("_", "-") in OPTIONAL_COUNT_OPTIONS and "=" not in tok:
             nxt = args[i + 1] if i + 1 < len(args) else ""
             if nxt.isdigit():
@@ -157,7 +166,12 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
 @_opt("--ninstances", type=int, default=None, help="Number of instances (every usable core is used).")
 @_opt("--instances-per-socket", type=int, default=None, help="Instances per socket; bare flag = 1.")
 @_opt("--instances-per-node", type=int, default=None, help="Instances per NUMA node; bare flag = 1.")
-@_opt("--ncores-per-instance", type=int, default=None, help="Physical cores per instance.")
+@_opt("--instances-per-l3", type=int, default=None,
+      help="Instances per L3 cache domain (AMD CCX, Intel socket/SNC); bare flag = 1.")
+@_opt("--ncores-per-instance", default=None,
+      help="Physical cores per instance, or one count per instance: 43,43,42.")
+@_opt("--equal-sizes", is_flag=True,
+      help="Instances within one core of each other, even where nodes or L3 domains are uneven.")
 @_opt("--latency-mode", is_flag=True, help="4 cores per instance, as many instances as fit.")
 @_opt("--throughput-mode", is_flag=True, help="One instance per NUMA node.")
 @_opt("--use-logical-cores", is_flag=True, help="Give instances every SMT sibling of their cores.")
@@ -223,7 +237,15 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
 @_opt("--backend", type=_choice(["auto", "gloo", "ccl"]), default=None,
       help="--ddp: process-group backend (auto: ccl when oneccl_bindings_for_pytorch is usable).")
 @_opt("--ccl-worker-count", type=int, default=None, help="--ddp with ccl: cores per rank for oneCCL workers (1).")
+@_opt("--no-exit-hook", is_flag=True,
+      help="--ddp: do not end a Python rank's process group at exit when the program did not "
+           "(the hook is a sitecustomize first on PYTHONPATH; docs/training.md).")
 @_opt("--iface", default=None, help="--ddp: network interface (GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE).")
+@_opt("--share-host", default=None,
+      help="Claim the planned cores host-wide, so other cpulaunch jobs plan on the rest; "
+           "fail (bare flag: name who holds them) or wait.")
+@_opt("--lease-dir", type=click.Path(file_okay=False), default=None,
+      help="Folder of --share-host's leases (default /run/cpulaunch, else a folder of your own).")
 @click.option("-v", "--verbose", count=True, envvar=option_variable("--verbose"), help="More diagnostics on stderr (-v: commands, notes, logs).")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -245,7 +267,15 @@ def command(ctx, **values):
                       if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT))
     _configure_logging(values.get("verbose") or 0)
     opts = options.from_values(values, given)
-    return core.run(opts)
+    return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
+
+
+def _verify_run(*args) -> None:
+    """``--verify``'s check (:func:`cpulaunch.tools.verify.check_run`), the tool imported only
+    when a run asks for it."""
+    from cpulaunch.tools import verify
+
+    verify.check_run(*args)
 
 
 def _load_config(ctx, param, path) -> None:
@@ -261,7 +291,7 @@ def _load_config(ctx, param, path) -> None:
         return
     from cpulaunch.options import CONFIG_MAX_BYTES, config_defaults
     from cpulaunch.errors import printable
-    from cpulaunch.machine.probe import UnusableFileError, read_regular
+    from cpulaunch.machine.files import UnusableFileError, read_regular
 
     from_env = ctx.meta.get("cpulaunch.config_source") is click.core.ParameterSource.ENVIRONMENT
     label = "CPULAUNCH_CONFIG" if from_env else "--config"

@@ -10,22 +10,25 @@ import gc
 import os
 import shutil
 import sys
-from typing import Mapping, NamedTuple, Optional
+from typing import Callable, Mapping, NamedTuple, Optional
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine.topology import Topology
 from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan, Request
 from cpulaunch.render import Rendered, Settings
-from cpulaunch.machine.topology import Topology
 
-__all__ = ["Prepared", "probe_topology", "resolve_settings", "prepare", "execute", "output_text"]
+__all__ = ["Prepared", "probe_topology", "cache_need", "resolve_settings", "prepare", "execute", "output_text"]
 
 log = _log.get("cpulaunch")
 
-#: The variable through which ``--inference-path`` reaches cpulaunch.runtime.inference.optimize.
-INFERENCE_PATH_ENV = "CPULAUNCH_INFERENCE_PATH"
+
+
+#: ``--verify``'s check, called once with (the rendered plan, the settings, {instance index:
+#: pid}, the run's folder or None) while the instances run.
+Verifier = Callable[[Rendered, Settings, Mapping[int, int], object], None]
 
 
 class Prepared(NamedTuple):
@@ -41,6 +44,8 @@ class Prepared(NamedTuple):
         program: the program's argv (empty when none was given to --dry-run/--print-env).
         ddp_info: the ``ddp`` member of the JSON plan, or None.
         elastic_argv: the torchrun command for an elastic --ddp run, else None.
+        lease: the cores this run claimed with ``--share-host``
+            (:class:`cpulaunch.machine.lease.Lease`), held until the run ends; else None.
     """
 
     opts: Options
@@ -52,19 +57,46 @@ class Prepared(NamedTuple):
     program: tuple = ()
     ddp_info: Optional[Mapping] = None
     elastic_argv: Optional[tuple] = None
+    lease: object = None
 
 
 # --------------------------------------------------------------------------- steps
 
 
-def probe_topology(opts: Options) -> Topology:
+def probe_topology(opts: Options, caches: bool = False) -> Topology:
     """Read the machine at ``opts.sysroot``. Raises CpulaunchError for a missing folder
     or an unusable tree (one line naming the file). Each core's core_id (display only) is
-    not read: half the per-core reads on a big machine (issue 12)."""
+    not read: half the per-core reads on a big machine (issue 12). ``caches``: read the
+    cache domains too (:func:`cache_need`)."""
     from cpulaunch.machine import probe
 
     probe.check_sysroot(opts.sysroot)
-    return probe.probe(opts.sysroot, core_ids=False)
+    return probe.probe(opts.sysroot, core_ids=False, caches=caches)
+
+
+def cache_need(opts: Options, environ: Mapping[str, str]) -> bool:
+    """Whether this invocation needs the machine's cache domains (issue 22), decided from
+    the options before anything is read, so that planning stays pure and a plan that
+    cannot divide a socket or node pays no read for them: ``--show-topology``;
+    ``--ninstances`` above 1; ``--instances-per-socket`` or ``--instances-per-node`` above
+    1; ``--instances-per-l3``; ``--ncores-per-instance``; ``--latency-mode``; ``--ddp``
+    with a number of ranks above 1; and a launch under an engine (torchrun, MPI, Slurm),
+    whose local tasks may divide a node. One instance per socket or node, the default
+    single instance and ``--throughput-mode`` do not."""
+    from cpulaunch.machine.host import ENGINE_VARIABLES
+
+    if opts.output is Output.SHOW_TOPOLOGY:
+        return True
+    req = opts.request
+    if any(count is not None and count > 1 for count in
+           (req.ninstances, req.instances_per_socket, req.instances_per_node)):
+        return True
+    if req.instances_per_l3 or req.ncores_per_instance or req.latency_mode:
+        return True
+    ranks = opts.ddp.nproc_per_node if opts.ddp is not None else None
+    if ranks is not None and ranks.isdigit() and int(ranks) > 1:
+        return True
+    return any(v in environ for v in ENGINE_VARIABLES)
 
 
 def _library_path(host, name: str, option: str, fallback: str) -> object:
@@ -97,19 +129,19 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
     from cpulaunch.machine import libraries
 
     notes = []
-    omp = "gnu" if opts.omp_runtime == "auto" else opts.omp_runtime
+    omp = libraries.AUTO_OPENMP if opts.omp_runtime == "auto" else opts.omp_runtime
     omp_lib = libraries.by_choice("openmp", omp)
     openmp_path = None
     if omp_lib.filenames:
         openmp_path = _library_path(host, omp_lib.name, f"--omp-runtime {omp}", "--omp-runtime gnu")
     alloc, alloc_path = None, None
     if opts.allocator == "auto":
-        alloc_path = host.libraries.get("tcmalloc")
+        auto = libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR)
+        alloc_path = host.libraries.get(auto.name)
         if alloc_path is None:
-            notes.append("tcmalloc not found: using the C library's malloc "
-                         f"({libraries.REGISTRY['tcmalloc'].install} to get it)")
+            notes.append(f"{auto.name} not found: using the C library's malloc ({auto.install} to get it)")
         else:
-            alloc = "tcmalloc"
+            alloc = auto.name
     elif opts.allocator != "default":
         alloc = libraries.by_choice("allocator", opts.allocator).name
         alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
@@ -118,7 +150,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         bind, note = _numactl_fallback(opts, host)
         if note:
             notes.append(note)
-    extra = {INFERENCE_PATH_ENV: opts.inference_path} if opts.inference_path else {}
+    extra = {envvars.INFERENCE_PATH: opts.inference_path} if opts.inference_path else {}
     settings = Settings(
         omp_runtime=omp, openmp_path=openmp_path, allocator=alloc, allocator_path=alloc_path,
         bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
@@ -162,9 +194,10 @@ def _engine_request(topo: Topology, req: Request, engine, notes: list) -> Reques
         notes.append(f"{engine.engine} task {engine.local_rank} bound to CPUs {cpulist.format(topo.allowed)}: "
                      "one instance on exactly those")
         return req._replace(ninstances=None, instances_per_socket=None, instances_per_node=None,
-                       throughput_mode=False, latency_mode=False, ncores_per_instance=None, instance_idx=None)
+                            instances_per_l3=None, throughput_mode=False, latency_mode=False,
+                            ncores_per_instance=None, instance_idx=None)
     modes = (req.ninstances, req.instances_per_socket, req.instances_per_node, req.latency_mode,
-             req.throughput_mode, req.ncores_per_instance)
+             req.throughput_mode, req.ncores_per_instance, req.instances_per_l3)
     if req.instance_idx is not None:
         raise CpulaunchError(f"--instance-idx does not apply under {engine.engine}: each task runs the "
                              "instance of its local task id")
@@ -193,23 +226,32 @@ def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
 def _backend(opts: Options, host) -> tuple:
     from cpulaunch import distributed
 
-    return distributed.select_backend(
-        opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None)
+    return distributed.select_backend(opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None,
+                                      version_of=host.dist_versions.get)
 
 
 def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
-    """Probe, gather host facts, plan and render: everything but the launch.
+    """Probe, gather host facts, plan and render: everything but the launch (and, with
+    ``--share-host``, claim the planned cores before a run: :func:`_prepare_shared`).
 
     Raises:
         CpulaunchError: anything the user can fix (one line).
     """
     from cpulaunch.machine import host as host_mod
-    from cpulaunch.render import render
 
-    topo = probe_topology(opts)
+    topo = probe_topology(opts, caches=cache_need(opts, environ))
     if opts.output is Output.SHOW_TOPOLOGY:
         return Prepared(opts=opts, topo=topo)
     host = host_mod.gather(opts, topo, environ)
+    if opts.share_host is not None:
+        return _prepare_shared(opts, topo, host, environ)
+    return _prepare_plan(opts, topo, host, environ)
+
+
+def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
+    """Plan and render on ``topo`` (:func:`prepare` without the probe)."""
+    from cpulaunch.render import render
+
     program = _resolve_program(opts, host.python)
     ddp_info, label, instance_env, run_environ = None, "instance", {}, environ
     if opts.ddp is not None:
@@ -217,7 +259,8 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
 
         backend, note = _backend(opts, host)
         ranks = distributed.plan_ranks(topo, opts.request, opts.ddp, environ, engine=host.engine,
-                                       backend=backend, backend_note=note, free_port=host.free_port)
+                                       backend=backend, backend_note=note, free_port=host.free_port,
+                                       program=program, python=host.python)
         the_plan = ranks.plan._replace(notes=ranks.notes)
         ddp_info, label, instance_env, run_environ = dict(ranks.info), "rank", ranks.instance_env, ranks.environ
     else:
@@ -236,6 +279,57 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
         prepared = prepared._replace(elastic_argv=tuple(argv),
                                      ddp_info={**ddp_info, "launcher_argv": list(argv)})
     return prepared
+
+
+#: How often a --share-host run reads, plans and claims again after another job took one
+#: of its cores between its read and its claim.
+_CLAIM_TRIES = 100
+
+
+def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
+    """``--share-host``: read the leases, plan on the cores no other job holds, and (a
+    run only) claim every CPU of the planned cores; a lost race reads and plans again.
+    Where the request does not fit on the free cores: wait for the job holding the
+    lowest held CPU to end (``wait``), or fail naming the holders (``fail``).
+
+    Raises:
+        CpulaunchError: --sysroot given, several local tasks under an engine, the lease
+            folder unusable, or the free cores too few (naming who holds the others).
+    """
+    from cpulaunch.machine import lease
+    from cpulaunch.plan import PlanError
+
+    if not host.live:
+        raise CpulaunchError("--share-host coordinates the jobs of this machine; drop --sysroot")
+    if host.engine is not None and host.engine.local_world_size > 1:
+        raise CpulaunchError(f"--share-host does not apply under {host.engine.engine} with several tasks "
+                             "on this machine (each would plan alone); start one cpulaunch per machine")
+    run = opts.output is Output.RUN
+    where = lease.folder(opts.lease_dir, environ, create=run)
+    for _ in range(_CLAIM_TRIES):
+        leases = lease.read(where, topo.online)
+        try:
+            p = _prepare_plan(opts, lease.without_held(topo, leases), host, environ)
+        except PlanError as exc:
+            if not leases.held:
+                raise
+            if opts.share_host != "wait":
+                raise CpulaunchError(f"--share-host: {lease.held_text(leases)}: {exc}; "
+                                     "wait for them with --share-host wait") from None
+            first = min(leases.held)
+            log.warning("waiting for %s (--share-host wait)", lease.held_text(leases._replace(
+                held={c: h for c, h in leases.held.items() if h == leases.held[first]})))
+            lease.wait(where, first)
+            continue
+        p = p._replace(rendered=p.rendered._replace(notes=p.rendered.notes + lease.notes(leases, run)))
+        if not run:
+            return p
+        cores = {c for i in p.rendered.instances for cpu in i.bound_cpus for c in topo.core_of(cpu).cpus}
+        got, _ = lease.claim(where, cores, topo.online)
+        if got is not None:
+            return p._replace(lease=got)
+    raise CpulaunchError(f"--share-host: other jobs took the planned cores {_CLAIM_TRIES} times "
+                         "between reading and claiming them; run again")
 
 
 # --------------------------------------------------------------------------- output
@@ -309,12 +403,13 @@ def _run_info(p: Prepared) -> str:
     return r.plan_json(p.rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None)
 
 
-def execute(p: Prepared, environ: Mapping[str, str]) -> int:
+def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier] = None) -> int:
     """Launch a prepared run; returns the exit code (the root cause's, 128+N for signal N).
 
     One instance without a log folder is exec'd (its signals and exit code are its own);
     several are supervised (launch.supervise.run_group); an elastic --ddp run starts torchrun with
-    cpulaunch's rank entry.
+    cpulaunch's rank entry. ``verifier``: what ``--verify`` calls once the instances run
+    (``cli`` hands in ``cpulaunch.tools.verify.check_run``; the core imports no tool).
 
     Raises:
         CpulaunchError: the program cannot be started, the log folder cannot be made.
@@ -332,6 +427,8 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
     if len(specs) == 1 and lopts.log_dir is None and lopts.verify_after is None:
         from cpulaunch.launch.spawn import exec_spec  # no supervisor needed (issue 12)
 
+        if p.lease is not None:  # the program holds the --share-host lease while it runs
+            p.lease.keep_across_exec()
         exec_spec(specs[0], environ)
     from cpulaunch.launch.supervise import describe_failure, run_group
 
@@ -342,9 +439,9 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
 
     def check(pids: Mapping[int, int], run) -> None:
         verified.append(pids)
-        _verify(p, pids, run)
+        verifier(p.rendered, p.settings, pids, run)
 
-    after = (lopts.verify_after, check) if lopts.verify_after is not None else None
+    after = (lopts.verify_after, check) if lopts.verify_after is not None and verifier else None
     outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
@@ -359,29 +456,6 @@ def execute(p: Prepared, environ: Mapping[str, str]) -> int:
     if outcome.exit_code != 0 or outcome.signalled:
         log.warning("%s", describe_failure(outcome, specs, keep_going=lopts.keep_going))
     return outcome.exit_code
-
-
-def _verify(p: Prepared, pids: Mapping[int, int], run=None) -> None:
-    """``--verify``: what each running instance really got (its threads' CPUs, libraries,
-    memory), compared with the plan; printed once and kept as verify.json in this run's
-    own folder ``run`` (a :class:`cpulaunch.launch.rundir.RunDir`, None without --log-dir; never
-    a folder found by its time stamp: two runs share a log folder), written without
-    following a link planted at the name."""
-    from cpulaunch.tools import verify
-
-    by_index = {i.index: i for i in p.rendered.instances}
-    targets = [(pid, verify.Expected.from_rendered(by_index[idx], allocator=p.settings.allocator,
-                                                  omp_runtime=p.settings.omp_runtime))
-               for idx, pid in sorted(pids.items()) if idx in by_index]
-    report = verify.verify(targets)
-    sys.stderr.write(verify.render_text(report))
-    for w in report.warnings:
-        log.warning("verify: %s", w)
-    if run is not None:
-        try:
-            run.write("verify.json", _json_text(verify.report_json(report)))
-        except OSError as exc:
-            log.warning("cannot write %s: %s", exc.filename, exc.strerror or exc)
 
 
 def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:
@@ -412,24 +486,26 @@ class _CollectorPaused:
             gc.enable()
 
 
-def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None) -> int:
+def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
+        verifier: Optional[Verifier] = None) -> int:
     """Carry out one invocation: prepare, then print (--dry-run, --print-env,
-    --show-topology) or launch. Returns the exit code. The garbage collector is paused
-    while the plan is prepared and printed (:class:`_CollectorPaused`)."""
+    --show-topology) or launch (``verifier``: see :func:`execute`). Returns the exit code.
+    The garbage collector is paused while the plan is prepared and printed
+    (:class:`_CollectorPaused`)."""
     environ = dict(os.environ if environ is None else environ)
     with _CollectorPaused():
         p = prepare(opts, environ)
         text = output_text(p) if opts.output is not Output.RUN else None
     if text is not None:
-        write_text(text, out)
+        write_out(text, out)
         if p.rendered is not None:
             for note in p.rendered.notes:
                 log.info("note: %s", note)
         return 0
-    return execute(p, environ)
+    return execute(p, environ, verifier)
 
 
-def write_text(text: str, out=None) -> None:
+def write_out(text: str, out=None) -> None:
     """Write ``text`` to stdout as bytes, so values holding non-UTF-8 bytes (carried as
     surrogate escapes, as os.environ does) come out exactly as they came in."""
     stream = out or sys.stdout.buffer

@@ -65,7 +65,7 @@ def _clean(text: str) -> str:
     return text.replace("\x00", "").rstrip(" \t\n")
 
 
-def _number(digits: str, text: str, limit: int) -> int:
+def _item_id(digits: str, text: str, limit: int) -> int:
     """``digits`` (ASCII, already matched) as an int below ``limit``, else CpulistError."""
     if len(digits) > _MAX_DIGITS and len(digits.lstrip("0")) > _MAX_DIGITS:
         raise CpulistError(f"id {digits[:20]}... ({len(digits)} digits) in cpulist "
@@ -125,8 +125,8 @@ def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
                 f"N-M:used/group in ASCII digits"
             )
         lo_s, hi_s, used_s, group_s = m.groups()
-        lo = _number(lo_s, body, limit)
-        hi = lo if hi_s is None else _number(hi_s, body, limit)
+        lo = _item_id(lo_s, body, limit)
+        hi = lo if hi_s is None else _item_id(hi_s, body, limit)
         if hi < lo:
             raise CpulistError(f"reversed range {item!r} in cpulist {excerpt(body)}")
         if used_s is None:

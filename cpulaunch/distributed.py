@@ -24,16 +24,15 @@ still sets SLURM_* for the job, but its own variables describe the ranks.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
+from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError
 
 __all__ = [
-    "BACKEND_ENV",
     "RankContext",
     "DistributedError",
     "detect_engine",
@@ -44,6 +43,7 @@ __all__ = [
     "rank_env",
     "elastic_rank_env",
     "exit_hook_env",
+    "runs_python",
     "site_hook_dir",
     "block_node",
     "DEFAULT_ROLE",
@@ -56,21 +56,8 @@ __all__ = [
     "RankPlan",
     "plan_ranks",
     "mpi_env_hint",
-    "RANK_SPECS_ENV",
-    "STATUS_DIR_ENV",
-    "USER_OMP_ENV",
     "wrap_ddp",
 ]
-
-#: Set by cpulaunch for the torchrun it starts (elastic rendezvous only): every local
-#: rank's rendered command as JSON; the rank entry (``python -m cpulaunch.rank_entry``)
-#: runs its own, so ranks never probe or plan again.
-RANK_SPECS_ENV = "CPULAUNCH_RANK_SPECS"
-#: Set by cpulaunch for the torchrun it starts: where each rank entry records its exit code.
-STATUS_DIR_ENV = "CPULAUNCH_DDP_STATUS_DIR"
-#: Set by cpulaunch for the torchrun it starts when the user had OMP_NUM_THREADS set
-#: (torchrun sets it to 1 otherwise, and that must not count as the user's value).
-USER_OMP_ENV = "CPULAUNCH_USER_OMP_NUM_THREADS"
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -277,20 +264,20 @@ def _slurm(env) -> RankContext:
 
 def select_backend(
     requested: str,
-    find_spec: Callable[[str], object] = importlib.util.find_spec,
-    version_of: Optional[Callable[[str], Optional[str]]] = None,
-) -> tuple:
+    find_spec: Callable[[str], object],
+    version_of: Callable[[str], Optional[str]],
+) -> tuple[str, str]:
     """Choose the process-group backend -> (backend, note).
 
     ``auto``: "ccl" when ``oneccl_bindings_for_pytorch`` is importable and its version's
     major.minor matches torch's (the bindings are built against one torch release), else
-    "gloo". Checked without importing either package (find_spec and package metadata),
-    so the launcher stays fast.
+    "gloo". Pure: ``find_spec`` and ``version_of`` answer from host facts gathered before
+    planning (``machine.host``: find_spec and package metadata, without importing either
+    package, so the launcher stays fast).
 
     Raises:
         DistributedError: "ccl" requested but the bindings are not installed.
     """
-    version_of = version_of or _dist_version
     has_ccl = find_spec("oneccl_bindings_for_pytorch") is not None
     ccl_v = version_of("oneccl_bind_pt") if has_ccl else None
     torch_v = version_of("torch")
@@ -313,15 +300,6 @@ def select_backend(
         return "gloo", (f"backend gloo: oneccl_bind_pt {ccl_v} does not match torch {torch_v} "
                         "(major.minor must agree)")
     return "ccl", f"backend ccl: oneccl_bindings_for_pytorch {ccl_v or ''} matches torch {torch_v or ''}".replace("  ", " ")
-
-
-def _dist_version(name: str) -> Optional[str]:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None):
@@ -401,7 +379,7 @@ def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str)
         "LOCAL_WORLD_SIZE": str(ctx.local_world_size),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        BACKEND_ENV: backend,
+        envvars.DIST_BACKEND: backend,
     }
     if ctx.node_rank is not None:
         env["NODE_RANK"] = str(ctx.node_rank)
@@ -420,7 +398,19 @@ def site_hook_dir() -> str:
     ``sitecustomize`` that ends the default process group before the interpreter
     finalizes, when the program left it alive (:mod:`cpulaunch.runtime.exithook`; issue 24
     item 8). Computed from this file's path (no file is read)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime", "sitehook")
+    return os.path.join(os.path.dirname(__file__), "runtime", "sitehook")
+
+
+def runs_python(argv: Sequence[str], python: str) -> bool:
+    """True when ``argv`` (the resolved program, :func:`cpulaunch.render.resolve_program`)
+    starts a Python interpreter, as far as its first word tells: ``python``, the
+    interpreter cpulaunch runs under (``python``), or a name like ``python3``/``python3.11``
+    (any folder). ``["/usr/bin/python3", "x.py"]`` -> True; ``["sh", "run.sh"]`` -> False;
+    a console script (``lightning``) -> False (its interpreter is in a file, not read here).
+    """
+    if not argv:
+        return False
+    return argv[0] == python or re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) is not None
 
 
 def exit_hook_env(environ: Mapping[str, str]) -> dict:
@@ -509,8 +499,6 @@ def torchrun_argv(
     return argv + ["--no-python", *entry]
 
 
-#: Environment variable through which the launcher tells the program which backend to use.
-BACKEND_ENV = "CPULAUNCH_DIST_BACKEND"
 
 
 # --------------------------------------------------------------------------- rank plans
@@ -581,7 +569,8 @@ def _fmt(ids) -> str:
 
 
 def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[RankContext],
-               backend: str, backend_note: str, free_port: Optional[int]) -> RankPlan:
+               backend: str, backend_note: str, free_port: Optional[int],
+               program: Sequence[str] = (), python: str = "") -> RankPlan:
     """Plan this machine's DDP ranks and each one's identity variables (pure).
 
     Args:
@@ -594,6 +583,9 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         backend, backend_note: the process-group backend chosen on the host, and why.
         free_port: a port free on this machine now, used for one-machine runs without
             ``--master-port`` (torchrun's --standalone does the same).
+        program, python: the resolved program and the interpreter cpulaunch runs under: a
+            Python program (:func:`runs_python`) gets the exit hook (:func:`exit_hook_env`)
+            unless ``ddp.exit_hook`` is False (``--no-exit-hook``).
 
     Raises:
         DistributedError, cpulaunch.plan.PlanError: with a one-line message.
@@ -607,7 +599,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     req = req._replace(ccl_workers=reserve)
     if engine is not None:
         notes.extend(engine.notes)
-        if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(USER_OMP_ENV):
+        if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(envvars.USER_OMP_NUM_THREADS):
             environ.pop("OMP_NUM_THREADS")
             notes.append("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count")
         rank_plan, node_plan = _plan_under_engine(topo, req, ddp, engine, notes)
@@ -617,7 +609,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         all_helpers = [_ccl_cpus(i) for i in node_plan.instances] if node_plan is not None else None
         if backend == "ccl":
             env.update(_ccl_for(engine, rank_plan.instances[0], all_helpers, notes))
-        env.update(exit_hook_env(environ))
+        env.update(_exit_hook(ddp, program, python, environ, notes))
         info = {"engine": engine.engine, "backend": backend, "rank": engine.rank,
                 "world_size": engine.world_size}
         inst = rank_plan.instances[0]
@@ -631,7 +623,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     if ddp.elastic:
         for inst in node_plan.instances:
             ctx = RankContext("torchrun", -1, -1, inst.index, nproc)
-            env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc), BACKEND_ENV: backend}
+            env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc), envvars.DIST_BACKEND: backend}
             env.update(iface_env(ddp.iface))
             if backend == "ccl":
                 env.update(ccl_env(ctx, helpers))
@@ -655,11 +647,25 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
             if backend == "ccl":
                 env.update(ccl_env(ctx, helpers))
             instance_env[inst.index] = env
+    hook = _exit_hook(ddp, program, python, environ, notes)
     for env in instance_env.values():
-        env.update(exit_hook_env(environ))
+        env.update(hook)
     info = {"engine": "torchrun" if ddp.elastic else "cpulaunch", "backend": backend,
             "nproc_per_node": nproc, "nnodes": ddp.nnodes, "node_rank": ddp.node_rank}
     return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info)
+
+
+def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, str], notes: list) -> dict:
+    """The rank's PYTHONPATH with the exit hook, or {} (turned off, or not a Python program:
+    then a note says so, since its ranks may abort at exit)."""
+    if not ddp.exit_hook:
+        return {}
+    if not runs_python(program, python):
+        if program:
+            notes.append(f"no exit hook for {program[0]!r} (not a Python interpreter): if its ranks never call "
+                         "destroy_process_group(), they may abort at exit (docs/training.md)")
+        return {}
+    return exit_hook_env(environ)
 
 
 def _ccl_cpus(inst) -> tuple:

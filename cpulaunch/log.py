@@ -2,7 +2,7 @@
 
 Importing :mod:`logging` costs about 4 ms (it pulls in traceback, string, textwrap...), a
 tenth of what cpulaunch may add to a run's start-up (issue 12), and a plain ``cpulaunch
-PROGRAM`` usually logs nothing. :func:`get` returns a stand-in with the five methods the
+PROGRAM`` usually logs nothing. :func:`get` returns a stand-in with the two methods the
 launch path uses; the first message imports :mod:`logging` and hands every call to the
 real ``logging.getLogger(name)``, so handlers, levels and pytest's ``caplog`` see the same
 records as with a plain logger.
@@ -20,10 +20,10 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
-__all__ = ["get", "configure", "DEBUG", "INFO", "WARNING", "ERROR"]
+__all__ = ["get", "configure", "DEBUG", "INFO", "WARNING"]
 
 # logging's numeric levels (logging/__init__.py), without importing it.
-DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
+DEBUG, INFO, WARNING = 10, 20, 30
 
 #: The level chosen by the command line, or None when cli.py did not configure logging.
 _cli_level: Optional[int] = None
@@ -74,22 +74,11 @@ class LazyLogger:
         kwargs.setdefault("stacklevel", 3)  # the record names our caller, not this module
         _setup().getLogger(self.name).log(level, msg, *args, **kwargs)
 
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's spelling
-        if _cli_level is not None and level < _cli_level:
-            return False
-        return _setup().getLogger(self.name).isEnabledFor(level)
-
-    def debug(self, msg, *args, **kwargs) -> None:
-        self._emit(DEBUG, msg, args, kwargs)
-
     def info(self, msg, *args, **kwargs) -> None:
         self._emit(INFO, msg, args, kwargs)
 
     def warning(self, msg, *args, **kwargs) -> None:
         self._emit(WARNING, msg, args, kwargs)
-
-    def error(self, msg, *args, **kwargs) -> None:
-        self._emit(ERROR, msg, args, kwargs)
 
 
 def get(name: str) -> LazyLogger:

@@ -16,7 +16,8 @@ from typing import Mapping, NamedTuple, Optional
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES
-from cpulaunch.plan import MemPolicy, Request
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.plan import Request
 
 __all__ = [
     "OptionsError",
@@ -112,6 +113,8 @@ class DdpOptions(NamedTuple):
         ccl_worker_count: cores per rank reserved for oneCCL workers (ccl only).
         iface: network interface for gloo, oneCCL and libfabric.
         standalone: torchrun's --standalone was given (one machine; checked).
+        exit_hook: a Python rank ends its default process group at exit when the program
+            did not (``--no-exit-hook`` / CPULAUNCH_NO_EXIT_HOOK=1 turn it off; issue 24).
     """
 
     nproc_per_node: Optional[str] = None
@@ -125,6 +128,7 @@ class DdpOptions(NamedTuple):
     ccl_worker_count: int = 1
     iface: Optional[str] = None
     standalone: bool = False
+    exit_hook: bool = True
 
     @property
     def elastic(self) -> bool:
@@ -174,6 +178,11 @@ class Options(NamedTuple):
         omp_places: set OMP_PLACES/OMP_PROC_BIND for GNU OpenMP.
         kmp_blocktime: KMP_BLOCKTIME in ms for Intel OpenMP (None: the registry's 1 ms).
         verbose: -v count.
+        share_host: ``--share-host``: None (off), "fail" (plan on the cores no other
+            cpulaunch job holds, fail naming the holder when they are too few) or "wait"
+            (wait for them instead); docs/placement.md.
+        lease_dir: the folder of the host-wide leases (``--lease-dir``), None: chosen by
+            ``cpulaunch.machine.lease.lease_folder``.
     """
 
     output: Output = Output.RUN
@@ -192,6 +201,8 @@ class Options(NamedTuple):
     omp_places: bool = False
     kmp_blocktime: Optional[int] = None
     verbose: int = 0
+    share_host: Optional[str] = None
+    lease_dir: Optional[str] = None
 
 
 # --------------------------------------------------------------------------- building
@@ -285,7 +296,9 @@ def _request(v: Mapping) -> Request:
         ninstances=count("ninstances"),
         instances_per_socket=count("instances_per_socket"),
         instances_per_node=count("instances_per_node"),
-        ncores_per_instance=count("ncores_per_instance"),
+        instances_per_l3=count("instances_per_l3"),
+        equal_sizes=bool(v.get("equal_sizes")),
+        ncores_per_instance=_core_counts(v.get("ncores_per_instance")),
         latency_mode=bool(v.get("latency_mode")),
         throughput_mode=bool(v.get("throughput_mode")),
         use_logical_cores=bool(v.get("use_logical_cores")),
@@ -296,6 +309,42 @@ def _request(v: Mapping) -> Request:
         mem_policy=MemPolicy(str(v.get("mem_policy") or "bind").lower()),
         **_budgets(v),
     )
+
+
+def _core_counts(value) -> "Optional[int | tuple]":
+    """``--ncores-per-instance``: one count (``"8"`` -> 8) or one per instance, run_cpu's
+    habit for uneven sub-NUMA clusters (``"43,43,42"`` -> (43, 43, 42)); None when not given.
+
+    Raises:
+        OptionsError: anything else (``"8,x"``, ``"0"``, ``"4,,4"``).
+    """
+    if value is None:
+        return None
+    text = str(value).strip()
+    words = text.split(",")
+    if not all(w.strip().isascii() and w.strip().isdigit() and len(w.strip()) <= 9 for w in words):
+        raise OptionsError(f"--ncores-per-instance {text!r}: expected a number of cores (8) or "
+                           "one per instance, separated by commas (43,43,42)")
+    counts = tuple(int(w) for w in words)
+    if min(counts) < 1:
+        raise OptionsError(f"--ncores-per-instance {text!r}: each count must be 1 or more")
+    return counts[0] if len(counts) == 1 else counts
+
+
+def _share_host(v: Mapping) -> Optional[str]:
+    """``--share-host`` / CPULAUNCH_SHARE_HOST: "fail" (also a bare flag, 1, true, yes,
+    on), "wait", or None (off: 0, false, no, off, unset)."""
+    raw = v.get("share_host")
+    if raw is None:
+        return None
+    word = str(raw).strip().lower()
+    if word in ("", "0", "false", "no", "off"):
+        return None
+    if word in ("fail", "1", "true", "yes", "on"):
+        return "fail"
+    if word == "wait":
+        return "wait"
+    raise OptionsError(f"--share-host {raw!r}: use fail (the default: say who holds the cores) or wait")
 
 
 def _budgets(v: Mapping) -> dict:
@@ -314,7 +363,8 @@ def _budgets(v: Mapping) -> dict:
 
 
 _DDP_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
-             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend")
+             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend",
+             "no_exit_hook")
 
 
 def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
@@ -340,6 +390,7 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
                                     else v["ccl_worker_count"], minimum=0),
         iface=v.get("iface"),
         standalone=bool(v.get("standalone")),
+        exit_hook=not v.get("no_exit_hook"),
     )
     if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
         raise OptionsError(f"--master-port {opts.master_port}: use a TCP port 1-65535")
@@ -427,6 +478,8 @@ def from_values(values: Mapping, given: frozenset = frozenset()) -> Options:
         omp_places=bool(v.get("omp_places")),
         kmp_blocktime=_positive("kmp-blocktime", v.get("kmp_blocktime"), minimum=0),
         verbose=int(v.get("verbose") or 0),
+        share_host=_share_host(v),
+        lease_dir=v.get("lease_dir"),
     )
 
 

@@ -48,16 +48,15 @@ The rules, in the order they are applied:
 """
 
 import bisect
-import enum
 import math
 from typing import NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, InternalError
+from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
 
 __all__ = [
-    "MemPolicy",
     "Request",
     "Instance",
     "Plan",
@@ -76,16 +75,6 @@ class PlanError(CpulaunchError, ValueError):
     """A request this machine cannot satisfy; the message says what and how to fix it."""
 
 
-class MemPolicy(str, enum.Enum):
-    """NUMA memory policy of an instance (numactl(8) option in brackets)."""
-
-    BIND = "bind"  #: allocate only on the instance's nodes (--membind)
-    PREFERRED = "preferred"  #: prefer the instance's first node, fall back elsewhere (--preferred)
-    INTERLEAVE = "interleave"  #: round-robin pages over the instance's nodes (--interleave)
-    LOCAL = "local"  #: allocate on the node of the CPU that faults the page (--localalloc)
-    NONE = "none"  #: no memory flag: the kernel default (local allocation)
-
-
 class Request(NamedTuple):
     """What the user asked for. ``None`` means "not given" (never -1).
 
@@ -93,7 +82,11 @@ class Request(NamedTuple):
         ninstances: total number of instances; they use every usable core.
         instances_per_socket: instances per socket (package).
         instances_per_node: instances per NUMA node with CPUs.
-        ncores_per_instance: physical cores per instance (compute and budget cores).
+        instances_per_l3: instances per L3 domain (``--instances-per-l3``; the part of an
+            L3 inside one NUMA node where an L3 spans nodes); needs the topology's caches.
+        ncores_per_instance: physical cores per instance (compute and budget cores): one
+            count for every instance, or a tuple of one count per instance (run_cpu's
+            ``--ncores-per-instance 43 43 42``, written ``43,43,42`` here).
         latency_mode: LATENCY_CORES cores per instance, as many instances as fit.
         throughput_mode: one instance per NUMA node.
         use_logical_cores: give instances (and budgets) all SMT siblings of their cores.
@@ -108,6 +101,10 @@ class Request(NamedTuple):
             non-OpenMP threads, e.g. a serving front-end (``--reserve-cores``).
         ccl_workers: physical cores per instance set aside for oneCCL workers
             (``--ccl-worker-count`` under ``--ddp --backend ccl``).
+        equal_sizes: sizes within one core inside each domain (``--equal-sizes``):
+            the rules before issue 22 (balanced instances that may share an L3, leave
+            cores idle in per-socket/per-node modes or span nodes with ``ninstances``),
+            instead of sizes that follow the nodes and cache domains.
     """
 
     ninstances: Optional[int] = None
@@ -125,6 +122,8 @@ class Request(NamedTuple):
     dataloader_workers: int = 0
     reserve_cores: int = 0
     ccl_workers: int = 0
+    instances_per_l3: Optional[int] = None
+    equal_sizes: bool = False
 
 
 class Instance(NamedTuple):
@@ -248,7 +247,8 @@ def _node_list_cpus(topo: Topology, node_list: frozenset) -> frozenset:
 
 
 def _select_cores(topo: Topology, req: Request, usable: frozenset, notes: list) -> list:
-    """Usable cores with the CPUs each contributes, ordered by (socket, node, core id).
+    """Usable cores with the CPUs each contributes, ordered by (socket, node, L3 domain,
+    L2/cluster domain, core id); the cache domains where the topology holds them.
 
     Returns a list of ``(Core, cpus)`` pairs, ``cpus`` being logical CPU ids (rule 2).
     """
@@ -272,9 +272,13 @@ def _select_cores(topo: Topology, req: Request, usable: frozenset, notes: list) 
     if not picked:
         raise PlanError("no usable physical core after applying the restrictions")
     node_rank = {nid: i for i, nid in enumerate(sorted(topo.nodes))}
-    picked.sort(
-        key=lambda p: (p[0].socket, node_rank.get(p[0].node, len(node_rank)), p[0].id)
-    )
+
+    def cache(core, level: str) -> int:
+        index = topo.cache_of(core.id, level)
+        return -1 if index is None else index
+
+    picked.sort(key=lambda p: (p[0].socket, node_rank.get(p[0].node, len(node_rank)),
+                               cache(p[0], "l3"), cache(p[0], "l2"), p[0].id))
     return picked
 
 
@@ -301,22 +305,26 @@ def _pick_cores(topo: Topology, usable: frozenset, logical: bool, e_cores: bool)
 class _Domain(NamedTuple):
     """Cores to cut into instances.
 
-    cores: (Core, cpus) pairs in (socket, node, core) order; count: instances to cut;
-    size: cores per instance when the user fixed it, else None (balanced sizes);
-    fill: True to use every core (instances may span nodes), False to stay inside nodes.
+    cores: (Core, cpus) pairs in (socket, node, L3, L2, core) order; count: instances to
+    cut; size: cores per instance when the user fixed one size, else None; fill: True to
+    use every core (instances may span nodes), False to stay inside nodes; sizes: one size
+    per instance (``--ncores-per-instance 43,43,42``), else None; equal: sizes within one
+    core (``--equal-sizes``).
     """
 
     cores: list
     count: int
     size: Optional[int]
     fill: bool
+    sizes: Optional[tuple] = None
+    equal: bool = False
 
 
 _COUNT_OPTIONS = (
     ("--ninstances", "ninstances"),
     ("--instances-per-socket", "instances_per_socket"),
     ("--instances-per-node", "instances_per_node"),
-    ("--ncores-per-instance", "ncores_per_instance"),
+    ("--instances-per-l3", "instances_per_l3"),
 )
 
 
@@ -328,6 +336,7 @@ def _check_modes(req: Request) -> None:
             ("--ninstances", req.ninstances),
             ("--instances-per-socket", req.instances_per_socket),
             ("--instances-per-node", req.instances_per_node),
+            ("--instances-per-l3", req.instances_per_l3),
             ("--latency-mode", req.latency_mode or None),
             ("--throughput-mode", req.throughput_mode or None),
         )
@@ -339,15 +348,34 @@ def _check_modes(req: Request) -> None:
         val = getattr(req, attr)
         if val is not None and val < 1:
             raise PlanError(f"{name} {val}: must be a positive number")
+    sizes = _sizes_of(req)
+    if sizes is not None and (not sizes or min(sizes) < 1):
+        raise PlanError(f"--ncores-per-instance {_sizes_text(req)}: each count must be a positive number")
     if req.ncores_per_instance and given and given[0] != "--ninstances":
         raise PlanError(f"--ncores-per-instance cannot be combined with {given[0]}")
+    if sizes is not None and len(sizes) > 1 and req.ninstances not in (None, len(sizes)):
+        raise PlanError(f"--ninstances {req.ninstances} and --ncores-per-instance {_sizes_text(req)} "
+                        f"({len(sizes)} sizes) disagree; give one size per instance, or one size")
+
+
+def _sizes_of(req: Request) -> Optional[tuple]:
+    """``ncores_per_instance`` as a tuple of sizes (one int -> a 1-tuple), or None."""
+    fixed = req.ncores_per_instance
+    if fixed is None:
+        return None
+    return tuple(fixed) if isinstance(fixed, (tuple, list)) else (fixed,)
+
+
+def _sizes_text(req: Request) -> str:
+    return ",".join(map(str, _sizes_of(req) or ()))
 
 
 def _domains(topo: Topology, req: Request, cores: list, notes: list) -> list:
     """The list of :class:`_Domain` to cut (rule 3); PlanError if the counts cannot be met."""
     _check_modes(req)
-    if req.instances_per_socket or req.instances_per_node or req.throughput_mode:
-        return _per_domain(req, cores)
+    eq = req.equal_sizes
+    if req.instances_per_socket or req.instances_per_node or req.throughput_mode or req.instances_per_l3:
+        return _per_domain(topo, req, cores)
     total = len(cores)
     if req.latency_mode:
         n = max(1, _fit_count(cores, LATENCY_CORES))
@@ -358,7 +386,15 @@ def _domains(topo: Topology, req: Request, cores: list, notes: list) -> list:
             )
             return [_Domain(cores, n, total, False)]
         return [_Domain(cores, n, LATENCY_CORES, False)]
-    fixed = req.ncores_per_instance
+    sizes = _sizes_of(req)
+    if sizes is not None and len(sizes) > 1:
+        if sum(sizes) > total:
+            raise PlanError(
+                f"--ncores-per-instance {_sizes_text(req)} needs {sum(sizes)} physical cores, but only "
+                f"{total} are usable ({_usable_desc(topo, cores)}); lower the counts"
+            )
+        return [_Domain(cores, len(sizes), None, False, sizes=sizes)]
+    fixed = sizes[0] if sizes else None
     if fixed:
         n = req.ninstances or _fit_count(cores, fixed)
         if n < 1 or n * fixed > total:
@@ -374,27 +410,38 @@ def _domains(topo: Topology, req: Request, cores: list, notes: list) -> list:
             f"--ninstances {n} needs {n} physical cores, but only {total} are usable "
             f"({_usable_desc(topo, cores)}); lower --ninstances"
         )
-    return [_Domain(cores, n, None, True)]
+    return [_Domain(cores, n, None, True, equal=eq)]
 
 
-def _per_domain(req: Request, cores: list) -> list:
-    """One domain per socket or per NUMA node, each with the same instance count."""
-    per = req.instances_per_socket or req.instances_per_node or 1
+def _per_domain(topo: Topology, req: Request, cores: list) -> list:
+    """One domain per socket, NUMA node or L3 domain (its part in one node), each with
+    the same instance count."""
+    per = req.instances_per_socket or req.instances_per_node or req.instances_per_l3 or 1
     if req.instances_per_socket:
         key, what = (lambda item: item[0].socket), "socket"
+    elif req.instances_per_l3:
+        if not (topo.caches and topo.caches.l3):
+            raise PlanError("--instances-per-l3: no L3 cache domains are known on this machine "
+                            "(no cpuN/cache/index* of level 3 in sysfs); use --instances-per-node")
+        key, what = (lambda item: (item[0].node, topo.cache_of(item[0].id, "l3"))), "L3 domain"
     else:
         key, what = (lambda item: item[0].node), "NUMA node"
     domains = _group_by(cores, key)
     out = []
-    for dkey, dcores in sorted(domains.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+    def order(kv):  # by socket or node id (None last), then L3 domain
+        k = kv[0] if isinstance(kv[0], tuple) else (kv[0], 0)
+        return (k[0] is None, k[0] or 0, -1 if k[1] is None else k[1])
+
+    for dkey, dcores in sorted(domains.items(), key=order):
         if len(dcores) < per:
+            name = f"{what} {dkey}" if what != "L3 domain" else f"the L3 domain of CPU {dcores[0][1][0]}"
             raise PlanError(
                 f"{per} instances per {what} need {per} physical cores in each, but "
-                f"{what} {dkey} has only {len(dcores)} usable "
+                f"{name} has only {len(dcores)} usable "
                 f"(CPUs {cpulist.format(c for _, cc in dcores for c in cc)}); "
                 "lower the count"
             )
-        out.append(_Domain(dcores, per, None, False))
+        out.append(_Domain(dcores, per, None, False, equal=req.equal_sizes))
     return out
 
 
@@ -422,11 +469,61 @@ def _group_by(items: list, key) -> dict:
 # --------------------------------------------------------------------------- cutting
 
 
-def _split(domain: _Domain) -> tuple:
-    """Cut a domain into instances: (list of core groups, number of cores left idle)."""
+class _Levels(NamedTuple):
+    """The cache levels instances are cut along (issue 22), coarse to fine.
+
+    cuts: ``(label, key, ident)`` triples, ``key(item)`` naming an item's domain at that
+    level nested in its socket and node, ``ident(item)`` the domain itself (an L3 that
+    spans nodes is one domain in two pieces): ("L3 domains", ...), then ("clusters" or
+    "L2 domains", ...); empty where the topology's caches were not read. l3: the key of the L3 level
+    (of the node where no L3 is known), for the tie-breaks of balanced cuts.
+    """
+
+    cuts: tuple = ()
+    l3: object = None
+
+
+def _node_key(item) -> tuple:
+    return (item[0].socket, item[0].node)
+
+
+def _levels(topo: Topology) -> _Levels:
+    """The :class:`_Levels` of ``topo`` (keys by each core's lowest CPU)."""
+    caches = topo.caches
+    if caches is None:
+        return _Levels((), _node_key)
+    l3 = {core.id: topo.cache_of(core.id, "l3") for core in topo.cores}
+    l2 = {core.id: topo.cache_of(core.id, "l2") for core in topo.cores}
+
+    def l3_key(item) -> tuple:
+        return (item[0].socket, item[0].node, l3.get(item[0].id))
+
+    def l2_key(item) -> tuple:
+        return (item[0].socket, item[0].node, l3.get(item[0].id), l2.get(item[0].id))
+
+    cuts = [("L3 domains", l3_key, lambda item: l3.get(item[0].id))] if caches.l3 else []
+    if caches.l2:
+        cuts.append(("clusters" if caches.l2[0].kind == "cluster" else "L2 domains", l2_key,
+                     lambda item: l2.get(item[0].id)))
+    return _Levels(tuple(cuts), l3_key if caches.l3 else _node_key)
+
+
+def _split(domain: _Domain, levels: _Levels = _Levels((), _node_key)) -> tuple:
+    """Cut a domain into instances: (list of core groups, number of cores left idle, what
+    the sizes follow where they differ by more than one core, else "")."""
+    if domain.sizes:
+        groups = _place_list(domain.cores, list(domain.sizes), levels)
+        return groups, len(domain.cores) - sum(map(len, groups)), ""
+    if domain.size or domain.equal:
+        if domain.fill:
+            return _split_balanced(domain.cores, domain.count, levels.l3), 0, ""
+        return (*_split_inside_nodes(domain.cores, domain.count, domain.size, levels), "")
     if domain.fill:
-        return _split_balanced(domain.cores, domain.count), 0
-    return _split_inside_nodes(domain.cores, domain.count, domain.size)
+        groups, label = _cut_fill(domain.cores, domain.count, levels)
+    else:
+        groups, label = _cut_per_domain(domain.cores, domain.count, levels)
+    sizes = [len(g) for g in groups]
+    return groups, 0, label if max(sizes) - min(sizes) > 1 else ""
 
 
 def _cut_runs(cores: list, sizes: list) -> list:
@@ -438,7 +535,7 @@ def _cut_runs(cores: list, sizes: list) -> list:
     return groups
 
 
-def _split_inside_nodes(cores: list, n: int, fixed: Optional[int]) -> tuple:
+def _split_inside_nodes(cores: list, n: int, fixed: Optional[int], levels: _Levels = _Levels()) -> tuple:
     """Split ``cores`` into ``n`` instances that stay inside NUMA nodes where they can.
 
     Returns (list of core groups, number of cores left idle).
@@ -447,7 +544,8 @@ def _split_inside_nodes(cores: list, n: int, fixed: Optional[int]) -> tuple:
     ``s`` such that every instance gets ``s`` or ``s + 1`` cores of a single node; cores
     that do not fit stay idle. With fewer instances than nodes each instance is larger
     than a node: contiguous balanced runs. ``fixed``: exactly that many cores per
-    instance, inside nodes whenever ``n`` of them fit there, else contiguous runs.
+    instance, inside nodes whenever ``n`` of them fit there (placed in each node on its
+    cache domains, :func:`_place_fixed`), else contiguous runs.
     """
     node_items = list(_group_by(cores, lambda item: item[0].node).values())
     node_sizes = [len(v) for v in node_items]
@@ -458,7 +556,10 @@ def _split_inside_nodes(cores: list, n: int, fixed: Optional[int]) -> tuple:
                 continue
             groups = []
             for items, k in zip(node_items, counts):
-                extra = 0 if fixed else min(k, len(items) - k * s)
+                if fixed:
+                    groups.extend(_place_fixed(items, k, s, levels))
+                    continue
+                extra = min(k, len(items) - k * s)
                 groups.extend(_cut_runs(items, [s + 1] * extra + [s] * (k - extra)))
             return groups, len(cores) - sum(len(g) for g in groups)
     sizes = [fixed] * n if fixed else _balanced_sizes(len(cores), n)
@@ -512,18 +613,19 @@ def _run_lengths(items: list, key) -> list:
 _EXACT_STATES = 200_000
 
 
-def _split_balanced(cores: list, n: int) -> list:
+def _split_balanced(cores: list, n: int, l3key=None) -> list:
     """``n`` contiguous runs of ``cores`` (in (socket, node, core) order) using every
     core, ``r`` of ``q + 1`` cores and ``n - r`` of ``q`` (``q, r = divmod(cores, n)``).
 
     The order of the sizes is the one with the fewest instances spanning sockets, then
-    the fewest spanning NUMA nodes, larger instances first among equals
-    (:func:`_order_exact`); beyond ``_EXACT_STATES`` a greedy fill, socket by socket then
-    node by node, stands in (:func:`_order_greedy`).
+    the fewest spanning NUMA nodes, then L3 domains (``l3key``, an item's L3 domain; None:
+    its node), larger instances first among equals (:func:`_order_exact`); beyond
+    ``_EXACT_STATES`` a greedy fill, socket by socket then node by node, stands in
+    (:func:`_order_greedy`).
     """
     q, r = divmod(len(cores), n)
     if n * (r + 1) <= _EXACT_STATES:
-        sizes = _order_exact(cores, n, q, r)
+        sizes = _order_exact(cores, n, q, r, l3key)
     else:
         sizes = _order_greedy(cores, n, q, r)
     return _cut_runs(cores, sizes)
@@ -540,13 +642,16 @@ def _run_ids(items: list, key) -> list:
     return out
 
 
-def _order_exact(cores: list, n: int, q: int, r: int) -> list:
+def _order_exact(cores: list, n: int, q: int, r: int, l3key=None) -> list:
     """Sizes (``r`` of ``q + 1``, ``n - r`` of ``q``) in the order that minimises
-    (instances spanning sockets, instances spanning nodes): a shortest path over the
-    lattice (instances placed k, larger ones among them b), position ``k * q + b``."""
+    (instances spanning sockets, instances spanning nodes, instances spanning L3 domains):
+    a shortest path over the lattice (instances placed k, larger ones among them b),
+    position ``k * q + b``. ``l3key``: an item's L3 domain (None: its node, which adds
+    nothing to the node term)."""
     sock = _run_ids(cores, lambda item: item[0].socket)
-    node = _run_ids(cores, lambda item: (item[0].socket, item[0].node))
-    weight, inf = n + 1, (n + 1) ** 2
+    node = _run_ids(cores, _node_key)
+    l3 = node if l3key is None else _run_ids(cores, l3key)
+    weight, inf = n + 1, (n + 1) ** 3
     after = [inf] * (r + 1)  # best cost from (k + 1, b) to the end
     after[r] = 0
     choices = []
@@ -556,10 +661,10 @@ def _order_exact(cores: list, n: int, q: int, r: int) -> list:
             a = k * q + b
             best = inf
             if b < r:  # a larger instance: cores a .. a + q
-                best = after[b + 1] + (sock[a] != sock[a + q]) * weight + (node[a] != node[a + q])
+                best = after[b + 1] + _span_cost(sock, node, l3, a, a + q, weight)
                 pick[b] = 1
             if k - b < n - r:  # a smaller one: cores a .. a + q - 1
-                cost = after[b] + (sock[a] != sock[a + q - 1]) * weight + (node[a] != node[a + q - 1])
+                cost = after[b] + _span_cost(sock, node, l3, a, a + q - 1, weight)
                 if cost < best:
                     best, pick[b] = cost, 0
             here[b] = best
@@ -570,6 +675,14 @@ def _order_exact(cores: list, n: int, q: int, r: int) -> list:
         sizes.append(q + pick[b])
         b += pick[b]
     return sizes
+
+
+def _span_cost(sock: list, node: list, l3: list, first: int, last: int, weight: int) -> int:
+    """Cost of an instance from item ``first`` to ``last`` (inclusive): spanning sockets
+    weighs ``weight ** 2``, nodes ``weight``, L3 domains 1 (``weight`` > instances, so a
+    socket outweighs every node and L3 span of a plan)."""
+    return ((sock[first] != sock[last]) * weight * weight + (node[first] != node[last]) * weight
+            + (l3[first] != l3[last]))
 
 
 def _order_greedy(cores: list, n: int, q: int, r: int) -> list:
@@ -660,6 +773,219 @@ def _fill(c: int, q: int, big: int, small: int) -> tuple:
     return min(candidates, key=lambda ma: (abs(ma[1] - ma[0] * share), -ma[1]))
 
 
+# --------------------------------------------------------------------------- cache domains
+#
+# Issue 22 (docs/placement.md): instances follow the machine's domains. Balanced sizes
+# that cut through an L3 make two instances share it; whole domains keep each instance's
+# L3 (AMD's CCX/CCD, the unit AMD's EPYC tuning guides tell to place work on) to itself.
+
+#: Largest group count squared x instances searched exactly by :func:`_dp_runs` (about
+#: 0.1 s); beyond it, groups of unequal sizes are cut by their count (:func:`_whole_runs`).
+_DP_STEPS = 300_000
+
+
+def _cut_fill(cores: list, n: int, levels: _Levels) -> tuple:
+    """``n`` runs using every core: whole domains of the coarsest cache level that has at
+    least ``n`` of them among ``cores`` (and groups several cores in one), so that no two
+    instances share one; else balanced sizes (today's rule, cut on L3 boundaries where the sizes allow).
+    Returns (groups, the label of the level followed, or "")."""
+    for label, key, ident in levels.cuts:
+        lengths = _run_lengths(cores, key)
+        if len({ident(item) for item in cores}) >= max(n, 2) and max(lengths) > 1:
+            l3key = None if label == "L3 domains" else levels.l3
+            return _cut_runs(cores, _whole_runs(cores, lengths, n, l3key)), label
+    return _split_balanced(cores, n, levels.l3), ""
+
+
+def _cut_per_domain(cores: list, n: int, levels: _Levels) -> tuple:
+    """``n`` instances of a socket, node or L3 domain, using every core. With at least as
+    many instances as NUMA nodes, each node gets whole instances, as many as its share of
+    the cores gives (:func:`_apportion`: 7 + 5 cores, two instances -> one per node), then
+    each node is cut by :func:`_cut_fill`; with fewer, the domain is (instances larger
+    than a node). Returns (groups, what the sizes followed, or "")."""
+    nodes = _run_lengths(cores, _node_key)
+    if n < len(nodes):
+        return _cut_fill(cores, n, levels)
+    counts = _apportion(nodes, n)
+    groups, labels, pos = [], [], 0
+    for length, k in zip(nodes, counts):
+        g, label = _cut_fill(cores[pos : pos + length], k, levels)
+        groups.extend(g)
+        if label and label not in labels:
+            labels.append(label)
+        pos += length
+    shares = [(length + k - 1) // k for length, k in zip(nodes, counts)]
+    if max(shares) - min(length // k for length, k in zip(nodes, counts)) > 1:
+        labels.insert(0, "NUMA nodes")
+    return groups, " and ".join(labels)
+
+
+def _apportion(lengths: list, n: int) -> list:
+    """Instances per group (each at least one, ``n`` in all, ``n >= len(lengths)``, ``n``
+    at most the cores): the next one goes to the group whose instances are largest now,
+    the lower group among equals, which makes the largest instance as small as it can be.
+    ``([7, 5], 3)`` -> ``[2, 1]`` (3 + 4 | 5)."""
+    counts = [1] * len(lengths)
+    for _ in range(n - len(lengths)):
+        best = max(range(len(lengths)), key=lambda j: (lengths[j] * 10**6 // counts[j], -j))
+        counts[best] += 1
+    return counts
+
+
+def _whole_runs(cores: list, lengths: list, n: int, l3key) -> list:
+    """Sizes of ``n`` runs of whole groups (``lengths``: the consecutive groups' core
+    counts): the most even (smallest sum of squares), then the fewest runs spanning
+    sockets, nodes and (``l3key``) L3 domains. Groups of one size: ``q`` or ``q + 1``
+    groups each, ordered by :func:`_order_exact`; else :func:`_dp_runs`."""
+    firsts, pos = [], 0
+    for length in lengths:
+        firsts.append(cores[pos])
+        pos += length
+    count = len(lengths)
+    if len(set(lengths)) == 1 or count * count * n > _DP_STEPS:
+        q, r = divmod(count, n)
+        if n * (r + 1) <= _EXACT_STATES:
+            per = _order_exact(firsts, n, q, r, l3key)
+        else:
+            per = _order_greedy(firsts, n, q, r)
+    else:
+        per = _dp_runs(cores, lengths, n, l3key)
+    sizes, g = [], 0
+    for k in per:
+        sizes.append(sum(lengths[g : g + k]))
+        g += k
+    return sizes
+
+
+def _dp_runs(cores: list, lengths: list, n: int, l3key) -> list:
+    """Groups per run for :func:`_whole_runs` where groups differ in size: a shortest
+    path over (runs placed, groups used) with cost size² x W³ + spans (:func:`_span_cost`,
+    W = n + 1), so evenness comes first and spans break ties. ``([4, 3, 5], 2)`` -> [2, 1]."""
+    ends = _prefix_sums(lengths)
+    starts = [0] + ends[:-1]
+    sock = _run_ids(cores, lambda item: item[0].socket)
+    node = _run_ids(cores, _node_key)
+    l3 = node if l3key is None else _run_ids(cores, l3key)
+    count, weight = len(lengths), n + 1
+    big, inf = weight ** 3, None
+    best = [0] + [inf] * count  # best cost of the runs so far, ending after group b
+    backs = []
+    for j in range(1, n + 1):
+        new, back = [inf] * (count + 1), [0] * (count + 1)
+        for b in range(j, count - (n - j) + 1):
+            for a in range(j - 1, b):
+                if best[a] is None:
+                    continue
+                size = ends[b - 1] - starts[a]
+                cost = best[a] + size * size * big + _span_cost(sock, node, l3, starts[a], ends[b - 1] - 1, weight)
+                if new[b] is None or cost < new[b]:
+                    new[b], back[b] = cost, a
+        best = new
+        backs.append(back)
+    per, b = [], count
+    for back in reversed(backs):
+        per.append(b - back[b])
+        b = back[b]
+    return per[::-1]
+
+
+def _place_fixed(items: list, k: int, s: int, levels: _Levels) -> list:
+    """``k`` instances of ``s`` cores inside one node (``items``), each inside one cache
+    domain, spread over them first (one per domain, then a second...), where they fit
+    (:func:`_spread`), else each on whole domains of its own (:func:`_own_domains`);
+    coarsest level first; else consecutive runs (two instances then share a domain)."""
+    for _, key, _ in levels.cuts:
+        lengths = _run_lengths(items, key)
+        if len(lengths) < 2 or max(lengths) < 2:
+            continue
+        placed = _spread(items, lengths, k, s) or _own_domains(items, lengths, [s] * k)
+        if placed:
+            return placed
+    return _cut_runs(items, [s] * k)
+
+
+def _spread(items: list, lengths: list, k: int, s: int) -> Optional[list]:
+    """``k`` runs of ``s`` items, each inside one group, round-robin over the groups with
+    room (as few sharing a group as the count allows); None where they do not fit."""
+    caps = [length // s for length in lengths]
+    if sum(caps) < k:
+        return None
+    counts, left, rnd = [0] * len(lengths), k, 1
+    while left:
+        for g, cap in enumerate(caps):
+            if left and cap >= rnd:
+                counts[g] += 1
+                left -= 1
+        rnd += 1
+    groups, pos = [], 0
+    for length, c in zip(lengths, counts):
+        groups.extend(_cut_runs(items[pos : pos + length], [s] * c))
+        pos += length
+    return groups
+
+
+def _own_domains(items: list, lengths: list, sizes: list) -> Optional[list]:
+    """Runs of ``sizes`` in order, each starting at a group's start and taking whole
+    groups until it has its size (the rest of its last group idle): no group shared.
+    None where they do not fit."""
+    groups, g, pos = [], 0, 0
+    for size in sizes:
+        start, have = pos, 0
+        while have < size and g < len(lengths):
+            have += lengths[g]
+            pos += lengths[g]
+            g += 1
+        if have < size:
+            return None
+        groups.append(items[start : start + size])
+    return groups
+
+
+def _place_list(cores: list, sizes: list, levels: _Levels) -> list:
+    """Instances of the given sizes (``--ncores-per-instance 43,43,42``), laid out in
+    order, each from where the one before ended: at the start of the next domain no
+    instance has touched yet at the coarsest cache level that has one (none shares an L3
+    while an unused one is left, then an L2 or cluster), else right there; moved to the
+    next NUMA node where it would straddle one it fits in. Where the moves leave too
+    little room: consecutive runs."""
+    node_ends = _prefix_sums(_run_lengths(cores, _node_key))
+    biggest = max(b - a for a, b in zip([0] + node_ends[:-1], node_ends))
+    tiers = [(_prefix_sums([0] + _run_lengths(cores, key))[:-1], ident) for _, key, ident in levels.cuts]
+    used: list = [set() for _ in tiers]
+    groups, pos = [], 0
+    for size in sizes:
+        start = None
+        for (starts, ident), seen in zip(tiers, used):
+            i = bisect.bisect_left(starts, pos)
+            while i < len(starts) and start is None:
+                cand = _fit_node(starts[i], size, biggest, node_ends, len(cores))
+                if ident(cores[starts[i]]) not in seen and cand == starts[i]:
+                    start = cand
+                i += 1
+            if start is not None:
+                break
+        if start is None:
+            start = _fit_node(pos, size, biggest, node_ends, len(cores))
+        if start is None:
+            return _cut_runs(cores, sizes)
+        groups.append(cores[start : start + size])
+        for (_, ident), seen in zip(tiers, used):
+            seen.update(ident(item) for item in groups[-1])
+        pos = start + size
+    return groups
+
+
+def _fit_node(start: int, size: int, biggest: int, node_ends: list, total: int) -> Optional[int]:
+    """Where a run of ``size`` items from ``start`` goes: there, or at the start of the
+    next node where it would straddle one (and fits in a node); None past the end."""
+    while start < total and size <= biggest:
+        end = node_ends[bisect.bisect_right(node_ends, start)]
+        if start + size <= end:
+            break
+        start = end
+    return start if start + size <= total else None
+
+
 # --------------------------------------------------------------------------- notes on cuts
 
 
@@ -692,6 +1018,48 @@ def _straddle_note(groups: list, cores: list, domains: list) -> Optional[str]:
                 "and spanning beats leaving cores idle (memory policy over the nodes of their CPUs)")
     hint = "; choose a size that divides the nodes' cores to avoid it" if any(d.size for d in domains) else ""
     return f"{who} NUMA nodes: {len(groups[spanning[0]])}-core instances cannot all fit inside nodes here{hint}"
+
+
+def _follow_note(groups: list, labels: list) -> Optional[str]:
+    """Where sizes follow nodes or cache domains and differ by more than one core: say so,
+    and how to get equal ones."""
+    if not labels:
+        return None
+    counts: dict = {}
+    for g in groups:
+        counts[len(g)] = counts.get(len(g), 0) + 1
+    sizes = ", ".join(f"{c} x {size}" for size, c in sorted(counts.items(), reverse=True))
+    why = []
+    if "NUMA nodes" in " ".join(labels):
+        why.append("no core is left idle")
+    caches = [label for label in " and ".join(labels).split(" and ") if label != "NUMA nodes"]
+    if caches:
+        why.append("no two instances share " + " or ".join(
+            {"L3 domains": "an L3", "L2 domains": "an L2", "clusters": "a cluster"}[c] for c in caches))
+    return (f"instance sizes ({sizes} cores) follow the {' and '.join(labels)}, so that "
+            f"{' and '.join(why)}; --equal-sizes makes them differ by one core at most")
+
+
+def _share_note(topo: Topology, groups: list) -> Optional[str]:
+    """Where caches were read and a socket's planned cores span several L3 domains (an
+    AMD CCD, a Kunpeng node; not an Intel socket, which is one L3 that instances sharing
+    a socket must share): the instances that share an L3 with another (unavoidable at
+    this count or size, or asked for with --equal-sizes)."""
+    if topo.caches is None or len(groups) < 2:
+        return None
+    owners: dict = {}
+    per_socket: dict = {}
+    for i, g in enumerate(groups):
+        for core, _ in g:
+            d = topo.cache_of(core.id, "l3")
+            if d is not None:
+                owners.setdefault(d, set()).add(i)
+                per_socket.setdefault(core.socket, set()).add(d)
+    sharing = sorted({i for who in owners.values() if len(who) > 1 for i in who})
+    if not sharing or max(map(len, per_socket.values())) < 2:
+        return None
+    return (f"{len(groups)} instances on {len(owners)} L3 domains: instances {cpulist.format(sharing)} "
+            "share an L3 with another instance")
 
 
 # --------------------------------------------------------------------------- budgets
@@ -834,13 +1202,17 @@ def plan(topo: Topology, req: Request) -> Plan:
     """
     notes: list = []
     cores = _select_cores(topo, req, _usable_cpus(topo, req), notes)
-    groups, idle = [], 0
+    groups, idle, labels = [], 0, []
     domains = _domains(topo, req, cores, notes)
+    levels = _levels(topo)
     for domain in domains:
-        g, left = _split(domain)
+        g, left, label = _split(domain, levels)
         groups.extend(g)
         idle += left
-    for note in (_idle_note(groups, cores, idle), _straddle_note(groups, cores, domains)):
+        if label and label not in labels:
+            labels.append(label)
+    for note in (_idle_note(groups, cores, idle), _straddle_note(groups, cores, domains),
+                 _follow_note(groups, labels), _share_note(topo, groups)):
         if note:
             notes.append(note)
     parts = _take_budgets(groups, req)

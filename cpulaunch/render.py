@@ -24,10 +24,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional, Sequence
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine import numactl
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
-from cpulaunch.plan import Instance, MemPolicy, Plan
+from cpulaunch.plan import Instance, Plan
 
 __all__ = [
     "Settings",
@@ -35,7 +36,6 @@ __all__ = [
     "RenderedInstance",
     "ProgramError",
     "resolve_program",
-    "numactl_prefix",
     "json_text",
     "render",
     "shell_exports",
@@ -155,23 +155,6 @@ def resolve_program(args: Sequence[str], no_python: bool = False, python: str = 
     return tuple(args)
 
 
-def numactl_prefix(numactl: str, cpus: Sequence[int], policy: MemPolicy, mem_nodes: Sequence[int]) -> tuple:
-    """``numactl -C <cpulist>`` plus the memory flag (numactl(8)): bind ``-m``, preferred
-    ``-p``, interleave ``-i``, local ``-l``, none nothing."""
-    argv = [numactl, "-C", cpulist.format(cpus)]
-    nodes = cpulist.format(mem_nodes)
-    policy = MemPolicy(policy)
-    if policy is MemPolicy.BIND and nodes:
-        argv += ["-m", nodes]
-    elif policy is MemPolicy.PREFERRED and nodes:
-        argv += ["-p", nodes]
-    elif policy is MemPolicy.INTERLEAVE and nodes:
-        argv += ["-i", nodes]
-    elif policy is MemPolicy.LOCAL:
-        argv += ["-l"]
-    return tuple(argv)
-
-
 def _helper_cpus(inst: Instance) -> bool:
     """True when the instance is bound to CPUs its OpenMP threads must stay off
     (oneCCL workers, DataLoader workers, reserved cores)."""
@@ -210,11 +193,11 @@ def _budget_env(inst: Instance, settings: Settings) -> dict:
     env = {}
     dl = tuple(getattr(inst, "dataloader_cpus", ()) or ())
     if dl:
-        env["CPULAUNCH_DATALOADER_CPUS"] = cpulist.format(dl)
-        env["CPULAUNCH_DATALOADER_WORKERS"] = str(settings.dataloader_workers or len(dl))
+        env[envvars.DATALOADER_CPUS] = cpulist.format(dl)
+        env[envvars.DATALOADER_WORKERS] = str(settings.dataloader_workers or len(dl))
     reserved = tuple(getattr(inst, "reserved_cpus", ()) or ())
     if reserved and hasattr(inst, "ccl_cpus"):
-        env["CPULAUNCH_RESERVED_CPUS"] = cpulist.format(reserved)
+        env[envvars.RESERVED_CPUS] = cpulist.format(reserved)
     return env
 
 
@@ -267,13 +250,13 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
             env[name] = value
         if preload:
             env["LD_PRELOAD"] = preload
-        env["CPULAUNCH_INSTANCE_INDEX"] = str(inst.index)
-        env["CPULAUNCH_NUM_INSTANCES"] = str(plan.num_instances)
-        env["CPULAUNCH_CPUS"] = inst.cpulist
+        env[envvars.INSTANCE_INDEX] = str(inst.index)
+        env[envvars.NUM_INSTANCES] = str(plan.num_instances)
+        env[envvars.CPUS] = inst.cpulist
         env.update(_budget_env(inst, settings))
         env.update(settings.instance_env.get(inst.index, {}))
         if settings.bind == "numactl":
-            prefix = numactl_prefix(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)
+            prefix = numactl.argv(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)
             affinity = None
         elif settings.bind == "affinity":
             prefix, affinity = (), inst.bound_cpus
@@ -334,7 +317,7 @@ def dotenv_lines(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> 
     import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
 
     env = dict(inst.env)
-    env["CPULAUNCH_PREFIX"] = _print_prefix(inst, taskset)
+    env[envvars.PREFIX] = _print_prefix(inst, taskset)
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
 
 
@@ -502,19 +485,64 @@ def _gib(kb) -> str:
     return f"{kb / 2**20:.1f} GiB" if kb else "? GiB"
 
 
-def _core_lines(topo, cores) -> list:
+def _core_lines(topo, cores, pad: str = "    ") -> list:
     lines = []
     for core in cores:
         cpus = " ".join(f"{c}{'' if c in topo.allowed else '!'}" for c in core.cpus)
-        lines.append(f"    core {core.id}{' E' if core.efficiency else ''}: {cpus}")
+        lines.append(f"{pad}core {core.id}{' E' if core.efficiency else ''}: {cpus}")
+    return lines
+
+
+def _size(kb) -> str:
+    if not kb:
+        return ""
+    return f" {kb // 1024} MiB" if kb % 1024 == 0 else f" {kb} KiB"
+
+
+def _runs(cores, key) -> list:
+    """Consecutive cores with equal ``key``: [(key, [cores])]."""
+    out: list = []
+    for core in cores:
+        k = key(core)
+        if out and out[-1][0] == k:
+            out[-1][1].append(core)
+        else:
+            out.append((k, [core]))
+    return out
+
+
+def _cache_lines(topo, cores, node) -> list:
+    """A node's cores grouped by L3 domain, and by L2/cluster where one groups several
+    cores (issue 22); the cores alone where caches were not read."""
+    caches = topo.caches
+    if caches is None or not (caches.l3 or caches.l2):
+        return _core_lines(topo, cores)
+    lines = []
+    for l3, members in _runs(cores, lambda c: topo.cache_of(c.id, "l3")):
+        pad = "    "
+        if l3 is not None:
+            d = caches.l3[l3]
+            others = sorted({topo.node_of(c) for c in d.cpus} - {node}, key=lambda n: (n is None, n or 0))
+            span = f" (shared with node {cpulist.format(n for n in others if n is not None)})" if others else ""
+            lines.append(f"    L3{_size(d.size_kb)}: CPUs {cpulist.format(d.cpus)}{span}")
+            pad = "      "
+        for l2, inner in _runs(members, lambda c: topo.cache_of(c.id, "l2")):
+            if l2 is not None and len(inner) > 1 and (l3 is None or caches.l2[l2].cpus != caches.l3[l3].cpus):
+                d = caches.l2[l2]
+                lines.append(f"{pad}{d.kind}{_size(d.size_kb)}: CPUs {cpulist.format(d.cpus)}")
+                lines += _core_lines(topo, inner, pad + "  ")
+            else:
+                lines += _core_lines(topo, inner, pad)
     return lines
 
 
 def topology_text(topo) -> str:
     """A person's view (``--show-topology``): sockets -> NUMA nodes -> cores with their
-    SMT siblings (logical CPU ids). Pure. Every core appears once: cores whose CPUs belong
-    to no NUMA node are listed under ``(no NUMA node)`` of their socket. Marks: ``E`` an
-    E-core, ``!`` a CPU this process may not use; memory-only nodes and offline CPUs last.
+    SMT siblings (logical CPU ids), inside a node grouped by L3 domain and by L2 or
+    cluster where one holds several cores (with their sizes). Pure. Every core appears
+    once: cores whose CPUs belong to no NUMA node are listed under ``(no NUMA node)`` of
+    their socket. Marks: ``E`` an E-core, ``!`` a CPU this process may not use;
+    memory-only nodes and offline CPUs last.
     """
     lines = [
         f"{topo.model or 'CPU'} ({topo.source}): {len(topo.sockets)} socket(s), "
@@ -540,7 +568,7 @@ def topology_text(topo) -> str:
                 lines.append(f"  node {nid} ({_gib(node.mem_total_kb) if node.has_memory else 'no memory'})")
             else:
                 lines.append("  (no NUMA node)")
-            lines += _core_lines(topo, by_place.get((sock.index, nid), []))
+            lines += _cache_lines(topo, by_place.get((sock.index, nid), []), nid)
     mem_only = sorted((n for n in topo.nodes.values() if not n.cpus), key=lambda n: n.id)
     if mem_only:
         lines.append("memory-only nodes: " + ", ".join(f"{n.id} ({_gib(n.mem_total_kb)})" for n in mem_only))

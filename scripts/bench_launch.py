@@ -241,13 +241,13 @@ def tuned_config(p: argparse.ArgumentParser, path: Path) -> Config:
 def libs_shim_dir() -> tuple[Path, dict[str, str]]:
     """A temporary prefix whose lib/ holds run_cpu's expected names as symlinks to the
     libraries cpulaunch finds: {name: target} of those made."""
-    from cpulaunch.machine import libraries
+    from cpulaunch.machine import libfinder, libraries
 
     d = Path(tempfile.mkdtemp(prefix="bench-launch-libs-"))
     (d / "lib").mkdir()
     made = {}
     for name in ("tcmalloc", "jemalloc", "iomp5"):
-        path = libraries.find(libraries.REGISTRY[name], os.environ)
+        path = libfinder.find(libraries.REGISTRY[name], os.environ)
         if path is not None:
             (d / "lib" / f"lib{name}.so").symlink_to(path)
             made[name] = str(path)

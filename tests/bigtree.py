@@ -12,6 +12,9 @@ node inside a socket (sub-NUMA clustering). Files written (under ``sys/devices/s
   thread_siblings_list,core_siblings_list,package_cpus_list}`` holding online CPUs only, as
   the kernel's masks do;
 - ``node/{online,possible,has_memory}``, ``node/nodeN/{cpulist,cpumap,meminfo}``;
+- with ``l3_cores`` / ``l2_cores`` (issue 22), for online CPUs, ``cpu/cpuN/cache/index{0,1,
+  2,3}/{level,type,shared_cpu_list,size}`` (L1d, L1i, L2, L3, as x86 and arm64 number
+  them) and, with ``cluster_cores``, ``topology/cluster_cpus_list``;
 - ``proc/cpuinfo`` (two processors), and ``extra`` files given by the caller.
 
 Writing uses plain ``os`` calls, and files with equal contents are hard links of one file
@@ -30,7 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-__all__ = ["make_tree", "replace_file", "scratch_dir", "Layout", "cpulist_text", "mask_text"]
+__all__ = ["make_tree", "replace_file", "scratch_dir", "Layout", "cpulist_text", "mask_text",
+           "CACHE_TREES", "make_cache_tree"]
 
 
 class Layout:
@@ -132,7 +136,9 @@ def make_tree(root: Path, *, sockets: int, nodes_per_socket: int, cores_per_node
               threads_per_core: int, offline: Iterable[int] = (), kernel_max: Optional[int] = None,
               node_mem_kb: int = 64 << 20, model: str = "Synthetic Xeon @ 2.00GHz",
               flags: str = "fpu sse2 avx2 avx512f",
-              extra: Optional[Mapping[str, str]] = None) -> Path:
+              extra: Optional[Mapping[str, str]] = None, l3_cores: Optional[int] = None,
+              l2_cores: Optional[int] = None, cluster_cores: Optional[int] = None,
+              l3_kb: int = 32768, l2_kb: int = 1024) -> Path:
     """Write a sysfs tree of ``sockets`` x ``nodes_per_socket`` NUMA nodes x
     ``cores_per_node`` cores x ``threads_per_core`` SMT threads under ``root``.
 
@@ -143,6 +149,11 @@ def make_tree(root: Path, *, sockets: int, nodes_per_socket: int, cores_per_node
         kernel_max: value of ``cpu/kernel_max`` (default: 8191, or ncpus - 1 if larger).
         node_mem_kb: MemTotal of each node's meminfo, in kB.
         extra: more files, ``{path relative to root: text}`` (e.g. a cgroup cpuset).
+        l3_cores, l2_cores: cores sharing an L3 / an L2, consecutive cores of one node
+            (the last group of a node may be smaller); None: no cache folders at all.
+        cluster_cores: cores per ``cluster_cpus_list`` (consecutive in a node); None: no
+            cluster files.
+        l3_kb, l2_kb: the caches' ``size`` in KiB.
 
     Returns:
         ``root`` as a Path.
@@ -186,6 +197,7 @@ def make_tree(root: Path, *, sockets: int, nodes_per_socket: int, cores_per_node
             put(f"{t}/thread_siblings_list", sib_text)
             put(f"{t}/core_siblings_list", socket_text[s])
             put(f"{t}/package_cpus_list", socket_text[s])
+            _put_caches(put, d, k, lay, off, l3_cores, l2_cores, cluster_cores, l3_kb, l2_kb)
 
     nodes = list(range(lay.nnodes))
     for n in nodes:
@@ -209,6 +221,70 @@ def make_tree(root: Path, *, sockets: int, nodes_per_socket: int, cores_per_node
         os.makedirs(os.path.dirname(path), exist_ok=True)
         _write(path, text)
     return root
+
+
+def _group_text(k: int, size: Optional[int], lay: Layout, off: set) -> Optional[str]:
+    """The online CPUs of the group of ``size`` consecutive cores holding core ``k``
+    (groups counted from the first core of k's node), as a cpulist line."""
+    if not size:
+        return None
+    first_of_node = lay.node_of_core[k] * lay.cores_per_node
+    start = first_of_node + (k - first_of_node) // size * size
+    end = min(start + size, first_of_node + lay.cores_per_node)
+    return cpulist_text(c for j in range(start, end) for c in lay.siblings[j] if c not in off) + "\n"
+
+
+def _put_caches(put, cpu_dir: str, k: int, lay: Layout, off: set, l3_cores, l2_cores,
+                cluster_cores, l3_kb: int, l2_kb: int) -> None:
+    """cache/index0-3 of one online CPU of core ``k`` (and its cluster_cpus_list)."""
+    cluster = _group_text(k, cluster_cores, lay, off)
+    if cluster is not None:
+        put(f"{cpu_dir}/topology/cluster_cpus_list", cluster)
+    if l3_cores is None and l2_cores is None:
+        return
+    core = _group_text(k, 1, lay, off)
+    levels = [("1", "Data", core, "48K"), ("1", "Instruction", core, "32K"),
+              ("2", "Unified", _group_text(k, l2_cores or 1, lay, off), f"{l2_kb}K")]
+    if l3_cores:
+        levels.append(("3", "Unified", _group_text(k, l3_cores, lay, off), f"{l3_kb}K"))
+    os.mkdir(f"{cpu_dir}/cache")
+    for i, (level, kind, shared, size) in enumerate(levels):
+        d = f"{cpu_dir}/cache/index{i}"
+        os.mkdir(d)
+        put(f"{d}/level", level + "\n")
+        put(f"{d}/type", kind + "\n")
+        put(f"{d}/shared_cpu_list", shared)
+        put(f"{d}/size", size + "\n")
+
+
+#: The generated machines of issue 22 (``make_cache_tree(root, name)``): name -> the
+#: make_tree arguments. Genoa: AMD EPYC 9654, 96 cores in 12 CCDs of 8 sharing a 32 MiB
+#: L3 (AMD's EPYC 9004 tuning guides), L2 private (1 MiB), SMT2; the x86 kernel's cluster
+#: is the L2, so one core. NPS1: one NUMA node per socket; NPS4: four, of 3 CCDs each.
+#: Xeon 6 E-core: two 6780E sockets of 144 cores without SMT, in 36 modules of 4 sharing a
+#: 4 MiB L2 (the cluster), one 108 MiB L3 per socket, one node per socket. Grace: 72
+#: Neoverse V2 cores, 1 MiB L2 each, one 114 MiB L3 (NVIDIA's Grace tuning guide); its
+#: clusters of 4 cores are modelled on the Kunpeng 920 dump's (hwloc 128arm-2pa2n8cluster4co),
+#: not read from a Grace machine.
+CACHE_TREES = {
+    "genoa-nps1": dict(sockets=1, nodes_per_socket=1, cores_per_node=96, threads_per_core=2,
+                       l3_cores=8, l2_cores=1, cluster_cores=1, l3_kb=32768, l2_kb=1024,
+                       model="AMD EPYC 9654 96-Core Processor"),
+    "genoa-nps4": dict(sockets=1, nodes_per_socket=4, cores_per_node=24, threads_per_core=2,
+                       l3_cores=8, l2_cores=1, cluster_cores=1, l3_kb=32768, l2_kb=1024,
+                       model="AMD EPYC 9654 96-Core Processor"),
+    "xeon6-e": dict(sockets=2, nodes_per_socket=1, cores_per_node=144, threads_per_core=1,
+                    l3_cores=144, l2_cores=4, cluster_cores=4, l3_kb=110592, l2_kb=4096,
+                    model="Intel(R) Xeon(R) 6780E"),
+    "grace": dict(sockets=1, nodes_per_socket=1, cores_per_node=72, threads_per_core=1,
+                  l3_cores=72, l2_cores=1, cluster_cores=4, l3_kb=116736, l2_kb=1024,
+                  model="Neoverse-V2", flags="fp asimd sve sve2 bf16"),
+}
+
+
+def make_cache_tree(root: Path, name: str, **more) -> Path:
+    """Write the generated machine ``name`` of :data:`CACHE_TREES` under ``root``."""
+    return make_tree(root, **{**CACHE_TREES[name], **more})
 
 
 def scratch_dir(prefix: str = "bigtree-") -> str:

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from cpulaunch import cpulist
+from cpulaunch.machine import elf
 from cpulaunch.tools import doctor
-from cpulaunch.machine import libraries
+from cpulaunch.machine import libfinder, libraries
 from tests.conftest import MACHINES
 
 
@@ -103,7 +104,7 @@ def test_this_machine_json():
     # Libraries: the ones a launch from here would preload.
     for entry in doc["libraries"]:
         lib = libraries.REGISTRY[entry["name"]]
-        found = libraries.find(lib, os.environ)
+        found = libfinder.find(lib, os.environ)
         assert entry["path"] == (str(found) if found else None)
         assert entry["install"] == lib.install
         if found is not None and entry["version"] is not None:
@@ -168,12 +169,12 @@ def test_elf_needed_on_real_libraries():
     if spec is not None:
         paths.append(Path(spec.submodule_search_locations[0]) / "lib" / "libtorch_cpu.so")
     for name in ("jemalloc", "tcmalloc", "iomp5"):
-        found = libraries.find(libraries.REGISTRY[name], os.environ)
+        found = libfinder.find(libraries.REGISTRY[name], os.environ)
         if found:
             paths.append(found)
     paths.append(Path(sys.executable).resolve())  # an executable: PT_DYNAMIC too
     for path in paths:
-        assert list(doctor.read_elf_needed(path)) == _readelf_needed(path), path
+        assert list(elf.read_elf_needed(path)) == _readelf_needed(path), path
 
 
 def _elf(needed, *, cls64=True, little=True, phdrs=True, shdrs=False, strtab_in_load=True) -> bytes:
@@ -231,34 +232,34 @@ def _elf(needed, *, cls64=True, little=True, phdrs=True, shdrs=False, strtab_in_
 @pytest.mark.parametrize("little", [True, False])
 def test_elf_needed_hand_built(cls64, little):
     needed = ["libfoo.so.1", "libgomp.so.1", "libc.so.6"]
-    assert doctor.elf_needed(_elf(needed, cls64=cls64, little=little)) == tuple(needed)
+    assert elf.elf_needed(_elf(needed, cls64=cls64, little=little)) == tuple(needed)
     # Section headers only (no program headers): SHT_DYNAMIC and the DT_STRTAB section.
-    assert doctor.elf_needed(_elf(needed, cls64=cls64, little=little, phdrs=False, shdrs=True)) == tuple(needed)
+    assert elf.elf_needed(_elf(needed, cls64=cls64, little=little, phdrs=False, shdrs=True)) == tuple(needed)
     # DT_STRTAB outside every PT_LOAD, but a section says where it is.
     data = _elf(needed, cls64=cls64, little=little, shdrs=True, strtab_in_load=False)
-    assert doctor.elf_needed(data) == tuple(needed)
-    assert doctor.elf_needed(_elf([], cls64=cls64, little=little)) == ()
+    assert elf.elf_needed(data) == tuple(needed)
+    assert elf.elf_needed(_elf([], cls64=cls64, little=little)) == ()
 
 
 def test_elf_needed_garbage(tmp_path):
     good = _elf(["libx.so"])
     for bad in (b"", b"not an elf file at all" * 4, good[:70], b"\x7fELF" + bytes([3, 1]) + bytes(60)):
-        with pytest.raises(doctor.ElfError):
-            doctor.elf_needed(bad)
+        with pytest.raises(elf.ElfError):
+            elf.elf_needed(bad)
     # A LOAD that misses the string table and no section headers: nowhere to read names.
-    with pytest.raises(doctor.ElfError, match="DT_STRTAB"):
-        doctor.elf_needed(_elf(["libx.so"], strtab_in_load=False))
+    with pytest.raises(elf.ElfError, match="DT_STRTAB"):
+        elf.elf_needed(_elf(["libx.so"], strtab_in_load=False))
     # A static executable: no dynamic section.
     static = bytearray(_elf(["libx.so"]))
     struct.pack_into("<I", static, 64 + 56, 4)  # PT_DYNAMIC -> PT_NOTE
-    with pytest.raises(doctor.ElfError, match="no dynamic section"):
-        doctor.elf_needed(bytes(static))
+    with pytest.raises(elf.ElfError, match="no dynamic section"):
+        elf.elf_needed(bytes(static))
     empty = tmp_path / "empty.so"
     empty.write_bytes(b"")
-    with pytest.raises(doctor.ElfError):
-        doctor.read_elf_needed(empty)
-    with pytest.raises(doctor.ElfError):
-        doctor.read_elf_needed(tmp_path / "missing.so")
+    with pytest.raises(elf.ElfError):
+        elf.read_elf_needed(empty)
+    with pytest.raises(elf.ElfError):
+        elf.read_elf_needed(tmp_path / "missing.so")
 
 
 # --------------------------------------------------------------------------- ISA (pure)
@@ -589,15 +590,15 @@ def test_numactl_verdict_is_the_launchers_check(tmp_path, policy):
 @pytest.mark.parametrize("machine", MACHINES)
 @pytest.mark.parametrize("policy", ["bind", "preferred", "interleave", "local"])
 def test_numactl_argv_on_every_dump(sysroots, tmp_path, machine, policy):
-    """On each dumped machine, doctor's numactl command is host.numactl_check_argv's for the
+    """On each dumped machine, doctor's numactl command is numactl.check_argv's for the
     same topology and policy (doctor run as if live, with a numactl that only logs)."""
-    from cpulaunch.machine import host, probe
-    from cpulaunch.plan import MemPolicy
+    from cpulaunch.machine import numactl, probe
+    from cpulaunch.machine.numactl import MemPolicy
 
     exe, log = _logging_numactl(tmp_path / "bin")
     report = doctor.diagnose(sysroots[machine], {"PATH": str(exe.parent)}, live=True,
                              mem_policy=MemPolicy(policy))
-    want = host.numactl_check_argv(str(exe), probe.probe(sysroots[machine]), MemPolicy(policy))
+    want = numactl.check_argv(str(exe), probe.probe(sysroots[machine]), MemPolicy(policy))
     assert list(report.numactl.argv) == want == _calls(log)[0]
 
 
@@ -605,8 +606,8 @@ def test_ld_preload_is_split_like_glibc(tmp_path):
     """glibc's ld.so splits LD_PRELOAD on spaces and colons only (ld.so(8)): "a.so<TAB>b.so"
     is one entry that it cannot load. Checked here with the real loader, then doctor must
     agree (before: doctor split on any whitespace and saw two allocators)."""
-    jemalloc = libraries.find(libraries.REGISTRY["jemalloc"], os.environ)
-    tcmalloc = libraries.find(libraries.REGISTRY["tcmalloc"], os.environ)
+    jemalloc = libfinder.find(libraries.REGISTRY["jemalloc"], os.environ)
+    tcmalloc = libfinder.find(libraries.REGISTRY["tcmalloc"], os.environ)
     if jemalloc is None or tcmalloc is None:
         pytest.skip("jemalloc and tcmalloc are both needed for the real-loader check")
     cat = shutil.which("cat")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cpulaunch import cpulist
-from cpulaunch.machine.libraries import REGISTRY, find
+from cpulaunch.machine.libfinder import find
+from cpulaunch.machine.libraries import REGISTRY
 
 pytest.importorskip("torch")
 

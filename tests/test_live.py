@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, json_records, run_cli
 from cpulaunch import cpulist
-from cpulaunch.machine import libraries
+from cpulaunch.machine import libfinder, libraries
 
 PY = sys.executable
 NCORES = len(os.sched_getaffinity(0))
@@ -59,7 +59,7 @@ def dry(*args) -> dict:
 
 
 def find(name):
-    path = libraries.find(libraries.REGISTRY[name])
+    path = libfinder.find(libraries.REGISTRY[name])
     if path is None:
         pytest.skip(f"{name} not installed here ({libraries.REGISTRY[name].install})")
     return path

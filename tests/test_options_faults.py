@@ -252,7 +252,7 @@ def _documented_variables() -> dict:
     text = (REPO / "docs" / "cli.md").read_text()
     start = text.index("<!-- option variables: begin -->")
     end = text.index("<!-- option variables: end -->")
-    rows = re.findall(r"^\| `(-[-a-z]+)` \| (?:`(CPULAUNCH_[A-Z_]+)`|none[^|]*) \|", text[start:end], re.M)
+    rows = re.findall(r"^\| `(-[-a-z0-9]+)` \| (?:`(CPULAUNCH_[A-Z0-9_]+)`|none[^|]*) \|", text[start:end], re.M)
     assert rows, "the table is empty"
     table = {opt: var or None for opt, var in rows}
     assert len(table) == len(rows), "an option is listed twice"

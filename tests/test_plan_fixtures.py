@@ -30,7 +30,8 @@ from cpulaunch import cpulist
 from cpulaunch.machine import probe
 from cpulaunch import plan as plan_module
 from cpulaunch.errors import InternalError
-from cpulaunch.plan import LATENCY_CORES, MemPolicy, PlanError, Request, plan, validate
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.plan import LATENCY_CORES, PlanError, Request, plan, validate
 from cpulaunch.machine.topology import CpuFacts, HostFacts, NodeFacts, Topology, build
 
 XEON = "hw-32intel64-2p8co2t+8ve"  # 2x Xeon Silver 4108, SMT siblings 0,16
@@ -219,9 +220,33 @@ def check_per_domain(req, insts, groups, selected, by_id) -> None:
         key = lambda g: by_id[g[0]].node  # noqa: E731
         assert len(insts) == (req.instances_per_node or 1) * len(domains)
         assert all(len({by_id[c].node for c in g}) == 1 for g in groups), "straddles"
-    for d in domains:  # balanced inside each domain
-        ds = [len(g) for g in groups if key(g) == d]
+    for d in domains:
+        dgroups = [g for g in groups if key(g) == d]
+        ds = [len(g) for g in dgroups]
+        if req.equal_sizes:  # balanced inside each domain (the rule before issue 22)
+            assert max(ds) - min(ds) <= 1, (d, ds)
+            continue
+        check_follows_nodes(d, dgroups, [c for c in selected if key([c.id]) == d], by_id)
+
+
+def check_follows_nodes(d, dgroups, dcores, by_id) -> None:
+    """Issue 22/23: a per-socket or per-node domain uses every core; with at least as many
+    instances as nodes, each instance stays in one node, sizes differ by one core at most
+    inside a node, and the largest instance is as small as whole instances per node allow
+    (7 + 5 cores, two instances: 7 and 5); with fewer, balanced runs."""
+    ds = [len(g) for g in dgroups]
+    assert sum(ds) == len(dcores), ("idle cores", d, ds)
+    per_node = _per_node(dcores)
+    if len(dgroups) < len(per_node):
         assert max(ds) - min(ds) <= 1, (d, ds)
+        return
+    assert all(len({by_id[c].node for c in g}) == 1 for g in dgroups), "straddles"
+    for n in per_node:
+        sizes = [len(g) for g in dgroups if by_id[g[0]].node == n]
+        assert sizes and max(sizes) - min(sizes) <= 1, (d, n, sizes)
+    best = next(s for s in range(1, max(per_node.values()) + 1)
+                if sum(-(-c // s) for c in per_node.values()) <= len(dgroups))
+    assert max(ds) == best, (d, ds, best)
 
 
 def spanning_cost(cores: list, sizes: list) -> tuple:

@@ -24,6 +24,7 @@ import bigtree
 from conftest import run_cli
 from cpulaunch import plan as plan_mod
 from cpulaunch.machine import probe
+from cpulaunch.machine.files import MAX_FILE_BYTES
 from cpulaunch.errors import CpulaunchError
 
 #: The dumps fuzzed: SMT + cgroup v1 (Xeon), cgroup v2 Slurm job with cpuset mems (AMD),
@@ -150,7 +151,7 @@ def corrupt(path: Path, kind: str, data: bytes) -> None:
     elif kind == "device":
         os.symlink("/dev/zero", path)  # a character device, endless if read
     elif kind == "huge":
-        path.write_bytes(b"0," * (probe.MAX_FILE_BYTES // 2 + 1) + b"0\n")
+        path.write_bytes(b"0," * (MAX_FILE_BYTES // 2 + 1) + b"0\n")
 
 
 class _Alarm(Exception):

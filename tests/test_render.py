@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cpulaunch.machine.libraries import REGISTRY, identify, is_loadable_elf, parse_ldconfig, preload_entries
-from cpulaunch.plan import Instance, MemPolicy, Plan
+from cpulaunch.machine.libfinder import is_loadable_elf, parse_ldconfig
+from cpulaunch.machine.libraries import REGISTRY, identify, preload_entries
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.machine.numactl import argv as numactl_prefix
+from cpulaunch.plan import Instance, Plan
 from cpulaunch.render import (
     ProgramError,
     Settings,
     dotenv_lines,
-    numactl_prefix,
     plan_json,
     render,
     resolve_program,
@@ -55,7 +58,7 @@ def test_resolve_program_forms():
     "policy, flags",
     [
         (MemPolicy.BIND, ["-m", "0-1"]),
-        (MemPolicy.PREFERRED, ["-p", "0-1"]),
+        (MemPolicy.PREFERRED, ["-p", "0"]),  # one node: numactl refuses "-p 0-1"
         (MemPolicy.INTERLEAVE, ["-i", "0-1"]),
         (MemPolicy.LOCAL, ["-l"]),
         (MemPolicy.NONE, []),
@@ -63,6 +66,18 @@ def test_resolve_program_forms():
 )
 def test_numactl_prefix(policy, flags):
     assert list(numactl_prefix("numactl", [3, 1, 2, 8], policy, [0, 1])) == ["numactl", "-C", "1-3,8", *flags]
+
+
+@pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed")
+def test_preferred_prefix_names_one_node_which_numactl_accepts():
+    """Issue 20: render's preferred prefix was ``-p <node list>`` while the host check used
+    ``-p <first node>``. numactl(8) takes a single node after ``-p`` (numactl.c: ``if
+    (nnodes != 1) usage();``; a list is "-P/--preferred-many"), so the launcher planned a
+    command that numactl refuses on any instance spanning two nodes. The one builder gives
+    the first node, and numactl runs that command here."""
+    prefix = numactl_prefix(shutil.which("numactl"), sorted(os.sched_getaffinity(0)), MemPolicy.PREFERRED, [0, 2])
+    assert prefix[-2:] == ("-p", "0")
+    assert subprocess.run([*prefix, "true"]).returncode == 0
 
 
 def test_env_per_instance_gnu_tcmalloc():

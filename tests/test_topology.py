@@ -25,6 +25,7 @@ import bigtree
 from conftest import FACTS, FIXTURES, MACHINES, plan_json, run_cli
 from cpulaunch import cpulist
 from cpulaunch.machine import probe
+from cpulaunch.machine.files import MAX_FILE_BYTES
 from cpulaunch.machine.probe import parse_cpuinfo, parse_lscpu
 from cpulaunch.machine.topology import (
     CpuFacts,
@@ -345,8 +346,10 @@ def test_show_topology_amd_cgroup_job(sysroots):
     assert lines[1] == (
         "allowed CPUs: 0-5 (cgroup cpuset /cgroup/unified/uid_2008/job_15389/step_0/cpuset.cpus.effective)"
     )
-    assert "    core 5: 5" in lines and "    core 6: 6!" in lines and "    core 31: 31!" in lines
-    assert sum(line.endswith("!") for line in lines if line.startswith("    core")) == 26
+    # issue 22: cores drawn inside their L3 domain (one per node on this Opteron)
+    assert lines[4:7] == ["  node 0 (16.0 GiB)", "    L3 5118 KiB: CPUs 0-3", "      core 0: 0"]
+    assert "      core 5: 5" in lines and "      core 6: 6!" in lines and "      core 31: 31!" in lines
+    assert sum(line.endswith("!") for line in lines if line.startswith("      core")) == 26
     assert "socket 3 (package 3): CPUs 24-31" in lines
     assert "! = not allowed for this process (affinity mask / cgroup cpuset)" in lines
 
@@ -354,10 +357,13 @@ def test_show_topology_amd_cgroup_job(sysroots):
 def test_show_topology_hybrid(sysroots):
     out = run_cli("--sysroot", str(sysroots["hw-20em64t-hybrid-1p6c2t+2ca4co1t"]), "--show-topology").stdout
     lines = out.splitlines()
-    assert "    core 0: 0 1" in lines and "    core 10: 10 11" in lines
+    assert "    L3 24 MiB: CPUs 0-19" in lines  # issue 22: the L3, and the E-cores' 4-core clusters
+    assert "      core 0: 0 1" in lines and "      core 10: 10 11" in lines
     assert [line for line in lines if line.endswith(tuple(f" E: {c}" for c in range(20)))] == [
-        f"    core {c} E: {c}" for c in range(12, 20)
+        f"        core {c} E: {c}" for c in range(12, 20)
     ]
+    assert lines.index("      cluster: CPUs 12-15") + 1 == lines.index("        core 12 E: 12")
+    assert lines.index("      cluster: CPUs 16-19") + 1 == lines.index("        core 16 E: 16")
     assert "note: hybrid CPU: E-cores 12-19 (from cpuinfo_max_freq)" in lines
     assert not any("!" in line for line in lines)
 
@@ -368,7 +374,9 @@ def test_show_topology_memory_only_nodes(sysroots):
     assert lines[1] == "allowed CPUs: 0-15 (cgroup cpuset /sys/fs/cgroup/cpuset/jjh/cpuset.effective_cpus)"
     assert "socket 1 (package 8): CPUs 88-103" in lines
     assert "  node 8 (127.7 GiB)" in lines
-    assert "    core 12: 12 13 14 15" in lines and "    core 88: 88! 89! 90! 91!" in lines
+    # issue 22: POWER9 pairs of SMT4 cores share an L2 and an L3 (shared_cpu_map only)
+    assert "    L3 10 MiB: CPUs 8-15" in lines and "    L3 10 MiB: CPUs 88-95" in lines
+    assert "      core 12: 12 13 14 15" in lines and "      core 88: 88! 89! 90! 91!" in lines
     assert lines[-2] == "memory-only nodes: " + ", ".join(f"{n} (15.0 GiB)" for n in range(250, 256))
     assert lines[-1] == "! = not allowed for this process (affinity mask / cgroup cpuset)"
 
@@ -930,8 +938,8 @@ def test_file_over_the_size_bound_is_refused(tmp_path):
     with pytest.raises(TopologyError) as info:
         probe.probe(root)
     assert str(info.value) == corrupt_message(
-        root, "/sys/devices/system/node/has_memory", f"larger than {probe.MAX_FILE_BYTES} bytes")
-    assert probe.MAX_FILE_BYTES == 1 << 20
+        root, "/sys/devices/system/node/has_memory", f"larger than {MAX_FILE_BYTES} bytes")
+    assert MAX_FILE_BYTES == 1 << 20
 
 
 def test_optional_files_that_are_unusable_become_notes(tmp_path):

@@ -41,14 +41,14 @@ from cpulaunch.tools.tune.report import (
     report_png,
 )
 from cpulaunch.tools.tune.search import (
-    Outcome,
+    Decision,
     Stage,
     _dropped,
     _scored,
     _slot_records,
     _stage_done,
     coarse_configs,
-    compare,
+    compare_summaries,
     decide,
     fine_configs,
     grid_configs,
@@ -80,7 +80,7 @@ from cpulaunch.tools.tune.trials import (
     run_command,
 )
 from cpulaunch.tools.tune.tuner import (
-    Settings,
+    TuneSettings,
     Tuner,
 )
 
@@ -348,14 +348,14 @@ def test_combine_metric_sums_throughput_and_averages_latency():
 def test_better_only_beyond_the_spread():
     a, b = summarize([100, 104, 108]), summarize([90, 94, 95])
     assert (a.median, a.spread, b.median, b.spread) == (104, 8, 94, 5)
-    assert compare(a, b, lower_is_better=False) == "better"  # 10 > max(8, 5)
-    assert compare(b, a, lower_is_better=False) == "worse"
-    assert compare(a, b, lower_is_better=True) == "worse"
+    assert compare_summaries(a, b, lower_is_better=False) == "better"  # 10 > max(8, 5)
+    assert compare_summaries(b, a, lower_is_better=False) == "worse"
+    assert compare_summaries(a, b, lower_is_better=True) == "worse"
     c = summarize([92, 100, 103])  # median 100, spread 11 > 104 - 100
-    assert compare(a, c, lower_is_better=False) == "within noise"
-    assert compare(a, summarize([90, 90, 90]), False) == "better"  # 14 > 8
-    assert compare(a, summarize([96, 96, 96]), False) == "within noise"  # 8 is not more than 8
-    assert compare(a, summarize([50]), False) == "too few trials"
+    assert compare_summaries(a, c, lower_is_better=False) == "within noise"
+    assert compare_summaries(a, summarize([90, 90, 90]), False) == "better"  # 14 > 8
+    assert compare_summaries(a, summarize([96, 96, 96]), False) == "within noise"  # 8 is not more than 8
+    assert compare_summaries(a, summarize([50]), False) == "too few trials"
 
 
 def test_decide_keeps_the_default_within_noise():
@@ -410,7 +410,7 @@ ALLOC = Space(axes=("allocator",), values={"allocator": ("tcmalloc", "default", 
 
 def _tuner(out, runner, meter=None, **kw):
     kw.setdefault("load_sample", 0.0)
-    settings = Settings(program=("prog",), out=out, budget_s=60, axes=("allocator",), **kw)
+    settings = TuneSettings(program=("prog",), out=out, budget_s=60, axes=("allocator",), **kw)
     return Tuner(settings, ALLOC, runner=runner, meter=meter or FakeMeter(), progress=False)
 
 
@@ -443,7 +443,7 @@ def test_resume_runs_exactly_the_missing_trials(tmp_path):
 
 def test_resume_refuses_another_program(tmp_path):
     assert _tuner(tmp_path, FakeRunner()).run() == 0
-    settings = Settings(program=("other",), out=tmp_path, budget_s=60, axes=("allocator",), load_sample=0.0)
+    settings = TuneSettings(program=("other",), out=tmp_path, budget_s=60, axes=("allocator",), load_sample=0.0)
     with pytest.raises(TuneError, match=r"holds a tune with another program \(\['prog'\], now \['other'\]\)"):
         Tuner(settings, ALLOC, runner=FakeRunner(), meter=FakeMeter(), progress=False).run()
 
@@ -594,10 +594,10 @@ def test_best_toml_round_trip(where, config, needs, sysroots, tmp_path):
     root = "/" if where == "/" else str(sysroots[where])
     space = build_space(probe.probe(root), AXES, ALL_LIBS)
     key = config_key(config)
-    settings = Settings(program=("python", "x y.py"), out=tmp_path, budget_s=60)
+    settings = TuneSettings(program=("python", "x y.py"), out=tmp_path, budget_s=60)
     tuner = Tuner(settings, space, runner=FakeRunner(), meter=FakeMeter(), progress=False)
     tuner.metric = "samples_per_s"
-    outcome = Outcome(((key, config, summarize([1.0, 2.0, 3.0])),), key, "measured", key)
+    outcome = Decision(((key, config, summarize([1.0, 2.0, 3.0])),), key, "measured", key)
     path = tmp_path / "best.toml"
     path.write_text(best_toml(tuner, outcome))
     doc = tomllib.loads(path.read_text())

@@ -19,7 +19,7 @@ import pytest
 
 from cpulaunch import cpulist
 from cpulaunch.tools import verify
-from cpulaunch.machine import libraries
+from cpulaunch.machine import libfinder, libraries
 from cpulaunch.machine import proc as procfs
 from cpulaunch.tools.verify import Expected
 
@@ -186,7 +186,7 @@ ready(kid=kid.pid)
 
 
 def _lib(name: str) -> Path:
-    path = libraries.find(libraries.REGISTRY[name], os.environ)
+    path = libfinder.find(libraries.REGISTRY[name], os.environ)
     if path is None:
         pytest.skip(f"{name} not installed ({libraries.REGISTRY[name].install})")
     return path
@@ -385,6 +385,12 @@ def test_expected_from_environ_budgets():
         index=1, bound_cpus=tuple(range(8)), cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind",
         allocator="jemalloc", omp_runtime="intel")
     assert Expected.from_environ({"OMP_NUM_THREADS": "4"}) is None
+    # LD_PRELOAD split as glibc does (spaces and colons only, ld.so(8)): a tab keeps two names
+    # one entry (issue 20: it was split on any whitespace, so libiomp5 counted as preloaded)
+    base = {"CPULAUNCH_CPUS": "0-1"}
+    both = Expected.from_environ({**base, "LD_PRELOAD": "/x/libjemalloc.so.2:/y/libiomp5.so"})
+    assert (both.allocator, both.omp_runtime) == ("jemalloc", "intel")
+    assert Expected.from_environ({**base, "LD_PRELOAD": "libtcmalloc.so.4\tlibiomp5.so"}).omp_runtime is None
     assert Expected.from_environ({"CPULAUNCH_CPUS": "3-1"}) is None  # garbage: no expectation, no crash
 
 
@@ -461,12 +467,23 @@ def test_inspect_under_a_generated_root(tmp_path):
 # --------------------------------------------------------------------------- a real torch process
 
 TORCH_CHILD = """
-import torch
+import glob, torch
 torch.set_num_threads({threads})
 x = torch.randn(2_000_000)
-end = time.monotonic() + 2.0
-while time.monotonic() < end:   # intra-op parallel work for two seconds
-    torch.exp(x)
+tick = os.sysconf("SC_CLK_TCK")
+def cpu_seconds():  # every thread's utime+stime (fields 14 and 15 of task/TID/stat)
+    out = []
+    for path in glob.glob("/proc/self/task/*/stat"):
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        out.append((int(fields[11]) + int(fields[12])) / tick)
+    return sorted(out, reverse=True)
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:  # intra-op work until the whole team is busy by verify's rule
+    for _ in range(10):
+        torch.exp(x)
+    if min(cpu_seconds()[:{threads}]) >= 0.4:
+        break
 ready(threads=torch.get_num_threads())
 """
 
@@ -498,18 +515,33 @@ def test_torch_intra_op_threads_counted():
 # --------------------------------------------------------------------------- through the launcher
 
 WIDEN = """
-import os, sys, threading, time
+import glob, os, sys, threading, time
 def spin():
     start = time.thread_time()
     while time.thread_time() - start < 0.3:
         pass
     threading.Event().wait()                 # alive, idle, until the process ends
-if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "0":
-    for _ in range(2):                       # instance 0 starts two extra busy threads
-        threading.Thread(target=spin, daemon=True).start()
-if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
+index = os.environ["CPULAUNCH_INSTANCE_INDEX"]
+if index == "0":
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(2)]
+    [t.start() for t in spinners]            # instance 0 starts two extra busy threads
+if index == "1":
     os.sched_setaffinity(0, {allowed})     # instance 1 widens its main thread to every allowed CPU
-time.sleep(4)
+if index == "0":
+    start = time.monotonic()                 # wait until both spinners are busy by verify's rule
+    def busy():
+        n = 0
+        for path in glob.glob("/proc/self/task/*/stat"):
+            with open(path) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            n += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") >= 0.25
+        return n
+    while busy() < 2 and time.monotonic() - start < 60:
+        time.sleep(0.05)
+open(os.path.join({ready!r}, index), "w").close()   # ready: verify may look now
+deadline = time.monotonic() + 120                    # then stay until the launcher's check ran
+while not glob.glob(os.path.join({logs!r}, "*", "verify.json")) and time.monotonic() < deadline:
+    time.sleep(0.05)
 """
 
 
@@ -518,9 +550,19 @@ time.sleep(4)
 def test_two_instance_run_reports_extra_threads_and_widening(tmp_path):
     from tests.conftest import run_cli
 
-    proc = run_cli("--ninstances", "2", "--verify-after", "1.5", "--log-dir", str(tmp_path), "--",
-                   sys.executable, "-c", WIDEN.format(allowed=set(ALLOWED)), timeout=60)
-    (doc_path,) = tmp_path.glob("*/verify.json")
+    """--verify through the launcher: instance 0 has two extra busy threads, instance 1 widened
+    its affinity. Each instance says when it is ready (a file); the check runs at
+    --verify-after 10 s, which the test asserts came after both were ready (else the
+    check would have judged a program still starting), and the instances stay until
+    verify.json exists."""
+    ready, logs = tmp_path / "ready", tmp_path / "logs"
+    ready.mkdir()
+    proc = run_cli("--ninstances", "2", "--verify-after", "10", "--log-dir", str(logs), "--",
+                   sys.executable, "-c", WIDEN.format(allowed=set(ALLOWED), ready=str(ready), logs=str(logs)),
+                   timeout=240)
+    (doc_path,) = logs.glob("*/verify.json")
+    assert max(f.stat().st_mtime for f in ready.iterdir()) <= doc_path.stat().st_mtime, \
+        "an instance was not ready when the check ran"
     doc = json.loads(doc_path.read_text())
     inst0, inst1 = doc["instances"]
     assert (inst0["index"], inst1["index"]) == (0, 1)

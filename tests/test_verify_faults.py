@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cpulaunch.tools import verify
-from cpulaunch.machine import libraries
+from cpulaunch.machine import libfinder, libraries
 from cpulaunch.machine import proc as procfs
 from cpulaunch.tools.verify import Expected, Verdict
 from tests.conftest import REPO, run_cli
@@ -193,7 +193,7 @@ os._exit(0)
 
 
 def _tcmalloc() -> Path:
-    path = libraries.find(libraries.REGISTRY["tcmalloc"], os.environ)
+    path = libfinder.find(libraries.REGISTRY["tcmalloc"], os.environ)
     if path is None:
         pytest.skip(f"tcmalloc not installed ({libraries.REGISTRY['tcmalloc'].install})")
     return path

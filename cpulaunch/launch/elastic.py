@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from cpulaunch import envvars
 from cpulaunch import log as _log
-from cpulaunch.distributed import RANK_SPECS_ENV, STATUS_DIR_ENV, elastic_rank_env
+from cpulaunch.distributed import elastic_rank_env
 from cpulaunch.launch.spawn import ProcessSpec
 
 __all__ = ["run_elastic", "main"]
@@ -44,10 +45,10 @@ def run_elastic(torchrun_argv: Sequence[str], ranks: Sequence[ProcessSpec], envi
         LaunchError: torchrun cannot be started, the log folder cannot be used.
     """
     from cpulaunch.launch.supervise import describe_failure, run_group
-    from cpulaunch.machine.probe import FileReader
+    from cpulaunch.machine.files import FileReader
 
     with tempfile.TemporaryDirectory(prefix="cpulaunch-ddp-") as status_dir:
-        env = {RANK_SPECS_ENV: json.dumps([r.to_json() for r in ranks]), STATUS_DIR_ENV: status_dir}
+        env = {envvars.RANK_SPECS: json.dumps([r.to_json() for r in ranks]), envvars.DDP_STATUS_DIR: status_dir}
         if "OMP_NUM_THREADS" not in environ:
             env["OMP_NUM_THREADS"] = "1"  # keeps torchrun's banner away; each rank sets its own
         runner = ProcessSpec(index=0, label="torchrun", argv=tuple(torchrun_argv), env=env, affinity=None, cpus=())
@@ -73,14 +74,14 @@ def run_elastic(torchrun_argv: Sequence[str], ranks: Sequence[ProcessSpec], envi
 
 def main() -> int:
     """``python -m cpulaunch.rank_entry``: run this local rank's command; returns its exit code."""
-    from cpulaunch.launch.rundir import write_file
     from cpulaunch.launch.spawn import exec_spec
     from cpulaunch.launch.supervise import describe_failure, run_group
+    from cpulaunch.machine.files import write_file
 
     environ = dict(os.environ)
     try:
-        specs = json.loads(environ.pop(RANK_SPECS_ENV))
-        status_dir = environ.pop(STATUS_DIR_ENV, None)
+        specs = json.loads(environ.pop(envvars.RANK_SPECS))
+        status_dir = environ.pop(envvars.DDP_STATUS_DIR, None)
         local = int(environ["LOCAL_RANK"])
         spec = ProcessSpec.from_json(specs[local])
     except (KeyError, ValueError, IndexError, TypeError):
@@ -93,7 +94,7 @@ def main() -> int:
     record = {"rank": int(environ.get("RANK", local)), "exit_code": outcome.exit_code, "time": time.time(),
               "how": describe_failure(outcome, [spec]) if outcome.exit_code else ""}
     try:  # never through a link planted at the name (issue 19)
-        write_file(Path(status_dir), f"rank{record['rank']}.json", json.dumps(record))
+        write_file(Path(status_dir, f"rank{record['rank']}.json"), json.dumps(record))
     except OSError:
         pass
     return outcome.exit_code

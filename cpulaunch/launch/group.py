@@ -26,12 +26,11 @@ from cpulaunch.launch.spawn import (
     ProcessSpec,
     _cannot_run,
     _child_setup,
-    _environ,
+    _child_environ,
     _load_prctl,
     _signals_to_reset,
-    exit_code_of,
-    signal_name,
 )
+from cpulaunch.machine.exec import exit_code_of, signal_name
 
 __all__ = ["FORWARDED_SIGNALS", "STOPPING_SIGNALS", "KILL_TIMEOUT", "RELAY_TIMEOUT", "InstanceResult", "ProcessGroup"]
 
@@ -526,7 +525,7 @@ class ProcessGroup:
         start = time.time()
         try:
             popen = subprocess.Popen(
-                list(spec.argv), env=_environ(self.base_environ, spec),
+                list(spec.argv), env=_child_environ(self.base_environ, spec),
                 stdin=None if spec.index == self.stdin_for else subprocess.DEVNULL,
                 stdout=out_w, stderr=err_w, start_new_session=True, preexec_fn=setup,
             )

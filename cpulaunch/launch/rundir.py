@@ -17,8 +17,9 @@ from cpulaunch.launch.spawn import (
     LaunchError,
     ProcessSpec,
 )
+from cpulaunch.machine.files import replace_at
 
-__all__ = ["RunDir", "write_file"]
+__all__ = ["RunDir"]
 
 # --------------------------------------------------------------------------- the run folder
 
@@ -73,61 +74,6 @@ def _create_at(dir_fd: int, name: str, shown: str, flags: int = 0) -> int:
         raise
 
 
-def _write_fd(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _replace_at(dir_fd: int, name: str, text: str, shown: str) -> None:
-    """Write ``text`` as ``name`` in the folder ``dir_fd``: to a new temporary file there
-    (O_EXCL, a random name), then rename()d over ``name``. rename(2) replaces a link
-    planted at the name, never follows it; a folder planted there fails (EISDIR).
-
-    Raises:
-        OSError: the write or the rename failed (the temporary file is removed);
-            its ``filename`` is ``shown``.
-    """
-    for _ in range(100):
-        tmp = f".{name}.{os.urandom(6).hex()}.tmp"
-        try:
-            fd = os.open(tmp, _O_NEW, 0o666, dir_fd=dir_fd)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise OSError(errno.EEXIST, "no free temporary name", shown)
-    try:
-        try:
-            _write_fd(fd, text.encode("utf-8", "surrogateescape"))
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            exc.filename, exc.filename2 = shown, None
-        raise
-
-
-def write_file(folder: Path, name: str, text: str) -> None:
-    """Write ``text`` (UTF-8, surrogate escapes as the bytes they stand for) to
-    ``folder/name`` without ever writing through a link planted at ``name``: a new
-    temporary file in ``folder`` renamed over it (:func:`_replace_at`).
-
-    Raises:
-        OSError: ``folder`` cannot be opened, or the write or rename failed.
-    """
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _replace_at(fd, name, text, os.path.join(folder, name))
-    finally:
-        os.close(fd)
-
-
 class RunDir:
     """``DIR/<run-id>``: the folder of one run with ``--log-dir`` and every file written
     in it, made so that nothing someone else put there is followed, entered or
@@ -141,7 +87,7 @@ class RunDir:
     * ``stdout.log`` and ``stderr.log`` are created O_CREAT|O_EXCL|O_NOFOLLOW and kept
       open (never reopened by name);
     * ``plan.json``, ``result.json``, ``verify.json`` are written to a new temporary file
-      and renamed over the name (:func:`_replace_at`).
+      and renamed over the name (:func:`cpulaunch.machine.files.replace_at`).
 
     ``DIR`` itself is the user's own path and is followed if it is a link. The run id
     is the start time, ``YYYYmmdd-HHMMSS``, then ``-2``, ``-3``... for a name taken
@@ -215,7 +161,7 @@ class RunDir:
         Raises:
             OSError: the write or rename failed (disk full, a folder planted at the name).
         """
-        _replace_at(self.fd, name, text, str(self.path / name))
+        replace_at(self.fd, name, text, str(self.path / name))
 
     def remove(self) -> None:
         """Undo a half-made run folder (disk full): remove what this object made, by

@@ -30,33 +30,13 @@ from typing import (
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 
-__all__ = ["LaunchError", "ProcessSpec", "exec_spec", "exit_code_of", "signal_name"]
+__all__ = ["LaunchError", "ProcessSpec", "exec_spec"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class LaunchError(CpulaunchError):
     """A run could not start: program not runnable, log folder unusable, bad grace period."""
-
-
-def exit_code_of(returncode: int) -> int:
-    """Popen return code -> shell-style exit code: -N (killed by signal N) -> 128+N.
-
-    >>> exit_code_of(-9), exit_code_of(3)
-    (137, 3)
-    """
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def signal_name(n: int) -> str:
-    """Signal number -> name as kill -l spells it: 9 -> ``"SIGKILL"``, 36 -> ``"SIGRTMIN+2"``;
-    an unknown number -> ``"signal 99"``."""
-    if signal.SIGRTMIN < n < signal.SIGRTMAX:
-        return f"SIGRTMIN+{n - signal.SIGRTMIN}"
-    try:
-        return signal.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
 
 
 # --------------------------------------------------------------------------- the spec
@@ -105,7 +85,7 @@ class ProcessSpec(NamedTuple):
                    cpus=tuple(doc["cpus"]))
 
 
-def _environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
+def _child_environ(base: Mapping[str, str], spec: ProcessSpec) -> Dict[str, str]:
     env = dict(base)
     env.update(spec.env)
     return env
@@ -207,7 +187,7 @@ def exec_spec(spec: ProcessSpec, base_environ: Mapping[str, str]) -> NoReturn:
         LaunchError: ``cannot run 'PROG': <strerror>`` when exec fails (the launcher's
             dispositions and mask are restored first) or the affinity cannot be set.
     """
-    env = _environ(base_environ, spec)
+    env = _child_environ(base_environ, spec)
     if spec.affinity is not None:
         try:
             os.sched_setaffinity(0, spec.affinity)

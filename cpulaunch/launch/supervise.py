@@ -66,9 +66,8 @@ from cpulaunch.launch.rundir import _prepare_run_dir
 from cpulaunch.launch.spawn import (
     LaunchError,
     ProcessSpec,
-    exit_code_of,
-    signal_name,
 )
+from cpulaunch.machine.exec import exit_code_of, signal_name
 from cpulaunch.render import json_text
 
 __all__ = ["Outcome", "describe_failure", "run_group"]

@@ -14,13 +14,11 @@ import shutil
 import sys
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
-from cpulaunch import cpulist
 from cpulaunch.machine import libraries
-from cpulaunch.options import BindMode, Options
-from cpulaunch.plan import MemPolicy
 from cpulaunch.machine.topology import Topology
+from cpulaunch.options import BindMode, Options
 
 if TYPE_CHECKING:
     from cpulaunch.distributed import RankContext
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
 #: holds the two lists equal.
 ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
 
-__all__ = ["Host", "gather", "numactl_check_argv", "free_port"]
+__all__ = ["Host", "gather", "free_port", "dist_version", "check_numactl"]
 
 
 class Host(NamedTuple):
@@ -51,6 +49,8 @@ class Host(NamedTuple):
         engine: the engine that started this process (torchrun, MPI, Slurm), if any.
         free_port: a TCP port free on 127.0.0.1 now (one-machine DDP), or None.
         ccl_found: oneccl_bindings_for_pytorch is importable (checked without import).
+        dist_versions: installed versions of "torch" and "oneccl_bind_pt" (package
+            metadata; None when not installed), gathered for --ddp's backend choice.
     """
 
     live: bool
@@ -64,12 +64,13 @@ class Host(NamedTuple):
     engine: Optional["RankContext"] = None
     free_port: Optional[int] = None
     ccl_found: bool = False
+    dist_versions: Mapping[str, Optional[str]] = MappingProxyType({})
 
 
 def _wanted_libraries(opts: Options) -> list:
     names = []
     if opts.allocator == "auto":
-        names.append("tcmalloc")  # measured 1.0-1.4x here, jemalloc 0.68-0.91x
+        names.append(libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR).name)
     elif opts.allocator != "default":
         names.append(libraries.by_choice("allocator", opts.allocator).name)
     if opts.omp_runtime not in ("auto",):
@@ -77,25 +78,48 @@ def _wanted_libraries(opts: Options) -> list:
     return names
 
 
-def numactl_check_argv(numactl: str, topo: Topology, policy: MemPolicy) -> list:
-    """The one ``numactl ... true`` that tells whether binding works here: every CPU this
-    process may use and every memory node it may allocate on, with the planned policy's
-    flag (numactl(8)). A container without CAP_SYS_NICE refuses ``set_mempolicy`` with
-    EPERM; a cpuset refuses CPUs or nodes outside it."""
-    argv = [numactl, "-C", cpulist.format(topo.allowed)]
-    allowed_mems = getattr(topo, "allowed_mems", None)
-    nodes = sorted(n for n in topo.memory_nodes if allowed_mems is None or n in allowed_mems)
-    nodes = [n for n in nodes if topo.nodes[n].cpus & topo.allowed] or nodes
-    text = cpulist.format(nodes)
-    if text and policy is MemPolicy.BIND:
-        argv += ["-m", text]
-    elif text and policy is MemPolicy.PREFERRED:
-        argv += ["-p", str(nodes[0])]
-    elif text and policy is MemPolicy.INTERLEAVE:
-        argv += ["-i", text]
-    elif policy is MemPolicy.LOCAL:
-        argv += ["-l"]
-    return argv + ["true"]
+def check_numactl(prefixes: Sequence[Sequence[str]], timeout: float = 10.0) -> Optional[str]:
+    """Run each planned ``numactl ... true`` once; None if all work, else numactl's reason.
+
+    Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
+    CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
+    and a cpuset may refuse some CPUs. One short exec per distinct prefix, through
+    :func:`cpulaunch.machine.exec.run_quietly` (no subprocess import).
+
+    Args:
+        prefixes: numactl command lines without the program (each
+            :func:`cpulaunch.machine.numactl.argv`).
+    """
+    from cpulaunch.machine.exec import run_quietly
+
+    seen = set()
+    for prefix in prefixes:
+        key = tuple(prefix)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            code, output = run_quietly(list(prefix) + ["true"], timeout)
+        except (OSError, TimeoutError) as exc:
+            return f"{' '.join(prefix)} could not run ({exc})"
+        if code != 0:
+            msg = output.strip().splitlines()
+            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
+    return None
+
+
+def dist_version(*names: str) -> Optional[str]:
+    """The installed version of the first of the distributions ``names`` that is installed
+    (package metadata, nothing imported): ``dist_version("torch")`` -> "2.13.0+cpu"; None
+    when none is."""
+    from importlib import metadata
+
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> Optional[int]:
@@ -118,15 +142,18 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     """
     import importlib.util
 
-    from cpulaunch.machine.probe import check_numactl, is_live
+    from cpulaunch.machine import numactl as numactl_mod
+    from cpulaunch.machine.probe import is_live
 
     live = is_live(opts.sysroot)
-    found = {name: libraries.find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
+    from cpulaunch.machine.libfinder import find
+
+    found = {name: find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
     numactl = shutil.which("numactl") if opts.bind is BindMode.NUMACTL else None
     usable, reason = None, ""
     if opts.bind is BindMode.NUMACTL and live and numactl and opts.output is not opts.output.SHOW_TOPOLOGY:
-        argv = numactl_check_argv(numactl, topo, opts.request.mem_policy)
-        reason = check_numactl(argv[0], [argv[:-1]]) or ""
+        argv = numactl_mod.check_argv(numactl, topo, opts.request.mem_policy)
+        reason = check_numactl([argv[:-1]]) or ""
         usable = not reason
     engine = None
     if any(v in environ for v in ENGINE_VARIABLES):
@@ -137,9 +164,10 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     if opts.ddp is not None and engine is None and opts.ddp.master_port is None and opts.ddp.nnodes == "1" \
             and not opts.ddp.master_addr and not opts.ddp.elastic:
         port = free_port()
-    ccl = False
+    ccl, versions = False, {}
     if opts.ddp is not None and opts.ddp.backend != "gloo":
         ccl = importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None
+        versions = {name: dist_version(name) for name in ("torch", "oneccl_bind_pt")}
     return Host(
         live=live,
         environ=dict(environ),
@@ -152,4 +180,5 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
         engine=engine,
         free_port=port,
         ccl_found=ccl,
+        dist_versions=versions,
     )

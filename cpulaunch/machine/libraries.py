@@ -1,30 +1,20 @@
-"""The preloadable libraries as data, and the search for them on this host.
+"""The preloadable libraries as data: the registry, and the rules read from it (which
+library a file is, how glibc splits LD_PRELOAD). Pure; finding them on this host is
+:mod:`cpulaunch.machine.libfinder`.
 
 Each :class:`Library` lists its file names (versioned ones first: Debian ships
 ``libjemalloc.so.2`` and ``libtcmalloc.so.4`` without the unversioned link unless the -dev
 package is installed), the environment it wants and how to install it. Help text and
 click choices are generated from :data:`REGISTRY`.
-
-Search order (first hit wins): ``sys.prefix/lib`` (where ``pip install intel-openmp``
-puts ``libiomp5.so``), ``$CONDA_PREFIX/lib``, ``$VIRTUAL_ENV/lib``, ``$LD_LIBRARY_PATH``,
-``ldconfig -p``, then the multiarch folders. A hit must be a loadable ELF shared object
-for this machine (class and ``e_machine`` checked), so a 32-bit or foreign-arch file
-is passed over.
 """
 
 import os
-import platform
 import re
-import shutil
-import struct
-import sys
-from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping, NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional
 
-__all__ = ["Library", "REGISTRY", "ALLOCATORS", "OPENMP", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
-           "search_dirs", "find", "is_loadable_elf", "preload_entries", "identify", "openmp_runtime_of",
-           "AUTO_ALLOCATOR", "AUTO_OPENMP"]
+__all__ = ["Library", "REGISTRY", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
+           "preload_entries", "identify", "openmp_runtime_of", "AUTO_ALLOCATOR", "AUTO_OPENMP"]
 
 
 class Library(NamedTuple):
@@ -133,10 +123,10 @@ REGISTRY: dict = {
     )
 }
 
-#: What ``auto`` means, as data (PLATFORM.md, docs/performance.md): ``--allocator auto``
-#: preloads tcmalloc when it is found (1.0-1.4x measured here; jemalloc 0.68-0.91x), else
-#: the C library's malloc; ``--omp-runtime auto`` keeps the runtime torch links (libiomp5
-#: measured within noise of it).
+#: What ``auto`` means, as data (choices; PLATFORM.md, docs/performance.md): ``--allocator
+#: auto`` preloads tcmalloc when it is found (1.0-1.4x measured here; jemalloc 0.68-0.91x),
+#: else the C library's malloc; ``--omp-runtime auto`` keeps the runtime torch links
+#: (libiomp5 measured within noise of it).
 AUTO_ALLOCATOR = "tcmalloc"
 AUTO_OPENMP = "gnu"
 
@@ -157,160 +147,6 @@ def by_choice(kind: str, choice: str) -> Library:
     raise KeyError(choice)
 
 
-ALLOCATORS = tuple(n for n, lib in REGISTRY.items() if lib.kind == "allocator" and lib.selectable)
-OPENMP = tuple(n for n, lib in REGISTRY.items() if lib.kind == "openmp" and lib.selectable)
-
-# e_machine values (System V ABI / elf.h) for the machines we may run on.
-_E_MACHINE = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "ppc64": 21, "s390x": 22, "riscv64": 243, "i686": 3}
-
-
-def is_loadable_elf(path: os.PathLike, machine: Optional[str] = None) -> bool:
-    """True if ``path`` is an ELF shared object (ET_DYN) for this machine's class and arch.
-
-    Args:
-        path: file to check.
-        machine: ``platform.machine()`` value to check against (default: this host).
-    """
-    machine = machine or platform.machine()
-    try:
-        with open(path, "rb") as f:
-            head = f.read(20)
-    except OSError:
-        return False
-    if len(head) < 20 or head[:4] != b"\x7fELF":
-        return False
-    elf_class, data = head[4], head[5]
-    want_class = 2 if sys.maxsize > 2**32 else 1
-    if elf_class != want_class:
-        return False
-    endian = "<" if data == 1 else ">"
-    e_type, e_machine = struct.unpack(endian + "HH", head[16:20])
-    if e_type != 3:  # ET_DYN
-        return False
-    want = _E_MACHINE.get(machine)
-    return want is None or e_machine == want
-
-
-def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list:
-    """Folders searched before ``ldconfig -p``, in order (pure)."""
-    dirs = [Path(prefix) / "lib"]
-    for var in ("CONDA_PREFIX", "VIRTUAL_ENV"):
-        if environ.get(var):
-            dirs.append(Path(environ[var]) / "lib")
-    dirs += [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
-    return dirs
-
-
-def multiarch_dirs(machine: Optional[str] = None) -> list:
-    """The system library folders of Debian-style multiarch and the classic ones."""
-    machine = machine or platform.machine()
-    return [
-        Path(f"/usr/lib/{machine}-linux-gnu"),
-        Path(f"/lib/{machine}-linux-gnu"),
-        Path("/usr/lib64"),
-        Path("/usr/lib"),
-        Path("/usr/local/lib"),
-        Path("/lib64"),
-        Path("/lib"),
-    ]
-
-
-def parse_ldconfig(text: str) -> dict:
-    """``ldconfig -p`` output -> {file name: path}, first entry for this arch wins.
-
-    ``"\\tlibjemalloc.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libjemalloc.so.2"``
-    -> ``{"libjemalloc.so.2": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}``.
-    """
-    out: dict = {}
-    for line in text.splitlines():
-        if "=>" not in line:
-            continue
-        left, right = line.split("=>", 1)
-        name = left.strip().split(" ")[0]
-        out.setdefault(name, right.strip())
-    return out
-
-
-def _ldconfig() -> dict:
-    exe = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
-    if not exe:
-        return {}
-    import subprocess  # a fallback only: off the launch path (issue 12)
-
-    try:
-        res = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_ldconfig(res.stdout) if res.returncode == 0 else {}
-
-
-def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list:
-    """Folders named by ``/etc/ld.so.conf`` and its ``include`` globs (ldconfig(8)), in order.
-
-    Reading them is what ``ldconfig -p`` would tell, without starting a process on every
-    launch. Unreadable files give no folders.
-    """
-    import glob
-
-    out: list = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if line.startswith("include") and _depth < 4:
-            pattern = line.split(None, 1)[1] if " " in line or "\t" in line else ""
-            if pattern and not os.path.isabs(pattern):
-                pattern = os.path.join(os.path.dirname(path), pattern)
-            for inc in sorted(glob.glob(pattern)):
-                out += ld_so_conf_dirs(inc, _depth + 1)
-        elif line.startswith("/"):
-            out.append(Path(line))
-    return out
-
-
-def _first_in(dirs, names) -> Optional[Path]:
-    for name in names:
-        for d in dirs:
-            p = os.path.join(d, name)
-            if os.path.isfile(p) and is_loadable_elf(p):
-                return Path(p)
-    return None
-
-
-def find(
-    lib: Library,
-    environ: Optional[Mapping[str, str]] = None,
-    prefix: str = sys.prefix,
-    extra_dirs: Sequence[os.PathLike] = (),
-    use_ldconfig: bool = True,
-) -> Optional[Path]:
-    """Locate ``lib`` on this host (touches the file system; see module doc for the order).
-
-    The environment's folders first, then the folders of ``/etc/ld.so.conf`` and the
-    multiarch folders (no subprocess); ``ldconfig -p`` is asked only when none of those
-    holds the library (a cache in an unusual place).
-
-    Returns the path of the first loadable match, or None (always None for a library
-    with no file names, such as torch's bundled libgomp).
-    """
-    if not lib.filenames:
-        return None
-    environ = os.environ if environ is None else environ
-    dirs = [Path(d) for d in extra_dirs] + search_dirs(environ, prefix)
-    hit = _first_in(dirs, lib.filenames) or _first_in(multiarch_dirs() + ld_so_conf_dirs(), lib.filenames)
-    if hit is not None or not use_ldconfig:
-        return hit
-    cache = _ldconfig()
-    for name in lib.filenames:
-        p = cache.get(name)
-        if p and is_loadable_elf(p):
-            return Path(p)
-    return None
 
 
 def preload_entries(value: str) -> list:

@@ -58,31 +58,28 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import stat
 from typing import Optional
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.cpulist import CpulistError, excerpt
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine.files import FileReader, corrupt
 from cpulaunch.machine.topology import (
+    CacheFacts,
     CpuFacts,
     HostFacts,
     NodeFacts,
     Topology,
-    TopologyError,
     build,
     online_from_folders,
 )
 
 __all__ = [
-    "FileReader",
     "probe",
     "read_facts",
     "check_sysroot",
     "is_live",
-    "corrupt",
     "cpu_limit",
     "parse_proc_cgroup",
     "parse_mounts",
@@ -90,10 +87,6 @@ __all__ = [
     "parse_cpuinfo",
     "parse_lscpu",
     "run_lscpu",
-    "check_numactl",
-    "MAX_FILE_BYTES",
-    "read_regular",
-    "UnusableFileError",
 ]
 
 log = _log.get(__name__)
@@ -103,144 +96,10 @@ NODE_DIR = "sys/devices/system/node"
 #: Where the files live, as shown in messages (below the root).
 CPU_PATH = "/" + CPU_DIR
 NODE_PATH = "/" + NODE_DIR
-
-#: Largest file the probe reads (sysfs attributes are at most a page; a cpulist of 8,192
-#: CPUs is under 40 KiB). A bigger file is an error where it matters, else a note.
-MAX_FILE_BYTES = 1 << 20
+#: Largest lscpu -p output read (8,192 CPUs make about 110 KiB).
+LSCPU_BYTES = 4 << 20
 #: Of /proc/cpuinfo only the first processor is used: 1,024 CPUs make it 1.5 MB.
 CPUINFO_BYTES = 64 << 10
-
-_FIRST_READ = 65536
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
-_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a link"}
-
-
-class UnusableFileError(Exception):
-    """A file that opened but cannot be used: ``str(exc)`` says why, without the path
-    (``"not a regular file (a FIFO)"``, ``"larger than 1048576 bytes"``, ``"cannot read
-    (Input/output error)"``); the caller names the file."""
-
-
-def read_regular(path: str, cap: int = MAX_FILE_BYTES, truncate: bool = False) -> bytes:
-    """The bytes of the regular file ``path``, at most ``cap`` of them; never blocks.
-
-    Opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a FIFO, a
-    device (``/dev/zero``), a socket or a folder is refused at once instead of hanging or
-    growing without bound. ``truncate``: keep the first ``cap`` bytes of a longer file
-    instead of refusing it. The one bounded reader of the project: the probe's sysfs and
-    procfs reads and ``cpulaunch --config`` both use it.
-
-    Raises:
-        OSError: the file cannot be opened (FileNotFoundError, PermissionError, ...).
-        ValueError: ``path`` holds a NUL byte.
-        UnusableFileError: not a regular file, over ``cap`` bytes, or a read failed.
-    """
-    fd = os.open(path, _OPEN_FLAGS)
-    try:
-        st = os.fstat(fd)
-        if st.st_mode & 0o170000 != stat.S_IFREG:
-            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "special")
-            raise UnusableFileError(f"not a regular file ({kind})")
-        data = os.read(fd, _FIRST_READ if cap >= _FIRST_READ else cap + 1)
-        # A file on disk is whole when its size is read; sysfs (4096) and procfs (0)
-        # sizes say nothing, so read on to the end there.
-        if data and len(data) != st.st_size:
-            chunks = [data]
-            size = len(data)
-            while size <= cap:
-                chunk = os.read(fd, min(_FIRST_READ, cap + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
-    except OSError as exc:
-        raise UnusableFileError(f"cannot read ({exc.strerror})") from None
-    finally:
-        os.close(fd)
-    if len(data) > cap:
-        if not truncate:
-            raise UnusableFileError(f"larger than {cap} bytes")
-        data = data[:cap]
-    return data
-
-
-class FileReader:
-    """Reads text files below ``root`` with plain ``os`` calls: the one bounded reader of
-    host files (the probe and ``cpulaunch doctor`` read through it).
-
-    ``read`` returns None for an absent file (ENOENT, ENOTDIR) and for one this user may
-    not read (a note). A file that is present but unusable (not a regular file, over
-    ``cap`` bytes, an I/O error) raises a TopologyError naming it when ``strict``, else
-    reads as None with a note. Bytes that are not UTF-8 become U+FFFD. It never blocks:
-    the file is opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a
-    FIFO or a device (``/dev/zero`` linked in place of a file) is refused unread.
-
-    Attributes:
-        root: the root given (``/`` or a ``--sysroot`` dump).
-        notes: one line per file not read, for messages ("/proc/cpuinfo: not a regular
-            file (a FIFO): ignored"), and the probe's other notes.
-        skipped: the files not read as data, in read order: ``(path below root with a
-            leading "/", why it was not read)``, e.g. ``("/proc/cpuinfo", "not a regular
-            file (a FIFO)")``. Files refused with ``strict`` are not listed: the error
-            raised names them.
-        unusable: some file was not a regular file, too big or failed to read.
-    """
-
-    def __init__(self, root: str | os.PathLike = "/"):
-        self.root = os.fspath(root)
-        self.prefix = self.root.rstrip("/")
-        self.notes: list[str] = []
-        self.skipped: list[tuple[str, str]] = []
-        self.unusable = False
-
-    def path(self, rel: str) -> str:
-        """``rel`` (relative, no leading slash) below the root."""
-        return self.prefix + "/" + rel
-
-    def _bad(self, rel: str, what: str, strict: bool) -> None:
-        self.unusable = True
-        if strict:
-            raise corrupt(self.root, "/" + rel, what)
-        self._skip(rel, what)
-
-    def _skip(self, rel: str, what: str) -> None:
-        self.notes.append(f"/{printable(rel)}: {what}: ignored")
-        self.skipped.append(("/" + rel, what))
-
-    def read(self, rel: str, strict: bool = True, cap: int = MAX_FILE_BYTES,
-             truncate: bool = False) -> Optional[str]:
-        """The text of ``root/rel``, or None (see the class). ``truncate``: keep the first
-        ``cap`` bytes of a longer file instead of refusing it."""
-        try:
-            data = read_regular(self.prefix + "/" + rel, cap, truncate)
-        except (FileNotFoundError, NotADirectoryError, ValueError):
-            return None  # ValueError: a NUL byte in a path taken from a dump
-        except PermissionError:
-            self._skip(rel, "permission denied")
-            return None
-        except OSError as exc:
-            self._bad(rel, f"cannot open ({exc.strerror})", strict)
-            return None
-        except UnusableFileError as exc:
-            self._bad(rel, str(exc), strict)
-            return None
-        return data.decode("utf-8", "replace")
-
-    def listdir(self, rel: str) -> list[str]:
-        """Names in the folder ``root/rel``; [] when it is absent or not a folder."""
-        try:
-            return os.listdir(self.path(rel))
-        except (OSError, ValueError):
-            return []
-
-    def isdir(self, rel: str) -> bool:
-        """``root/rel`` is a folder (links followed)."""
-        try:
-            return stat.S_ISDIR(os.stat(self.path(rel)).st_mode)
-        except (OSError, ValueError):
-            return False
 
 
 _NUMBERED: dict[str, re.Pattern] = {}
@@ -288,21 +147,6 @@ def is_live(root: str | os.PathLike) -> bool:
 # --------------------------------------------------------------------------- parsing where read
 
 _INT = re.compile(r"-?[0-9]{1,10}")
-
-
-def corrupt(root: str, path: str, what: str) -> TopologyError:
-    """The error for a malformed file: ``"<path>: <what>; <which tree is corrupt>"``.
-
-    Args:
-        root: the root the probe read below ("/" for this host, else the --sysroot folder).
-        path: the file as read below the root, e.g. "/sys/devices/system/cpu/online".
-        what: what was wrong, one line (quote file contents with ``cpulist.excerpt``).
-    """
-    if root in ("/", ""):
-        where = "this host's /sys or /proc is corrupt"
-    else:
-        where = f"the tree under --sysroot {printable(root)} is corrupt or not a Linux dump"
-    return TopologyError(f"{printable(path)}: {what}; {where}")
 
 
 def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
@@ -649,7 +493,7 @@ def _read_hybrid(fs: "FileReader", limit: int) -> tuple[Optional[frozenset], boo
 
 
 def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
-               files: Optional[FileReader] = None) -> HostFacts:
+               files: Optional[FileReader] = None, caches: bool = False) -> HostFacts:
     """Read and parse what the topology needs of the machine at ``root`` (a real ``/`` or a
     dump): each file is parsed where it is read, so an error names it.
 
@@ -667,6 +511,10 @@ def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
     ``files``: the reader to read through (default a new ``FileReader(root)``; ``root`` is
     then ignored). A caller that passes its own sees afterwards, in ``files.skipped``, every
     file that was present but not read (``cpulaunch doctor`` reports them).
+
+    ``caches=True`` also reads which CPUs share each L3 and each L2 or cluster
+    (:func:`read_caches`); otherwise ``HostFacts.caches`` is None (not read). A launch
+    asks for them only where its plan divides a socket or node (``core.cache_need``).
 
     Raises:
         TopologyError: a file is malformed, bigger than MAX_FILE_BYTES or not a regular
@@ -699,12 +547,14 @@ def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
     present = fs.read(f"{CPU_DIR}/present")
     has_memory = fs.read(f"{NODE_DIR}/has_memory")
     flags, model = parse_cpuinfo(fs.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES, truncate=True))
+    cache_facts = read_caches(fs, online, cpus, limit) if caches else None
     return HostFacts(
         online=online_file, cpus=cpus, nodes=nodes, hybrid_atom=hybrid_atom, lscpu=lscpu,
         present=None if present is None else _parse(fs, present, f"{CPU_DIR}/present", limit),
         has_memory=(None if has_memory is None
                     else _parse(fs, has_memory, f"{NODE_DIR}/has_memory", cpulist.MAX_NODE_IDS)),
         flags=flags, model=model, cpu_limit=limit, root=fs.root, **limits, notes=tuple(fs.notes),
+        caches=cache_facts,
     )
 
 
@@ -833,109 +683,162 @@ def _read_core(fs: "FileReader", topo: str, limit: int, core_done: set[int],
     return fields, found
 
 
+# --------------------------------------------------------------------------- caches
+
+#: Cache types that hold data: an L2 or L3 is "Unified" (never "Instruction").
+_DATA_CACHES = ("Unified", "Data")
+_SIZE = re.compile(r"([0-9]{1,12})([KMG]?)")
+
+
+def parse_cache_size(text: str) -> Optional[int]:
+    """A cache ``size`` file in KiB: ``"32768K"`` -> 32768, ``"1M"`` -> 1024 (the kernel
+    writes ``%uK``, Documentation/ABI/testing/sysfs-devices-system-cpu); None when it is
+    anything else."""
+    m = _SIZE.fullmatch(_clean(text))
+    if m is None:
+        return None
+    return int(m.group(1)) << {"": 0, "K": 0, "M": 10, "G": 20}[m.group(2)]
+
+
+class _CacheIndexes:
+    """Which ``cpuN/cache/indexK`` holds a cache level. The first CPU's folder is scanned
+    (``level`` of each index, ``type`` of those at the level sought); for the next domains
+    one ``level`` read confirms that the same K holds it (else that CPU is scanned too)."""
+
+    def __init__(self, fs: FileReader) -> None:
+        self.fs = fs
+        self.known: dict[int, int] = {}  # level -> index number
+        self.scanned: dict[int, dict[int, Optional[int]]] = {}  # cpu -> {index number: level}
+
+    def _level(self, rel: str) -> Optional[int]:
+        return _measure(self.fs, self.fs.read(rel + "/level", strict=False), rel + "/level")
+
+    def find(self, cpu: int, level: int) -> Optional[str]:
+        """``cpuN/cache/indexK`` (below the root) holding ``cpu``'s cache of ``level``, or None."""
+        base = f"{CPU_DIR}/cpu{cpu}/cache"
+        k = self.known.get(level)
+        if k is not None and cpu not in self.scanned and self._level(f"{base}/index{k}") == level:
+            return f"{base}/index{k}"
+        levels = self.scanned.get(cpu)
+        if levels is None:
+            levels = self.scanned[cpu] = {k: self._level(f"{base}/index{k}")
+                                          for k in _numbered(self.fs.listdir(base), "index")}
+        for k, found in levels.items():
+            rel = f"{base}/index{k}"
+            if found == level and _clean(self.fs.read(rel + "/type", strict=False)) in _DATA_CACHES:
+                self.known[level] = k
+                return rel
+        return None
+
+
+def _shared_cpus(fs: FileReader, rel: str, limit: int) -> Optional[frozenset]:
+    """The CPUs of the cache folder ``rel``'s ``shared_cpu_list`` (else its
+    ``shared_cpu_map``; POWER kernels leave the list empty), or of the file ``rel`` itself
+    when it is not a cache folder. None when absent or empty; ``frozenset()`` when
+    malformed (with a note)."""
+    names = [("shared_cpu_list", False), ("shared_cpu_map", True)] if "/cache/" in rel else [("", False)]
+    for name, mask in names:
+        path = f"{rel}/{name}" if name else rel
+        text = fs.read(path, strict=False)
+        if not _clean(text):
+            continue
+        try:
+            return (cpulist.parse_mask if mask else cpulist.parse)(text, limit)
+        except CpulistError as exc:
+            fs.notes.append(f"/{printable(path)}: {exc}: ignored")
+            return frozenset()
+    return None
+
+
+def _walk_domains(fs: FileReader, order: list, limit: int, label: str, locate, sized) -> tuple:
+    """``(cpus, size in KiB)`` of each domain of one level, read once per domain: the
+    online CPUs are walked upwards and a CPU that a list read so far names is skipped.
+    ``locate(cpu)``: the file or cache folder to read for ``cpu``, None where it has none;
+    ``sized(cpu, members)``: whether to read its ``size``. () when the first CPU has no
+    such domain, and () with a note where a list is missing for a later CPU, malformed,
+    does not name its own CPU or overlaps an earlier one (they only refine placement)."""
+    covered: set = set()
+    out = []
+    for cpu in order:
+        if cpu in covered:
+            continue
+        rel = locate(cpu)
+        members = None if rel is None else _shared_cpus(fs, rel, limit)
+        if not members:
+            if out and members is None:
+                fs.notes.append(f"{CPU_PATH}/cpu{cpu}: no {label} list, unlike CPU {order[0]}: "
+                                f"{label} domains not used")
+            elif members is not None:
+                fs.notes.append(f"{label} domains not used (a malformed list)")
+            return ()
+        if cpu not in members or not members.isdisjoint(covered):
+            fs.notes.append(f"/{printable(rel)}: CPUs {cpulist.format(members)} do not form a domain "
+                            f"with the lists read before: {label} domains not used")
+            return ()
+        covered.update(members)
+        size = None
+        if "/cache/" in rel and sized(cpu, members):
+            text = fs.read(rel + "/size", strict=False)
+            size = None if text is None else parse_cache_size(text)
+            if text is not None and size is None:
+                fs.notes.append(f"/{printable(rel)}/size: not a size ({excerpt(_clean(text))}): ignored")
+        out.append((members, size))
+    return tuple(out)
+
+
+def read_caches(fs: FileReader, online: frozenset, cpus: dict, limit: int) -> CacheFacts:
+    """Which online CPUs share each L3, and each L2 or cluster: one list per domain (see
+    :func:`_walk_domains`), the first CPU's cache folder scanned once (:class:`_CacheIndexes`).
+
+    Reads: the first CPU's ``cache/index*/level`` (and ``type`` at level 3), then per L3
+    domain its ``level`` (the first domain's was read by the scan), ``shared_cpu_list`` and
+    ``size``; per cluster its ``topology/cluster_cpus_list``. Without cluster files (the
+    first CPU has none, or they are unusable), per L2 its ``level``, ``shared_cpu_list``,
+    and ``size`` where it groups several cores.
+    Malformed or unusable files are notes: caches refine placement, they never decide it.
+
+    Args:
+        fs: the reader (notes go to ``fs.notes``).
+        online: online logical CPUs; cpus: the CpuFacts read so far (only CPUs with a
+            cpuN folder are visited; ``siblings`` tells a private L2 from a shared one).
+        limit: exclusive bound on CPU ids.
+    """
+    order = [c for c in sorted(online) if c in cpus]
+    if not order:
+        return CacheFacts()
+    indexes = _CacheIndexes(fs)
+    l3 = _walk_domains(fs, order, limit, "L3", lambda cpu: indexes.find(cpu, 3), lambda cpu, m: True)
+    l2 = _walk_domains(fs, order, limit, "cluster",
+                       lambda cpu: f"{CPU_DIR}/cpu{cpu}/topology/cluster_cpus_list", lambda cpu, m: False)
+    if l2:
+        return CacheFacts(l3=l3, l2=l2, l2_kind="cluster")
+
+    def several_cores(cpu: int, members: frozenset) -> bool:
+        return not members <= (cpus[cpu].siblings or frozenset({cpu}))
+
+    l2 = _walk_domains(fs, order, limit, "L2", lambda cpu: indexes.find(cpu, 2), several_cores)
+    return CacheFacts(l3=l3, l2=l2, l2_kind="L2" if l2 else "")
+
+
 def run_lscpu(sysroot: Optional[str] = None) -> Optional[str]:
-    """``LC_ALL=C lscpu -p=CPU,CORE,SOCKET,NODE [--sysroot DIR]`` output, or None."""
-    exe = shutil.which("lscpu")
-    if not exe:
-        return None
-    argv = [exe, "-p=CPU,CORE,SOCKET,NODE"] + (["--sysroot", sysroot] if sysroot else [])
-    import subprocess  # a fallback only: off the launch path (issue 12)
+    """``LC_ALL=C lscpu -p=CPU,CORE,SOCKET,NODE [--sysroot DIR]`` output, or None (lscpu
+    missing, failing or slower than 3 s)."""
+    from cpulaunch.machine.exec import run_quietly  # a fallback only: off the launch path
 
+    argv = ["lscpu", "-p=CPU,CORE,SOCKET,NODE"] + (["--sysroot", sysroot] if sysroot else [])
     try:
-        res = subprocess.run(
-            argv, capture_output=True, text=True, errors="replace", timeout=3,
-            env={**os.environ, "LC_ALL": "C"}, stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        code, out = run_quietly(argv, timeout=3, env={**os.environ, "LC_ALL": "C"}, stderr=False,
+                                max_output=LSCPU_BYTES)
+    except (OSError, TimeoutError):
         return None
-    return res.stdout if res.returncode == 0 else None
+    return out if code == 0 else None
 
 
-def probe(root: str | os.PathLike = "/", *, core_ids: bool = True) -> Topology:
+def probe(root: str | os.PathLike = "/", *, core_ids: bool = True, caches: bool = False) -> Topology:
     """The :class:`Topology` of the machine at ``root`` (see :func:`read_facts`, which also
-    says what ``core_ids=False`` leaves out).
+    says what ``core_ids=False`` leaves out and what ``caches=True`` adds).
 
     Raises:
         topology.TopologyError: nothing usable was found under ``root``, or a file is malformed.
     """
-    return build(read_facts(root, core_ids=core_ids))
-
-
-def run_quietly(argv: list, timeout: float = 10.0) -> tuple:
-    """Run ``argv`` (looked up on PATH) with stdin from /dev/null; ``(exit code, output)``.
-
-    ``output`` is its stdout and stderr together (at most 64 KiB, decoded with errors
-    replaced); the exit code is shell-style (128+N for signal N). Uses os.posix_spawnp and a
-    pipe, not :mod:`subprocess`, whose import costs about 4 ms of start-up (issue 12) for
-    the one short exec a launch makes.
-
-    Raises:
-        OSError: the program cannot be started (ENOENT, EACCES...).
-        TimeoutError: it ran longer than ``timeout`` seconds (it is then SIGKILLed and reaped).
-    """
-    import select
-    import signal  # only live runs check numactl: a --sysroot dry-run does not need it
-    import time
-
-    r, w = os.pipe()  # both O_CLOEXEC; dup2 makes the child's 1 and 2 inheritable
-    try:
-        pid = os.posix_spawnp(argv[0], list(argv), os.environ, file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, w, 1),
-            (os.POSIX_SPAWN_DUP2, w, 2),
-        ], setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGXFSZ))
-    except BaseException:
-        os.close(r)
-        raise
-    finally:
-        os.close(w)
-    chunks, size = [], 0
-    deadline = time.monotonic() + timeout
-    try:
-        poller = select.poll()
-        poller.register(r, select.POLLIN)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not poller.poll(left * 1000):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise TimeoutError(f"timed out after {timeout:g} s")
-            data = os.read(r, 65536)
-            if not data:
-                break
-            if size < 65536:
-                chunks.append(data)
-                size += len(data)
-    finally:
-        os.close(r)
-    _, status = os.waitpid(pid, 0)
-    return _exit_code(status), b"".join(chunks)[:65536].decode(errors="replace")
-
-
-def _exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
-
-
-def check_numactl(numactl: str, prefixes: list, timeout: float = 10.0) -> Optional[str]:
-    """Run each planned ``numactl ... true`` once; None if all work, else numactl's reason.
-
-    Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
-    CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
-    and a cpuset may refuse some CPUs. One short exec per distinct prefix, through
-    :func:`run_quietly` (no subprocess import).
-    """
-    seen = set()
-    for prefix in prefixes:
-        key = tuple(prefix)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            code, output = run_quietly(list(prefix) + ["true"], timeout)
-        except (OSError, TimeoutError) as exc:
-            return f"{' '.join(prefix)} could not run ({exc})"
-        if code != 0:
-            msg = output.strip().splitlines()
-            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
-    return None
+    return build(read_facts(root, core_ids=core_ids, caches=caches))

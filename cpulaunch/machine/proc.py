@@ -1,7 +1,7 @@
 """What a running process really has, read from ``/proc`` below a root: every thread's CPUs and
 CPU time, the libraries mapped, memory per NUMA node (``numa_maps``), the memory policy, the
 environment, and its children. Pure parsers of each file's text, and :func:`inspect`, which
-reads them through the probe's bounded reader (:class:`cpulaunch.machine.probe.FileReader`:
+reads them through the probe's bounded reader (:class:`cpulaunch.machine.files.FileReader`:
 regular files only, opened without blocking, at most :data:`PROC_FILE_BYTES` each) and says
 why a fact could not be read rather than guessing it (``cpulaunch verify`` compares these
 views with a plan: :mod:`cpulaunch.tools.verify`).
@@ -17,7 +17,7 @@ from typing import Mapping, NamedTuple, Optional
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.libraries import openmp_runtime_of
-from cpulaunch.machine.probe import MAX_FILE_BYTES, FileReader
+from cpulaunch.machine.files import MAX_FILE_BYTES, FileReader
 
 __all__ = [
     "BUSY_CPU_SECONDS",
@@ -304,7 +304,7 @@ def parse_numa_maps(text: str) -> NumaUsage:
 
 
 class _ProcFs:
-    """One tree's ``proc`` read through probe's bounded reader (``probe.FileReader``),
+    """One tree's ``proc`` read through probe's bounded reader (``files.FileReader``),
     keeping why a file could not be read."""
 
     def __init__(self, root: str | os.PathLike):
@@ -384,7 +384,7 @@ def _children_of(fs: _ProcFs, pid: int) -> list:
     return sorted(kids)
 
 
-def _environ(raw: Optional[str]) -> Optional[dict]:
+def _parse_environ(raw: Optional[str]) -> Optional[dict]:
     """``/proc/PID/environ`` text -> the variables matching ENV_KEPT; None when unread."""
     if raw is None:
         return None
@@ -476,7 +476,7 @@ def _inspect(pid: int, fs: _ProcFs, depth: int, top: bool) -> ProcessView:
         threads=threads,
         libraries=parse_maps(texts["maps"] or ""),
         numa=parse_numa_maps(numa_text) if numa_text is not None else None,
-        environ=_environ(texts["environ"]),
+        environ=_parse_environ(texts["environ"]),
         children=tuple(kids),
         unreadable=unreadable,
     )

@@ -26,7 +26,10 @@ from cpulaunch.errors import CpulaunchError
 __all__ = [
     "CpuFacts",
     "NodeFacts",
+    "CacheFacts",
     "HostFacts",
+    "CacheDomain",
+    "Caches",
     "Core",
     "Node",
     "Socket",
@@ -99,6 +102,26 @@ class NodeFacts(NamedTuple):
     meminfo_read: bool = False
 
 
+class CacheFacts(NamedTuple):
+    """What the probe read of cache sharing (``probe.read_facts(caches=True)``), parsed: one
+    entry per list read, ``(logical CPUs sharing it, size in KiB or None)``, in read order
+    (ascending lowest CPU). Each list was read for the lowest CPU it names; a level whose
+    files were malformed, unusable or present for some CPUs only is empty, with a note.
+
+    Attributes:
+        l3: ``cpuN/cache/indexK/shared_cpu_list`` (else ``shared_cpu_map``) of the level-3
+            cache, and its ``size``.
+        l2: ``cpuN/topology/cluster_cpus_list`` where the first CPU has one (x86: the CPUs
+            sharing an L2, kernel ``cpu_clustergroup_mask``; arm64: the firmware's
+            clusters), else the level-2 cache's list and size.
+        l2_kind: "cluster" or "L2" (which of the two ``l2`` holds), "" when neither exists.
+    """
+
+    l3: tuple = ()
+    l2: tuple = ()
+    l2_kind: str = ""
+
+
 class HostFacts(NamedTuple):
     """Everything the probe read, parsed where it was read (``probe.read_facts``): the one
     input of :func:`build`. CPU sets hold logical CPU ids, node sets NUMA node ids."""
@@ -128,6 +151,8 @@ class HostFacts(NamedTuple):
     allowed_mems_source: str = ""
     root: str = "/"  # the root the files were read below (for messages)
     notes: tuple[str, ...] = ()  # the probe's own notes (files skipped, unreadable)
+    #: cache sharing, None where it was not read (the plan did not need it)
+    caches: Optional[CacheFacts] = None
 
 
 # --------------------------------------------------------------------------- the model
@@ -151,6 +176,40 @@ class Core(NamedTuple):
     node: Optional[int]
     core_id: Optional[int] = None
     efficiency: bool = False
+
+
+class CacheDomain(NamedTuple):
+    """The logical CPUs that share one cache (or one cluster).
+
+    Attributes:
+        kind: "L3", "L2" or "cluster" (``topology/cluster_cpus_list``: on x86 the CPUs
+            sharing an L2, on arm64 the firmware's clusters).
+        cpus: its online logical CPUs.
+        size_kb: the cache's size in KiB (``size``), None for a cluster or where unknown.
+    """
+
+    kind: str
+    cpus: frozenset
+    size_kb: Optional[int] = None
+
+    @property
+    def id(self) -> int:
+        """Its lowest logical CPU (how messages and the JSON name a domain)."""
+        return min(self.cpus)
+
+
+class Caches(NamedTuple):
+    """Cache domains of the online CPUs, each tuple ordered by lowest CPU; a tuple is empty
+    where the machine shows no such level (or its files were unusable: see the notes).
+
+    Attributes:
+        l3: the L3 domains (an AMD CCX/CCD, an Intel socket or sub-NUMA cluster).
+        l2: the L2 or cluster domains (``kind`` says which): Intel E-core modules,
+            Kunpeng or Grace clusters; one per core where the L2 is private.
+    """
+
+    l3: tuple = ()
+    l2: tuple = ()
 
 
 class Node(NamedTuple):
@@ -192,6 +251,7 @@ class _TopologyFields(NamedTuple):
     allowed_mems: Optional[frozenset] = None
     allowed_mems_source: str = ""
     cpu_limit: int = cpulist.MAX_IDS
+    caches: Optional[Caches] = None
 
 
 class Topology(_TopologyFields):
@@ -220,6 +280,9 @@ class Topology(_TopologyFields):
         cpu_limit: exclusive bound on this machine's logical CPU ids (``kernel_max`` + 1,
             see :func:`cpu_limit`); bound user CPU lists with
             ``cpulist.parse(text, limit=topo.cpu_limit)``.
+        caches: the L3 and L2/cluster domains (:class:`Caches`); None where they were
+            not read (the probe reads them only for a plan that divides a socket or node,
+            and for ``--show-topology``: docs/placement.md).
 
     A NamedTuple like the other records (immutable; change one with ``._replace()``;
     equal when the fields are). ``core_of`` and ``node_of`` are O(1): each builds its map
@@ -242,6 +305,16 @@ class Topology(_TopologyFields):
                 for c in self.nodes[nid].cpus:
                     index.setdefault(c, nid)
             self.__dict__["node_by_cpu"] = index
+        return index.get(cpu)
+
+    def cache_of(self, cpu: int, level: str) -> Optional[int]:
+        """Index in ``caches.l3`` (``level`` "l3") or ``caches.l2`` ("l2") of the domain
+        holding logical CPU ``cpu``; None where caches were not read or none holds it."""
+        key = "cache_by_cpu_" + level
+        index = self.__dict__.get(key)
+        if index is None:
+            domains = getattr(self.caches, level, ()) if self.caches is not None else ()
+            index = self.__dict__[key] = {c: i for i, d in enumerate(domains) for c in d.cpus}
         return index.get(cpu)
 
     @property
@@ -291,6 +364,18 @@ class Topology(_TopologyFields):
                 }
                 for c in self.cores
             ],
+            "caches": self._caches_dict(),
+        }
+
+    def _caches_dict(self) -> Optional[dict]:
+        """The ``caches`` member: None where caches were not read; L2/cluster domains only
+        where one groups several cores (a private L2 per core is the rest)."""
+        if self.caches is None:
+            return None
+        shared = [d for d in self.caches.l2 if len({self.core_of(c).id for c in d.cpus}) > 1]
+        return {
+            "l3": [{"cpus": cpulist.format(d.cpus), "size_kb": d.size_kb} for d in self.caches.l3],
+            "l2": [{"kind": d.kind, "cpus": cpulist.format(d.cpus), "size_kb": d.size_kb} for d in shared],
         }
 
 
@@ -530,6 +615,34 @@ def _cores(facts: HostFacts, core_sets: list[list[int]], socket_index_of_cpu: di
     return tuple(cores)
 
 
+def _cache_level(found: tuple, kind: str, online: frozenset, notes: list) -> tuple:
+    """:class:`CacheDomain` records of one level from the probe's ``(cpus, size)`` lists:
+    restricted to online CPUs; () with a note where they do not cover every online CPU
+    (a domain for part of the machine would mislead the planner)."""
+    domains = []
+    covered: set = set()
+    for cpus, size in found:
+        mine = cpus & online
+        if mine:
+            domains.append(CacheDomain(kind=kind, cpus=mine, size_kb=size))
+            covered.update(mine)
+    if domains and len(covered) < len(online):
+        notes.append(f"{kind} domains found for CPUs {cpulist.format(covered)} only (not "
+                     f"{cpulist.format(online - covered)}): {kind} domains not used")
+        return ()
+    domains.sort(key=lambda d: d.id)
+    return tuple(domains)
+
+
+def _caches(facts: HostFacts, online: frozenset, notes: list) -> Optional[Caches]:
+    """The :class:`Caches` of the online CPUs, None where the probe did not read them."""
+    found = facts.caches
+    if found is None:
+        return None
+    return Caches(l3=_cache_level(found.l3, "L3", online, notes),
+                  l2=_cache_level(found.l2, found.l2_kind or "L2", online, notes))
+
+
 def build(facts: HostFacts) -> Topology:
     """Interpret what the probe read as a :class:`Topology` (pure set algebra; linear in the
     CPUs; every file was parsed, and every malformed one refused, where it was read).
@@ -546,7 +659,11 @@ def build(facts: HostFacts) -> Topology:
     - a node has memory if ``node/has_memory`` lists it, else if its ``meminfo`` shows
       a non-zero MemTotal;
     - sockets from ``physical_package_id`` (shared through ``package_cpus_list``); where
-      that is -1 or missing, from NUMA nodes.
+      that is -1 or missing, from NUMA nodes;
+    - cache domains (where read) from the CPUs sharing each L3 and each L2 or cluster
+      (Documentation/ABI/testing/sysfs-devices-system-cpu, "cache/index*";
+      Documentation/admin-guide/cputopology.rst, "cluster_cpus"), restricted to online
+      CPUs; a level that does not cover every online CPU is dropped with a note.
 
     Raises:
         TopologyError: no online CPU could be found.
@@ -568,6 +685,7 @@ def build(facts: HostFacts) -> Topology:
     if hybrid:
         notes.append(f"hybrid CPU: E-cores {cpulist.format(ecpus)} (from {how})")
     allowed = online if facts.allowed is None else frozenset(facts.allowed) & online
+    caches = _caches(facts, online, notes)
     return Topology(
         online=online, offline=offline, allowed=allowed, allowed_source=facts.allowed_source,
         quota_cpus=facts.quota_cpus,
@@ -576,6 +694,7 @@ def build(facts: HostFacts) -> Topology:
         nodes=nodes, sockets=tuple(sockets), flags=facts.flags, model=facts.model, hybrid=hybrid,
         source=facts.source, notes=tuple(notes), allowed_mems=facts.allowed_mems,
         allowed_mems_source=facts.allowed_mems_source, cpu_limit=facts.cpu_limit,
+        caches=caches,
     )
 
 

@@ -26,16 +26,16 @@ from typing import Any, Dict, Iterable, Mapping, Optional
 
 import torch
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError
 
 __all__ = ["DATALOADER_CPUS_ENV", "DATALOADER_WORKERS_ENV", "DataloaderEnvError",
            "dataloader_kwargs", "reserved_cpus", "worker_cpu", "worker_init_fn"]
 
 #: cpulist of the logical CPUs reserved for this instance's DataLoader workers.
-DATALOADER_CPUS_ENV = "CPULAUNCH_DATALOADER_CPUS"
+DATALOADER_CPUS_ENV = envvars.DATALOADER_CPUS
 #: Number of DataLoader workers cpulaunch planned for this instance.
-DATALOADER_WORKERS_ENV = "CPULAUNCH_DATALOADER_WORKERS"
+DATALOADER_WORKERS_ENV = envvars.DATALOADER_WORKERS
 
 
 class DataloaderEnvError(CpulaunchError, ValueError):

@@ -462,73 +462,76 @@ def _in_bucket_order(hook):
 _WRAPPED_CLASS = None
 
 
+class _WrappedMixin:
+    """What :func:`wrap_ddp` adds to ``DistributedDataParallel`` (the class it returns is
+    ``WrappedDDP(_WrappedMixin, DistributedDataParallel)``, made at first use so that
+    importing this module imports no torch).
+
+    Attributes (besides DDP's own):
+        ddp_options: the resolved :class:`DDPOptions`.
+        comm_hook_state: the hook's state (``PowerSGDState``, ``PostLocalSGDState``) or
+            None; PowerSGD's ``compression_stats()`` lives there.
+        averager: the ``PeriodicModelAverager`` of post-local SGD, else None.
+    """
+
+    def no_sync(self):
+        """DDP's ``no_sync()`` (skip the all-reduce of this backward: gradient
+        accumulation, as the tuning guide advises), refused under ``static_graph=True``.
+
+        Raises:
+            DDPOptionError: static_graph is on (pytorch/pytorch#143580: the first
+                backward inside ``no_sync()`` hits ``expect_autograd_hooks_ INTERNAL
+                ASSERT FAILED``, and past it gradients stop being all-reduced).
+        """
+        if self.static_graph:
+            raise DDPOptionError(
+                "no_sync() with static_graph=True fails in torch 2.13 (internal assert, "
+                "then gradients no longer all-reduced: pytorch/pytorch#143580); wrap "
+                "with static_graph=False to accumulate gradients")
+        return super().no_sync()
+
+    def after_step(self) -> bool:
+        """Call once per optimizer step, after ``optimizer.step()`` and before
+        ``optimizer.zero_grad(set_to_none=True)``: the model-averaging step of post-local
+        SGD (``PeriodicModelAverager.average_parameters``); a no-op for other hooks.
+
+        Returns True when parameters were averaged over all ranks in this call (then
+        every rank holds the same parameters).
+
+        Raises:
+            DDPOptionError: an averaging step found no gradients (torch averages only
+                parameters whose ``.grad`` is set, so after ``zero_grad(set_to_none=
+                True)`` it would silently average nothing and ranks would drift apart).
+        """
+        avg = self.averager
+        if avg is None:
+            return False
+        due = avg.step >= avg.warmup_steps and (avg.step - avg.warmup_steps) % avg.period == 0
+        if due and all(p.grad is None for p in self.module.parameters() if p.requires_grad):
+            raise DDPOptionError(
+                "after_step() found no gradients to average: call it after "
+                "optimizer.step() and before optimizer.zero_grad(set_to_none=True)")
+        avg.average_parameters(self.module.parameters())
+        return due
+
+    def comm_bytes(self, step: int) -> int:
+        """Bytes this rank hands to all-reduce in synced step ``step`` (0-based):
+        :func:`gradient_payload_bytes` for this model's parameters (analytic)."""
+        shapes = [(tuple(p.shape), p.element_size())
+                  for p in self.module.parameters() if p.requires_grad]
+        return gradient_payload_bytes(self.ddp_options, shapes, step)
+
+
 def _wrapped_class():
     """The DistributedDataParallel subclass :func:`wrap_ddp` returns (made on first use so
     that importing this module does not import torch)."""
     global _WRAPPED_CLASS
-    if _WRAPPED_CLASS is not None:
-        return _WRAPPED_CLASS
-    from torch.nn.parallel import DistributedDataParallel
+    if _WRAPPED_CLASS is None:
+        from torch.nn.parallel import DistributedDataParallel
 
-    class WrappedDDP(DistributedDataParallel):
-        """``DistributedDataParallel`` plus what :func:`wrap_ddp` set up.
-
-        Attributes (besides DDP's own):
-            ddp_options: the resolved :class:`DDPOptions`.
-            comm_hook_state: the hook's state (``PowerSGDState``, ``PostLocalSGDState``) or
-                None; PowerSGD's ``compression_stats()`` lives there.
-            averager: the ``PeriodicModelAverager`` of post-local SGD, else None.
-        """
-
-        def no_sync(self):
-            """DDP's ``no_sync()`` (skip the all-reduce of this backward: gradient
-            accumulation, as the tuning guide advises), refused under ``static_graph=True``.
-
-            Raises:
-                DDPOptionError: static_graph is on (pytorch/pytorch#143580: the first
-                    backward inside ``no_sync()`` hits ``expect_autograd_hooks_ INTERNAL
-                    ASSERT FAILED``, and past it gradients stop being all-reduced).
-            """
-            if self.static_graph:
-                raise DDPOptionError(
-                    "no_sync() with static_graph=True fails in torch 2.13 (internal assert, "
-                    "then gradients no longer all-reduced: pytorch/pytorch#143580); wrap "
-                    "with static_graph=False to accumulate gradients")
-            return super().no_sync()
-
-        def after_step(self) -> bool:
-            """Call once per optimizer step, after ``optimizer.step()`` and before
-            ``optimizer.zero_grad(set_to_none=True)``: the model-averaging step of post-local
-            SGD (``PeriodicModelAverager.average_parameters``); a no-op for other hooks.
-
-            Returns True when parameters were averaged over all ranks in this call (then
-            every rank holds the same parameters).
-
-            Raises:
-                DDPOptionError: an averaging step found no gradients (torch averages only
-                    parameters whose ``.grad`` is set, so after ``zero_grad(set_to_none=
-                    True)`` it would silently average nothing and ranks would drift apart).
-            """
-            avg = self.averager
-            if avg is None:
-                return False
-            due = avg.step >= avg.warmup_steps and (avg.step - avg.warmup_steps) % avg.period == 0
-            if due and all(p.grad is None for p in self.module.parameters() if p.requires_grad):
-                raise DDPOptionError(
-                    "after_step() found no gradients to average: call it after "
-                    "optimizer.step() and before optimizer.zero_grad(set_to_none=True)")
-            avg.average_parameters(self.module.parameters())
-            return due
-
-        def comm_bytes(self, step: int) -> int:
-            """Bytes this rank hands to all-reduce in synced step ``step`` (0-based):
-            :func:`gradient_payload_bytes` for this model's parameters (analytic)."""
-            shapes = [(tuple(p.shape), p.element_size())
-                      for p in self.module.parameters() if p.requires_grad]
-            return gradient_payload_bytes(self.ddp_options, shapes, step)
-
-    _WRAPPED_CLASS = WrappedDDP
-    return WrappedDDP
+        _WRAPPED_CLASS = type("WrappedDDP", (_WrappedMixin, DistributedDataParallel),
+                              {"__doc__": _WrappedMixin.__doc__, "__module__": __name__})
+    return _WRAPPED_CLASS
 
 
 def wrap_ddp(model, *, static_graph: Optional[bool] = None, gradient_as_bucket_view: bool = True,
@@ -709,9 +712,9 @@ def init_process_group(backend: str | None = None, **kwargs):
     """
     import torch.distributed as dist
 
-    from cpulaunch.distributed import BACKEND_ENV
+    from cpulaunch import envvars
 
-    backend = backend or os.environ.get(BACKEND_ENV) or "gloo"
+    backend = backend or os.environ.get(envvars.DIST_BACKEND) or "gloo"
     if backend == "ccl":
         try:
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)

@@ -54,14 +54,25 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
+from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.probe import parse_cpuinfo
 
 #: Environment variable naming the path ``optimize(path=None)`` takes; ``cpulaunch
 #: --inference-path`` sets it for the program it launches.
-INFERENCE_PATH_ENV = "CPULAUNCH_INFERENCE_PATH"
+INFERENCE_PATH_ENV = envvars.INFERENCE_PATH
 
 #: Every value ``optimize(path=...)`` and ``$CPULAUNCH_INFERENCE_PATH`` accept.
 PATHS = ("onednn-graph", "inductor", "eager", "auto")
@@ -174,11 +185,15 @@ def bf16_support(cpuinfo_text: Optional[str]) -> Bf16Support:
 
 
 def host_bf16_support(cpuinfo_path: str = "/proc/cpuinfo") -> Bf16Support:
-    """:func:`bf16_support` of this machine (reads ``cpuinfo_path``; UNKNOWN if unreadable)."""
+    """:func:`bf16_support` of this machine (reads the first 64 KiB of ``cpuinfo_path``
+    through the bounded reader, :func:`cpulaunch.machine.files.read_regular`; UNKNOWN if
+    unreadable)."""
+    from cpulaunch.machine.files import UnusableFileError, read_regular
+    from cpulaunch.machine.probe import CPUINFO_BYTES
+
     try:
-        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
-            return bf16_support(f.read())
-    except OSError:
+        return bf16_support(read_regular(cpuinfo_path, CPUINFO_BYTES, truncate=True).decode("utf-8", "replace"))
+    except (OSError, ValueError, UnusableFileError):
         return Bf16Support.UNKNOWN
 
 

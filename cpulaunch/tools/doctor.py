@@ -14,12 +14,12 @@ What comes from where:
   launch from here would use): libraries found, torch and its OpenMP runtime, oneCCL
   bindings, environment variables;
 - numactl is run only when ``live``, with the launcher's own check
-  (:func:`cpulaunch.machine.host.numactl_check_argv`: ``numactl -C <allowed CPUs> -m
+  (:func:`cpulaunch.machine.numactl.check_argv`: ``numactl -C <allowed CPUs> -m
   <their memory nodes> true`` for ``--mem-policy bind``); on a dump it is "not checked:
   another machine".
 
 Every file is read through the probe's bounded reader
-(:class:`cpulaunch.machine.probe.FileReader`: regular files only, never blocking, at most
+(:class:`cpulaunch.machine.files.FileReader`: regular files only, never blocking, at most
 1 MiB of a sysfs or procfs file): a FIFO, a device or an oversized file in place of one
 becomes a ``file-not-read:<path>`` finding naming it, never a hang.
 
@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import mmap
 import os
 import platform
 import re
 import shutil
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
@@ -51,9 +49,12 @@ import click
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine.elf import ElfError, read_elf_needed
+from cpulaunch.machine.files import FileReader
+from cpulaunch.machine.host import dist_version
 from cpulaunch.machine.libraries import openmp_runtime_of
-from cpulaunch.machine.probe import CPUINFO_BYTES, FileReader
-from cpulaunch.plan import MemPolicy
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.machine.probe import CPUINFO_BYTES
 from cpulaunch.render import ISA_FLAGS
 from cpulaunch.tools import CLICK_CONTEXT
 
@@ -68,9 +69,6 @@ __all__ = [
     "SystemSettings",
     "EnvironmentStatus",
     "Report",
-    "ElfError",
-    "elf_needed",
-    "read_elf_needed",
     "isa_status",
     "diagnose",
     "exit_code",
@@ -79,6 +77,7 @@ __all__ = [
     "main",
     "SCHEMA_VERSION",
 ]
+
 
 #: Severities, least to most serious. "ok": checked and fine; "info": a fact worth knowing;
 #: "warn": it will cost performance or correctness of binding; "error": a run will not do
@@ -338,133 +337,6 @@ def _bracketed(text: Optional[str]) -> Optional[str]:
     return m.group(1) if m else (text.strip() or None)
 
 
-# --------------------------------------------------------------------------- ELF
-
-
-class ElfError(CpulaunchError, ValueError):
-    """Bytes that are not a readable ELF file with a dynamic section."""
-
-
-_PT_LOAD, _PT_DYNAMIC = 1, 2
-_SHT_DYNAMIC = 6
-_DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
-
-
-def elf_needed(data) -> tuple:
-    """The DT_NEEDED entries of an ELF file, in file order (pure).
-
-    Args:
-        data: the file's bytes, or any buffer supporting slicing and ``struct.unpack_from``
-            (an ``mmap`` of a 430 MB library reads only the pages touched).
-
-    Returns:
-        e.g. ``("libc10.so", "libgomp.so.1", "libc.so.6")``; ``()`` for a file with a
-        dynamic section but no DT_NEEDED.
-
-    How (System V ABI, "Dynamic Section"): the dynamic section is found through the
-    PT_DYNAMIC program header (else the SHT_DYNAMIC section header); its DT_STRTAB value is
-    a virtual address, turned into a file offset through the PT_LOAD segment holding it
-    (else the section whose sh_addr it is); each DT_NEEDED value is an offset into that
-    string table. 32/64-bit and both byte orders are handled.
-
-    Raises:
-        ElfError: not ELF, truncated, or no dynamic section / string table.
-    """
-    try:
-        return _elf_needed(data)
-    except (struct.error, IndexError, ValueError) as exc:
-        if isinstance(exc, ElfError):
-            raise
-        raise ElfError(f"truncated or malformed ELF file ({exc})") from None
-
-
-def _elf_needed(data) -> tuple:
-    if len(data) < 52 or bytes(data[:4]) != b"\x7fELF":
-        raise ElfError("not an ELF file (no \\x7fELF magic)")
-    cls, enc = data[4], data[5]
-    if cls not in (1, 2) or enc not in (1, 2):
-        raise ElfError(f"unknown ELF class {cls} or data encoding {enc}")
-    e = "<" if enc == 1 else ">"
-    is64 = cls == 2
-    if is64:
-        phoff, shoff = struct.unpack_from(e + "QQ", data, 32)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", data, 54)
-        ph_fmt, sh_fmt, dyn_fmt = e + "IIQQQQQQ", e + "IIQQQQIIQQ", e + "qQ"
-    else:
-        phoff, shoff = struct.unpack_from(e + "II", data, 28)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", data, 42)
-        ph_fmt, sh_fmt, dyn_fmt = e + "IIIIIIII", e + "IIIIIIIIII", e + "iI"
-
-    segments = []  # (type, offset, vaddr, filesz)
-    for i in range(phnum if phoff else 0):
-        f = struct.unpack_from(ph_fmt, data, phoff + i * phentsize)
-        if is64:
-            p_type, _flags, p_off, p_vaddr, _paddr, p_filesz = f[:6]
-        else:
-            p_type, p_off, p_vaddr, _paddr, p_filesz = f[:5]
-        segments.append((p_type, p_off, p_vaddr, p_filesz))
-    sections = []  # (type, addr, offset, size, link)
-    for i in range(shnum if shoff else 0):
-        f = struct.unpack_from(sh_fmt, data, shoff + i * shentsize)
-        sections.append((f[1], f[3], f[4], f[5], f[6]))
-
-    dyn = next(((off, size) for t, off, _v, size in segments if t == _PT_DYNAMIC), None)
-    dyn_link = None
-    if dyn is None:
-        sec = next((s for s in sections if s[0] == _SHT_DYNAMIC), None)
-        if sec is None:
-            raise ElfError("no dynamic section (a static executable or an object file?)")
-        dyn, dyn_link = (sec[2], sec[3]), sec[4]
-
-    entsize = struct.calcsize(dyn_fmt)
-    needed_offsets, strtab_addr, strsz = [], None, None
-    for i in range(dyn[1] // entsize):
-        tag, val = struct.unpack_from(dyn_fmt, data, dyn[0] + i * entsize)
-        if tag == _DT_NULL:
-            break
-        if tag == _DT_NEEDED:
-            needed_offsets.append(val)
-        elif tag == _DT_STRTAB:
-            strtab_addr = val
-        elif tag == _DT_STRSZ:
-            strsz = val
-
-    strtab_off = None
-    if strtab_addr is not None:
-        for t, off, vaddr, size in segments:
-            if t == _PT_LOAD and vaddr <= strtab_addr < vaddr + size:
-                strtab_off = strtab_addr - vaddr + off
-                break
-        if strtab_off is None:
-            strtab_off = next((s[2] for s in sections if s[1] == strtab_addr and s[1]), None)
-    if strtab_off is None and dyn_link is not None and dyn_link < len(sections):
-        strtab_off, strsz = sections[dyn_link][2], sections[dyn_link][3]
-    if strtab_off is None:
-        raise ElfError("DT_STRTAB points outside every loadable segment")
-    end = len(data) if strsz is None else min(len(data), strtab_off + strsz)
-    out = []
-    for rel in needed_offsets:
-        start = strtab_off + rel
-        stop = data.find(b"\x00", start, end)
-        if start >= end or stop < 0:
-            raise ElfError(f"DT_NEEDED offset {rel} outside the string table")
-        out.append(bytes(data[start:stop]).decode("utf-8", "replace"))
-    return tuple(out)
-
-
-def read_elf_needed(path: os.PathLike) -> tuple:
-    """:func:`elf_needed` of the file at ``path``, memory-mapped (reads only what it needs).
-
-    Raises:
-        ElfError: as :func:`elf_needed`, or when the file cannot be opened.
-    """
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return elf_needed(m)
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, ElfError):
-            raise
-        raise ElfError(f"cannot read {path}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- checks
@@ -563,12 +435,12 @@ def _arm_model(cpuinfo: Optional[str]) -> str:
 def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
              findings: list) -> NumactlStatus:
     """numactl installed? usable here (live only)? Checked with the launcher's own command
-    (:func:`cpulaunch.machine.host.numactl_check_argv`, run by
-    :func:`cpulaunch.machine.probe.check_numactl`, as ``cpulaunch --bind numactl
+    (:func:`cpulaunch.machine.numactl.check_argv`, run by
+    :func:`cpulaunch.machine.host.check_numactl`, as ``cpulaunch --bind numactl
     --mem-policy POLICY`` does before a launch), so the verdict is about the command a
     launch runs."""
-    from cpulaunch.machine.host import numactl_check_argv
-    from cpulaunch.machine.probe import check_numactl
+    from cpulaunch.machine import numactl as numactl_mod
+    from cpulaunch.machine.host import check_numactl
 
     path = shutil.which("numactl", path=environ.get("PATH", os.defpath))
     if not live:
@@ -581,8 +453,8 @@ def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
             "apt-get install numactl (dnf install numactl)",
         ))
         return NumactlStatus(path=None, checked=False, usable=False, reason="not installed")
-    argv = tuple(numactl_check_argv(path, topo, MemPolicy(policy)))
-    reason = check_numactl(argv[0], [list(argv[:-1])])
+    argv = tuple(numactl_mod.check_argv(path, topo, MemPolicy(policy)))
+    reason = check_numactl([list(argv[:-1])])
     if reason is None:
         findings.append(Finding("numactl", "ok", f"numactl works here: `{' '.join(argv)}` "
                                 f"(the launcher's check for --mem-policy {MemPolicy(policy).value})"))
@@ -650,13 +522,13 @@ def _package_of(host: FileReader, real: str, install: str) -> Optional[str]:
 
 
 def _libraries(host: FileReader, environ: Mapping[str, str], findings: list) -> tuple:
-    from cpulaunch.machine import libraries
+    from cpulaunch.machine import libfinder, libraries
 
     out = []
     for lib in libraries.REGISTRY.values():
         if not lib.filenames or not lib.selectable:  # nothing to preload (torch's own runtime)
             continue
-        found = libraries.find(lib, environ)
+        found = libfinder.find(lib, environ)
         if found is None:
             out.append(LibraryStatus(lib.name, lib.kind, None, None, None, None, lib.install))
             findings.append(Finding(f"lib-{lib.name}", "info", f"{lib.name} not found",
@@ -672,20 +544,11 @@ def _libraries(host: FileReader, environ: Mapping[str, str], findings: list) -> 
     return tuple(out)
 
 
-def _dist_version(*names: str) -> Optional[str]:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def _torch(findings: list) -> TorchStatus:
     """torch's version and the OpenMP runtime libtorch_cpu.so links, without importing torch."""
-    version = _dist_version("torch")
-    ccl = _dist_version("oneccl_bind_pt", "oneccl-bind-pt")
-    ipex = _dist_version("intel_extension_for_pytorch")
+    version = dist_version("torch")
+    ccl = dist_version("oneccl_bind_pt", "oneccl-bind-pt")
+    ipex = dist_version("intel_extension_for_pytorch")
     spec = importlib.util.find_spec("torch")
     locations = list(spec.submodule_search_locations or []) if spec else []
     lib = next((Path(d) / "lib" / "libtorch_cpu.so" for d in locations
@@ -971,7 +834,7 @@ def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]]
 
     Args:
         root: ``/`` or a ``--sysroot`` dump; every system file is read below it, through
-            the probe's bounded reader (:class:`cpulaunch.machine.probe.FileReader`).
+            the probe's bounded reader (:class:`cpulaunch.machine.files.FileReader`).
         environ: the user's environment (default ``os.environ``); never modified.
         live: True when ``root`` is this running machine: numactl is then run once, with
             the launcher's own check for ``mem_policy`` (``numactl -C <allowed CPUs> -m
@@ -1146,7 +1009,7 @@ def command(sysroot, fmt, mem_policy, strict):
 
     probe.check_sysroot(sysroot)
     report = diagnose(sysroot, os.environ, live=probe.is_live(sysroot), mem_policy=MemPolicy(mem_policy))
-    core.write_text(json_text(to_json(report)) + "\n" if fmt == "json" else render_text(report))
+    core.write_out(json_text(to_json(report)) + "\n" if fmt == "json" else render_text(report))
     return exit_code(report, strict=strict)
 
 

@@ -54,14 +54,15 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 import click
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError, printable
-from cpulaunch.machine.libraries import openmp_runtime_of
+from cpulaunch.machine.libraries import openmp_runtime_of, preload_entries
 from cpulaunch.machine.proc import (
     BUSY_CPU_SECONDS,
     NoSuchProcess,
@@ -83,6 +84,7 @@ __all__ = [
     "verify",
     "render_text",
     "report_json",
+    "check_run",
     "main",
 ]
 
@@ -174,29 +176,29 @@ class Expected:
         CPULAUNCH_MEM_NODES when present; LD_PRELOAD -> allocator and, with libiomp5 in
         it, omp_runtime "intel" (else unknown).
         """
-        if "CPULAUNCH_CPUS" not in env:
+        if envvars.CPUS not in env:
             return None
         from cpulaunch.machine.libraries import REGISTRY, identify
 
         try:
-            cpus = tuple(sorted(cpulist.parse(env["CPULAUNCH_CPUS"])))
-            if "CPULAUNCH_BOUND_CPUS" in env:
-                bound_set = cpulist.parse(env["CPULAUNCH_BOUND_CPUS"])
+            cpus = tuple(sorted(cpulist.parse(env[envvars.CPUS])))
+            if envvars.BOUND_CPUS in env:
+                bound_set = cpulist.parse(env[envvars.BOUND_CPUS])
             else:
                 bound_set = frozenset(cpus).union(*(cpulist.parse(env.get(k, "")) for k in (
-                    "CPULAUNCH_RESERVED_CPUS", "CPULAUNCH_DATALOADER_CPUS")))
+                    envvars.RESERVED_CPUS, envvars.DATALOADER_CPUS)))
             bound = tuple(sorted(bound_set))
-            nodes = tuple(sorted(cpulist.parse(env.get("CPULAUNCH_MEM_NODES", ""))))
-            index = int(env["CPULAUNCH_INSTANCE_INDEX"]) if "CPULAUNCH_INSTANCE_INDEX" in env else None
+            nodes = tuple(sorted(cpulist.parse(env.get(envvars.MEM_NODES, ""))))
+            index = int(env[envvars.INSTANCE_INDEX]) if envvars.INSTANCE_INDEX in env else None
         except (CpulaunchError, ValueError):
             return None
-        entries = env.get("LD_PRELOAD", "").replace(":", " ").split()
+        entries = preload_entries(env.get("LD_PRELOAD", ""))
         names = [identify(e) for e in entries]
         allocs = [n for n in names if n and REGISTRY[n].kind == "allocator"]
         intel = any(openmp_runtime_of(e) == "intel" for e in entries)
         return cls(
             index=index, bound_cpus=bound, cpus=cpus, mem_nodes=nodes,
-            mem_policy=env.get("CPULAUNCH_MEM_POLICY"),
+            mem_policy=env.get(envvars.MEM_POLICY),
             allocator=allocs[0] if allocs else None,
             omp_runtime="intel" if intel else None,
         )
@@ -562,6 +564,40 @@ def render_text(report: VerifyReport) -> str:
     return "".join(printable(line) + "\n" for line in lines)
 
 
+# --------------------------------------------------------------------------- --verify during a run
+
+
+def check_run(rendered, settings, pids: Mapping[int, int], run=None) -> None:
+    """``cpulaunch --verify``: what each running instance really got (its threads' CPUs,
+    libraries, memory), compared with the plan; printed once on stderr and kept as
+    verify.json in this run's own folder ``run`` (a :class:`cpulaunch.launch.rundir.RunDir`,
+    None without --log-dir; never a folder found by its time stamp: two runs share a log
+    folder), written without following a link planted at the name.
+
+    Args:
+        rendered: the run's :class:`cpulaunch.render.Rendered` plan.
+        settings: its :class:`cpulaunch.render.Settings` (the allocator and OpenMP runtime).
+        pids: {instance index: pid} of the instances running.
+    """
+    from cpulaunch import log as _log
+    from cpulaunch.render import json_text
+
+    log = _log.get(__name__)
+    by_index = {i.index: i for i in rendered.instances}
+    targets = [(pid, Expected.from_rendered(by_index[idx], allocator=settings.allocator,
+                                            omp_runtime=settings.omp_runtime))
+               for idx, pid in sorted(pids.items()) if idx in by_index]
+    report = verify(targets)
+    sys.stderr.write(render_text(report))
+    for w in report.warnings:
+        log.warning("verify: %s", w)
+    if run is not None:
+        try:
+            run.write("verify.json", json_text(report_json(report)) + "\n")
+        except OSError as exc:
+            log.warning("cannot write %s: %s", exc.filename, exc.strerror or exc)
+
+
 # --------------------------------------------------------------------------- the command
 
 
@@ -584,7 +620,7 @@ def command(fmt, pids):
     if missing:
         raise CpulaunchError(f"no process with PID {', '.join(missing)} (it does not exist or has already "
                              "exited); give the PID of a running process (ps -e lists them)")
-    core.write_text(json_text(report_json(report)) + "\n" if fmt == "json" else render_text(report))
+    core.write_out(json_text(report_json(report)) + "\n" if fmt == "json" else render_text(report))
     return report.exit_code
 
 

@@ -57,7 +57,7 @@ from cpulaunch.tools.tune.space import (
     parse_axes,
     parse_duration,
 )
-from cpulaunch.tools.tune.tuner import Settings, Tuner
+from cpulaunch.tools.tune.tuner import TuneSettings, Tuner
 
 __all__ = [
     "main",
@@ -67,7 +67,7 @@ __all__ = [
 # --------------------------------------------------------------------------- the command
 
 
-def _topology(sysroot: str):
+def _probe_topology(sysroot: str):
     from cpulaunch.machine import probe
 
     probe.check_sysroot(sysroot)
@@ -126,8 +126,8 @@ def tune_command(budget, out, space, lower_is_better, trials_per_config, metric,
                     busy_threshold, load_sample, seed, sysroot, dry_run, program)
 
 
-def _settings(budget, out, space, lower_is_better, trials_per_config, metric, trial_timeout,
-              busy_threshold, load_sample, seed, sysroot, dry_run, program) -> Settings:
+def _tune_settings(budget, out, space, lower_is_better, trials_per_config, metric, trial_timeout,
+              busy_threshold, load_sample, seed, sysroot, dry_run, program) -> TuneSettings:
     if trials_per_config < 3:
         raise TuneError(f"--trials-per-config {trials_per_config}: at least 3 (a median and a spread need them)")
     if not program and not dry_run:
@@ -138,7 +138,7 @@ def _settings(budget, out, space, lower_is_better, trials_per_config, metric, tr
                         "so use it with --dry-run only")
     if metric is not None and not re.fullmatch(r"[A-Za-z_][\w.\-]*", metric):
         raise TuneError(f"--metric {metric!r}: a metric name is letters, digits, _ . - (e.g. samples_per_s)")
-    return Settings(
+    return TuneSettings(
         program=tuple(program), out=Path(out), budget_s=parse_duration(budget), axes=parse_axes(space),
         lower_is_better=lower_is_better, rounds=trials_per_config, metric=metric,
         trial_timeout=_positive_float("trial-timeout", trial_timeout, 0.1),
@@ -148,8 +148,8 @@ def _settings(budget, out, space, lower_is_better, trials_per_config, metric, tr
 
 
 def _command(*values) -> int:
-    settings = _settings(*values)
-    topo = _topology(settings.sysroot)
+    settings = _tune_settings(*values)
+    topo = _probe_topology(settings.sysroot)
     space = build_space(topo, settings.axes, available_libraries())
     if settings.dry_run:
         sys.stdout.write(plan_text(settings, space))

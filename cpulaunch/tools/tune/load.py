@@ -118,9 +118,9 @@ def _machine_times() -> tuple:
     if psutil is not None:
         t = psutil.cpu_times()
         return sum(getattr(t, f, 0.0) for f in _BUSY_FIELDS), getattr(t, "steal", 0.0)
-    from cpulaunch.machine import probe
+    from cpulaunch.machine import files
 
-    return parse_proc_stat(probe.FileReader("/").read("proc/stat") or "", float(os.sysconf("SC_CLK_TCK")))
+    return parse_proc_stat(files.FileReader("/").read("proc/stat") or "", float(os.sysconf("SC_CLK_TCK")))
 
 
 def _own_cpu() -> float:

@@ -1,5 +1,5 @@
 """What ``cpulaunch tune`` writes when it ends: report.txt, report.png, best.toml and the
-``--dry-run`` plan; every file written whole (``trials.write_file``), and a recommendation
+``--dry-run`` plan; every file written whole (``machine.files.write_file``), and a recommendation
 that rests on busy trials flagged in each.
 """
 
@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from cpulaunch.errors import printable
+from cpulaunch.machine.files import write_file
 from cpulaunch.tools.tune.search import (
-    Outcome,
+    Decision,
     _cost,
     _num,
     _ratio,
     coarse_configs,
-    compare,
+    compare_summaries,
     decide,
     grid_configs,
 )
@@ -32,10 +33,10 @@ from cpulaunch.tools.tune.space import (
     config_toml,
     format_duration,
 )
-from cpulaunch.tools.tune.trials import WALL_METRIC, _now_iso, write_file
+from cpulaunch.tools.tune.trials import WALL_METRIC, _now_iso
 
 if TYPE_CHECKING:
-    from cpulaunch.tools.tune.tuner import Settings, Tuner
+    from cpulaunch.tools.tune.tuner import TuneSettings, Tuner
 
 __all__ = [
     "BUSY_EXIT",
@@ -54,7 +55,7 @@ __all__ = [
 BUSY_EXIT = 3
 
 
-def busy_warning(outcome: Outcome, threshold: float) -> str:
+def busy_warning(outcome: Decision, threshold: float) -> str:
     """The flag a recommendation from busy trials carries in every output (report, chart
     title, best.toml), one line."""
     return (f"{outcome.busy} of the {outcome.behind} trials behind this recommendation ran while the machine was "
@@ -62,7 +63,7 @@ def busy_warning(outcome: Outcome, threshold: float) -> str:
             "with another --out on a quiet machine")
 
 
-def report_text(tuner: Tuner, outcome: Outcome) -> str:
+def report_text(tuner: Tuner, outcome: Decision) -> str:
     """The report: what was tuned, the table (best first), notes, the recommendation (with
     :func:`busy_warning` when it stands on busy trials)."""
     s = tuner.s
@@ -97,7 +98,7 @@ def report_text(tuner: Tuner, outcome: Outcome) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(tuner: Tuner, outcome: Outcome) -> list:
+def _table(tuner: Tuner, outcome: Decision) -> list:
     """The report's table: one line per configuration, best first."""
     lower, rounds = tuner._lower, tuner.s.rounds
     summaries = {k: sm for k, _, sm in outcome.rows}
@@ -117,7 +118,7 @@ def _table(tuner: Tuner, outcome: Outcome) -> list:
         if key == outcome.default_key:
             vs = "(the default)"
         elif d is not None and d.n:
-            vs = f"{_ratio(sm.median, d.median, lower)} {compare(sm, d, lower)}"
+            vs = f"{_ratio(sm.median, d.median, lower)} {compare_summaries(sm, d, lower)}"
         else:
             vs = "-"
         extra = [f"only {sm.n} of {rounds} trials"] if sm.n < rounds else []
@@ -146,7 +147,7 @@ def _toml_value(v) -> str:
     return json.dumps(str(v)).replace("\x7f", "\\u007f")
 
 
-def best_toml(tuner: Tuner, outcome: Outcome) -> str:
+def best_toml(tuner: Tuner, outcome: Decision) -> str:
     """best.toml: ``[cpulaunch]`` holds the recommended configuration (every searched axis
     explicit), ``[measured]`` what backs it (cpulaunch's --config ignores that table),
     ``busy_trials`` and ``busy`` included; a recommendation from busy trials also says so
@@ -174,7 +175,7 @@ def best_toml(tuner: Tuner, outcome: Outcome) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report_png(tuner: Tuner, outcome: Outcome, path: Path) -> Optional[str]:
+def report_png(tuner: Tuner, outcome: Decision, path: Path) -> Optional[str]:
     """The chart: each scored configuration's median with its min-max range, best at the
     top, the default and the recommendation marked; configurations with busy trials
     hatched and labelled, and the title flagged when the recommendation stands on busy
@@ -223,7 +224,7 @@ def report_png(tuner: Tuner, outcome: Outcome, path: Path) -> Optional[str]:
     return None
 
 
-def finish(tuner: Tuner, out=None) -> Outcome:
+def finish(tuner: Tuner, out=None) -> Decision:
     """Write report.png, best.toml (when there is a recommendation) and report.txt, and
     print the report; returns the outcome.
 
@@ -255,7 +256,7 @@ def finish(tuner: Tuner, out=None) -> Outcome:
 # --------------------------------------------------------------------------- dry run
 
 
-def plan_text(settings: Settings, space: Space) -> str:
+def plan_text(settings: TuneSettings, space: Space) -> str:
     """What --dry-run prints: the space, its configurations with their flags, and the
     coarse stage the adaptive search would start with."""
     grid = grid_configs(space)

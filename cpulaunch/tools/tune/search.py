@@ -28,11 +28,11 @@ __all__ = [
     "fine_configs",
     "Summary",
     "summarize",
-    "compare",
+    "compare_summaries",
     "score",
     "Stage",
     "next_stage",
-    "Outcome",
+    "Decision",
     "decide",
 ]
 
@@ -98,7 +98,7 @@ def fine_configs(space: Space, summaries: Mapping[str, "Summary"], lower_is_bett
     For each axis, its values are ranked by the median of the coarse configuration that
     varies only that axis (the default for the default value); the best value is kept,
     with the next ones (up to ``limit`` in all) when the best does not beat them beyond
-    the spread (:func:`compare`): those are the axis's undecided values. The fine stage is
+    the spread (:func:`compare_summaries`): those are the axis's undecided values. The fine stage is
     the grid of those values around the per-axis bests, nearest the combination of the
     bests first (fewest axes differing), configurations already measured left out.
 
@@ -131,7 +131,7 @@ def fine_configs(space: Space, summaries: Mapping[str, "Summary"], lower_is_bett
         top = ranked[0]
         best[axis] = top[0]
         keep[axis] = [top[0]] + [v for v, s in ranked[1:]
-                                 if compare(top[1], s, lower_is_better) != "better"][: limit - 1]
+                                 if compare_summaries(top[1], s, lower_is_better) != "better"][: limit - 1]
     combined = _normalize(space.values, space.fixed, {a: best[a] for a in space.axes})
     cands, seen = [], set(summaries)
     for combo in itertools.product(*(keep[a] for a in space.axes)):
@@ -186,7 +186,7 @@ def summarize(values: Sequence[float], failed: int = 0, busy: int = 0) -> Summar
     return Summary(len(values), statistics.median(values), min(values), max(values), failed, busy)
 
 
-def compare(a: Summary, b: Summary, lower_is_better: bool) -> str:
+def compare_summaries(a: Summary, b: Summary, lower_is_better: bool) -> str:
     """Is ``a`` better than ``b``? ``"better"`` or ``"worse"`` only when the difference of
     medians exceeds the larger of the two spreads (max - min of each one's trials), else
     ``"within noise"``; ``"too few trials"`` when either has fewer than 2.
@@ -410,7 +410,7 @@ def _num(x: Optional[float]) -> str:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Decision:
     """The result of a tune, for the report.
 
     Attributes:
@@ -438,14 +438,14 @@ class Outcome:
         return self.recommended is not None and self.busy > 0
 
 
-def decide(space: Space, records: Sequence[Mapping], rounds: int, lower_is_better: bool) -> Outcome:
+def decide(space: Space, records: Sequence[Mapping], rounds: int, lower_is_better: bool) -> Decision:
     """Rank the configurations and pick the recommendation (pure).
 
     Among configurations with at least ``rounds`` scored trials, the best median is
     recommended when it is better than cpulaunch's default beyond the spread
-    (:func:`compare`); otherwise the default is (a difference within noise is no reason to
+    (:func:`compare_summaries`); otherwise the default is (a difference within noise is no reason to
     change). When the default has no complete result, the best median is. The busy
-    trials behind the verdict are counted (:attr:`Outcome.busy`).
+    trials behind the verdict are counted (:attr:`Decision.busy`).
     """
     summaries = score(records)
     configs = {r["key"]: r["config"] for r in records if r.get("stage") != "warmup"}
@@ -456,7 +456,7 @@ def decide(space: Space, records: Sequence[Mapping], rounds: int, lower_is_bette
     dkey = config_key(space.default)
     complete = [k for k in scored if summaries[k].n >= rounds]
     pick, verdict, behind = _pick(summaries, complete, dkey, rounds, lower_is_better)
-    return Outcome(rows, pick, verdict, dkey, busy=sum(summaries[k].busy for k in behind),
+    return Decision(rows, pick, verdict, dkey, busy=sum(summaries[k].busy for k in behind),
                    behind=sum(summaries[k].n for k in behind))
 
 
@@ -470,7 +470,7 @@ def _pick(summaries: Mapping, complete: Sequence[str], dkey: str, rounds: int, l
         return top, f"the best median; cpulaunch's default ({dkey}) has no complete result", (top,)
     if top == dkey:
         return dkey, "cpulaunch's default has the best median", (dkey,)
-    verdict = compare(summaries[top], d, lower_is_better)
+    verdict = compare_summaries(summaries[top], d, lower_is_better)
     ratio = _ratio(summaries[top].median, d.median, lower_is_better)
     if verdict == "better":
         return top, f"better than cpulaunch's default ({dkey}) beyond the measured spread: {ratio}", (top, dkey)

@@ -201,11 +201,11 @@ def instance_choices(topo) -> list:
 
 def available_libraries(environ: Optional[Mapping[str, str]] = None) -> frozenset:
     """Registry names of the preloadable libraries installed here ("tcmalloc", "jemalloc",
-    "iomp5"), found as cpulaunch finds them (:func:`cpulaunch.machine.libraries.find`)."""
-    from cpulaunch.machine import libraries
+    "iomp5"), found as cpulaunch finds them (:func:`cpulaunch.machine.libfinder.find`)."""
+    from cpulaunch.machine import libfinder, libraries
 
     return frozenset(name for name, lib in libraries.REGISTRY.items()
-                     if lib.filenames and lib.selectable and libraries.find(lib, environ) is not None)
+                     if lib.filenames and lib.selectable and libfinder.find(lib, environ) is not None)
 
 
 def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
@@ -233,7 +233,8 @@ def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
     inst = {c.label: c for c in instance_choices(topo)} if "instances" in wanted else {}
     allocs = tuple(lib.choice for name, lib in libraries.REGISTRY.items()
                    if lib.kind == "allocator" and name in available)
-    default_alloc = "tcmalloc" if "tcmalloc" in available else "default"
+    auto = libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR)
+    default_alloc = auto.choice if auto.name in available else "default"
     intel = "iomp5" in available
     usable = topo.online & topo.allowed
     smt = any(len(set(c.cpus) & usable) > 1 for c in topo.cores)

@@ -11,7 +11,6 @@ import math
 import os
 import re
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,11 @@ __all__ = [
     "parse_metrics",
     "attribute_metrics",
     "combine_metric",
-    "read_text",
+    "read_tune_file",
     "record_problem",
     "parse_records",
     "read_records",
     "append_record",
-    "write_file",
     "RunResult",
     "run_command",
 ]
@@ -135,9 +133,9 @@ _STATUSES = ("ok", "failed", "timeout")
 _STAGES = ("warmup", "grid", "coarse", "fine")
 
 
-def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
+def read_tune_file(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     """The text of one of tune's own files (trials.jsonl, tune.json) through the probe's
-    bounded reader (:class:`cpulaunch.machine.probe.FileReader`: opened without blocking,
+    bounded reader (:class:`cpulaunch.machine.files.FileReader`: opened without blocking,
     regular files only, at most ``cap`` bytes; bytes that are not UTF-8 read as U+FFFD);
     None when the file does not exist.
 
@@ -145,12 +143,12 @@ def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
         TuneError: it is a link, not a regular file (a FIFO, /dev/zero), larger than
             ``cap`` bytes, or unreadable; the message names it and says what to do.
     """
-    from cpulaunch.machine import probe
+    from cpulaunch.machine import files
 
     if os.path.islink(path):
         raise TuneError(f"{path} is a symbolic link; tune reads and writes only its own files in --out: "
                         "remove it or use another --out")
-    reader = probe.FileReader(str(path.parent))
+    reader = files.FileReader(str(path.parent))
     text = reader.read(path.name, strict=False, cap=cap)
     if text is None and reader.skipped:
         what = reader.skipped[-1][1]
@@ -158,11 +156,11 @@ def read_text(path: Path, cap: int = TRIALS_BYTES) -> Optional[str]:
     return text
 
 
-def _number(v, low: float = -MAX_VALUE) -> bool:
+def _is_number(v, low: float = -MAX_VALUE) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= MAX_VALUE
 
 
-def _count(v, low: int) -> bool:
+def _is_count(v, low: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and low <= v < 1 << 31
 
 
@@ -184,17 +182,17 @@ def record_problem(rec) -> Optional[str]:
         ("key", isinstance(rec.get("key"), str), "a string"),
         ("status", rec.get("status") in _STATUSES, "one of " + "/".join(_STATUSES)),
         ("stage", rec.get("stage") in _STAGES, "one of " + "/".join(_STAGES)),
-        ("round", _count(rec.get("round"), 0), "an integer >= 0"),
-        ("attempt", _count(rec.get("attempt", 1), 1), "an integer >= 1"),
+        ("round", _is_count(rec.get("round"), 0), "an integer >= 0"),
+        ("attempt", _is_count(rec.get("attempt", 1), 1), "an integer >= 1"),
         ("config", isinstance(rec.get("config"), dict), "an object"),
-        ("cost_s", _number(rec.get("cost_s"), 0.0), "a number >= 0"),
-        ("wall_s", _number(rec.get("wall_s"), 0.0), "a number >= 0"),
+        ("cost_s", _is_number(rec.get("cost_s"), 0.0), "a number >= 0"),
+        ("wall_s", _is_number(rec.get("wall_s"), 0.0), "a number >= 0"),
         ("busy", isinstance(rec.get("busy", False), bool), "true or false"),
         ("repeat", isinstance(rec.get("repeat", False), bool), "true or false"),
     )
     if rec.get("status") == "ok":
         checks += (("metric", isinstance(rec.get("metric"), str), "a string"),
-                   ("value", _number(rec.get("value")), f"a finite number (at most {MAX_VALUE:g} in size)"))
+                   ("value", _is_number(rec.get("value")), f"a finite number (at most {MAX_VALUE:g} in size)"))
     for name, ok, what in checks:
         if not ok:
             return f"{name!r} is not {what}"
@@ -207,7 +205,7 @@ def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
     trial record (:func:`record_problem`) is skipped and counted; blank lines are not.
 
     Args:
-        text: the file's text (:func:`read_text`).
+        text: the file's text (:func:`read_tune_file`).
         reasons: when a list, ``(line number, why)`` of each skipped line is appended.
     """
     records, skipped = [], 0
@@ -231,62 +229,26 @@ def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
 
 def read_records(path: Path, reasons: Optional[list] = None) -> tuple:
     """The trials of ``DIR/trials.jsonl``: ``(records, skipped line count)``
-    (:func:`read_text`, :func:`parse_records`); ``([], 0)`` when there is no file.
+    (:func:`read_tune_file`, :func:`parse_records`); ``([], 0)`` when there is no file.
 
     Raises:
-        TuneError: the file is refused by :func:`read_text`.
+        TuneError: the file is refused by :func:`read_tune_file`.
     """
-    return parse_records(read_text(path) or "", reasons)
+    return parse_records(read_tune_file(path) or "", reasons)
 
 
 def append_record(path: Path, record: Mapping, newline_first: bool = False) -> None:
-    """Append one record as one line in one write (O_APPEND; never through a link), so an
-    interruption leaves either the whole line or none of it; a failed write (no space
-    left) is cut off again, so the file keeps only whole records. ``newline_first``
-    ends a last line left without its newline first.
+    """Append one record as one line in one write, never through a link, so an
+    interruption leaves either the whole line or none of it and a failed write (no space
+    left) is cut off again (:func:`cpulaunch.machine.files.append_whole`).
+    ``newline_first`` ends a last line left without its newline first.
 
     Raises:
         OSError: the file cannot be opened or written (the caller names it).
     """
-    data = (("\n" if newline_first else "") + json.dumps(record, sort_keys=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(fd, view):]
-        except OSError:
-            os.ftruncate(fd, size)
-            raise
-    finally:
-        os.close(fd)
+    from cpulaunch.machine.files import append_whole
 
-
-def write_file(path: Path, data) -> None:
-    """Write ``data`` (str or bytes) to ``path`` whole or not at all: into a new file
-    beside it (``tempfile.mkstemp``: O_EXCL, never through a link), renamed over
-    ``path`` once complete (a link planted at ``path`` is replaced, not followed). On
-    failure the new file is removed and the OSError propagates with ``path`` as its
-    filename."""
-    if isinstance(data, str):
-        data = data.encode("utf-8", "surrogateescape")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        try:
-            os.fchmod(fd, 0o644)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as exc:
-        os.unlink(tmp)
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    append_whole(path, ("\n" if newline_first else "") + json.dumps(record, sort_keys=False) + "\n")
 
 
 # --------------------------------------------------------------------------- running a trial
@@ -412,7 +374,7 @@ def run_command(argv: Sequence[str], timeout: float, environ: Optional[Mapping[s
 
 
 def _failure_text(res: RunResult) -> str:
-    from cpulaunch.launch.spawn import signal_name
+    from cpulaunch.machine.exec import signal_name
 
     if res.status == "timeout":
         return f"timed out after {res.wall_s:.1f}s"

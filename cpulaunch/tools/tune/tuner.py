@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Optional
 
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine.files import write_file
 from cpulaunch.tools.tune.load import LoadReading, load_meter
 from cpulaunch.tools.tune.search import (
     Stage,
@@ -48,13 +49,12 @@ from cpulaunch.tools.tune.trials import (
     combine_metric,
     parse_metrics,
     parse_records,
-    read_text,
+    read_tune_file,
     run_command,
-    write_file,
 )
 
 __all__ = [
-    "Settings",
+    "TuneSettings",
     "Tuner",
 ]
 
@@ -66,7 +66,7 @@ log = _log.get(__name__)
 
 
 @dataclass(frozen=True)
-class Settings:
+class TuneSettings:
     """What ``cpulaunch tune`` was asked (typed, checked).
 
     Attributes:
@@ -104,7 +104,7 @@ class Settings:
     dry_run: bool = False
 
 
-#: Settings a resumed tune must share with the recorded one (tune.json).
+#: TuneSettings a resumed tune must share with the recorded one (tune.json).
 _IDENTITY = ("program", "axes", "lower_is_better", "rounds", "metric", "seed")
 
 
@@ -120,7 +120,7 @@ class Tuner:
     :func:`load_meter`), ``clock`` is ``time.monotonic``. Tests pass fakes.
     """
 
-    def __init__(self, settings: Settings, space: Space, *, runner=None, meter=None,
+    def __init__(self, settings: TuneSettings, space: Space, *, runner=None, meter=None,
                  clock: Callable[[], float] = time.monotonic, python: str = sys.executable,
                  progress: bool = True, err=None) -> None:
         self.s = settings
@@ -155,7 +155,7 @@ class Tuner:
         Raises:
             TuneError: DIR is not usable (cannot be created or written: read-only, no
                 space left), holds a different tune, or its tune.json/trials.jsonl is not
-                a regular file of a bounded size (:func:`read_text`).
+                a regular file of a bounded size (:func:`read_tune_file`).
         """
         out = self.s.out
         created = not out.exists()
@@ -177,7 +177,7 @@ class Tuner:
         from cpulaunch import __version__
 
         out, meta_path, mine = self.s.out, self.s.out / "tune.json", self._identity()
-        text = read_text(meta_path, cap=1 << 20)
+        text = read_tune_file(meta_path, cap=1 << 20)
         if text is None:
             self._write("tune.json", json.dumps({**mine, "cpulaunch": __version__, "started": _now_iso()},
                                                 indent=2) + "\n")
@@ -199,7 +199,7 @@ class Tuner:
         cut short) is cut off; lines that are not trial records, and records of
         configurations not in this space, are left out with a note; each record's
         config is the space's own for its key."""
-        text = read_text(self.trials) or ""
+        text = read_tune_file(self.trials) or ""
         body, _, tail = text.rpartition("\n")
         if tail:
             self._cut_partial(tail)

@@ -1,0 +1,41 @@
+"""Every ``CPULAUNCH_*`` variable the launcher writes into an instance's environment, and that
+the program (``cpulaunch.runtime``), ``cpulaunch verify`` and ``cpulaunch tune`` read: the one
+place their names are spelled. (The option variables, ``CPULAUNCH_<OPTION>``, are the CLI's:
+:mod:`cpulaunch.cli`.) Constants only: importing this module does nothing.
+"""
+
+__all__ = [
+    "CPUS", "INSTANCE_INDEX", "NUM_INSTANCES", "DATALOADER_CPUS", "DATALOADER_WORKERS",
+    "RESERVED_CPUS", "BOUND_CPUS", "MEM_POLICY", "MEM_NODES", "INFERENCE_PATH", "DIST_BACKEND",
+    "USER_OMP_NUM_THREADS", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX",
+]
+
+#: The instance's logical CPUs, a cpulist ("0-3,8"); written by render for every instance.
+CPUS = "CPULAUNCH_CPUS"
+#: The instance's index (or the rank's local index) and the number of instances.
+INSTANCE_INDEX = "CPULAUNCH_INSTANCE_INDEX"
+NUM_INSTANCES = "CPULAUNCH_NUM_INSTANCES"
+#: --dataloader-workers: the CPUs set aside for DataLoader workers and how many workers;
+#: read by ``cpulaunch.torch_utils.dataloader_kwargs``.
+DATALOADER_CPUS = "CPULAUNCH_DATALOADER_CPUS"
+DATALOADER_WORKERS = "CPULAUNCH_DATALOADER_WORKERS"
+#: --reserve-cores: the CPUs set aside for the program's own helper threads.
+RESERVED_CPUS = "CPULAUNCH_RESERVED_CPUS"
+#: What verify compares a running process with when no plan is at hand: the CPUs its
+#: OpenMP threads are bound to, the memory policy and its nodes.
+BOUND_CPUS = "CPULAUNCH_BOUND_CPUS"
+MEM_POLICY = "CPULAUNCH_MEM_POLICY"
+MEM_NODES = "CPULAUNCH_MEM_NODES"
+#: --inference-path, read by ``cpulaunch.inference.optimize``.
+INFERENCE_PATH = "CPULAUNCH_INFERENCE_PATH"
+#: --ddp: the process-group backend cpulaunch chose, read by
+#: ``cpulaunch.distributed.init_process_group``.
+DIST_BACKEND = "CPULAUNCH_DIST_BACKEND"
+#: --ddp: the user's own OMP_NUM_THREADS, kept when cpulaunch sets the rank's.
+USER_OMP_NUM_THREADS = "CPULAUNCH_USER_OMP_NUM_THREADS"
+#: Elastic --ddp plumbing (never reaches the program): every local rank's command as JSON,
+#: and the folder where each rank entry records its exit code.
+RANK_SPECS = "CPULAUNCH_RANK_SPECS"
+DDP_STATUS_DIR = "CPULAUNCH_DDP_STATUS_DIR"
+#: --print-env: the binding command to put in front of the program in a shell script.
+PREFIX = "CPULAUNCH_PREFIX"

@@ -1,0 +1,91 @@
+"""Running a short child outside the launcher, and naming how a process ended.
+
+:func:`run_quietly` is the one helper that runs a child to read its answer (numactl's
+check, lscpu, ldconfig): posix_spawn and a pipe, bounded in time and output, nothing left
+behind. :func:`exit_code_of` and :func:`signal_name` are the one rule for turning a
+process's end into a shell-style exit code and a signal's name (the launcher, tune and
+verify use them).
+"""
+
+import os
+import signal
+from typing import Mapping, Optional, Sequence
+
+__all__ = ["exit_code_of", "signal_name", "run_quietly", "MAX_OUTPUT"]
+
+#: Default bound on a child's output kept by :func:`run_quietly`.
+MAX_OUTPUT = 64 << 10
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen return code -> shell-style exit code: -N (killed by signal N) -> 128+N.
+
+    >>> exit_code_of(-9), exit_code_of(3)
+    (137, 3)
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_name(n: int) -> str:
+    """Signal number -> name as kill -l spells it: 9 -> ``"SIGKILL"``, 36 -> ``"SIGRTMIN+2"``;
+    an unknown number -> ``"signal 99"``."""
+    if signal.SIGRTMIN < n < signal.SIGRTMAX:
+        return f"SIGRTMIN+{n - signal.SIGRTMIN}"
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def run_quietly(argv: Sequence[str], timeout: float = 10.0, *, env: Optional[Mapping[str, str]] = None,
+                stderr: bool = True, max_output: int = MAX_OUTPUT) -> tuple[int, str]:
+    """Run ``argv`` (looked up on PATH) with stdin from /dev/null; ``(exit code, output)``.
+
+    ``output`` is its stdout, and its stderr too unless ``stderr`` is False (then stderr
+    goes to /dev/null), at most ``max_output`` bytes, decoded with errors replaced; the exit
+    code is shell-style (:func:`exit_code_of`). ``env``: its environment (default this
+    process's). Uses os.posix_spawnp and a pipe, not :mod:`subprocess`, whose import costs
+    about 4 ms of start-up (issue 12); the one helper cpulaunch runs a short child with
+    outside the launcher (numactl's check, lscpu, ldconfig).
+
+    Raises:
+        OSError: the program cannot be started (ENOENT, EACCES...).
+        TimeoutError: it ran longer than ``timeout`` seconds (it is then SIGKILLed and reaped).
+    """
+    import select
+    import time
+
+    r, w = os.pipe()  # both O_CLOEXEC; dup2 makes the child's 1 and 2 inheritable
+    try:
+        err = (os.POSIX_SPAWN_DUP2, w, 2) if stderr else (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)
+        pid = os.posix_spawnp(argv[0], list(argv), os.environ if env is None else env, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, w, 1),
+            err,
+        ], setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGXFSZ))
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    chunks, size = [], 0
+    deadline = time.monotonic() + timeout
+    try:
+        poller = select.poll()
+        poller.register(r, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise TimeoutError(f"timed out after {timeout:g} s")
+            data = os.read(r, 65536)
+            if not data:
+                break
+            if size < max_output:
+                chunks.append(data)
+                size += len(data)
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return exit_code_of(os.waitstatus_to_exitcode(status)), b"".join(chunks)[:max_output].decode(errors="replace")

@@ -1,0 +1,177 @@
+"""Finding the registry's libraries on this host (touches the file system; the registry itself,
+:mod:`cpulaunch.machine.libraries`, is pure data).
+
+Search order (first hit wins): ``sys.prefix/lib`` (where ``pip install intel-openmp``
+puts ``libiomp5.so``), ``$CONDA_PREFIX/lib``, ``$VIRTUAL_ENV/lib``, ``$LD_LIBRARY_PATH``,
+the folders of ``/etc/ld.so.conf`` and the multiarch folders, then ``ldconfig -p``. A hit
+must be a loadable ELF shared object for this machine (class and ``e_machine`` checked),
+so a 32-bit or foreign-arch file is passed over.
+"""
+
+import os
+import platform
+import shutil
+import struct
+import sys
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from cpulaunch.machine.libraries import Library
+
+__all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "parse_ldconfig"]
+
+#: Largest ``ldconfig -p`` output read (a few thousand libraries make a few hundred KiB).
+LDCONFIG_BYTES = 8 << 20
+
+# e_machine values (System V ABI / elf.h) for the machines we may run on.
+_E_MACHINE = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "ppc64": 21, "s390x": 22, "riscv64": 243, "i686": 3}
+
+
+def is_loadable_elf(path: os.PathLike, machine: Optional[str] = None) -> bool:
+    """True if ``path`` is an ELF shared object (ET_DYN) for this machine's class and arch.
+
+    Args:
+        path: file to check.
+        machine: ``platform.machine()`` value to check against (default: this host).
+    """
+    machine = machine or platform.machine()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return False
+    elf_class, data = head[4], head[5]
+    want_class = 2 if sys.maxsize > 2**32 else 1
+    if elf_class != want_class:
+        return False
+    endian = "<" if data == 1 else ">"
+    e_type, e_machine = struct.unpack(endian + "HH", head[16:20])
+    if e_type != 3:  # ET_DYN
+        return False
+    want = _E_MACHINE.get(machine)
+    return want is None or e_machine == want
+
+
+def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list:
+    """Folders searched before ``ldconfig -p``, in order (pure)."""
+    dirs = [Path(prefix) / "lib"]
+    for var in ("CONDA_PREFIX", "VIRTUAL_ENV"):
+        if environ.get(var):
+            dirs.append(Path(environ[var]) / "lib")
+    dirs += [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    return dirs
+
+
+def multiarch_dirs(machine: Optional[str] = None) -> list:
+    """The system library folders of Debian-style multiarch and the classic ones."""
+    machine = machine or platform.machine()
+    return [
+        Path(f"/usr/lib/{machine}-linux-gnu"),
+        Path(f"/lib/{machine}-linux-gnu"),
+        Path("/usr/lib64"),
+        Path("/usr/lib"),
+        Path("/usr/local/lib"),
+        Path("/lib64"),
+        Path("/lib"),
+    ]
+
+
+def parse_ldconfig(text: str) -> dict:
+    """``ldconfig -p`` output -> {file name: path}, first entry for this arch wins.
+
+    ``"\\tlibjemalloc.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libjemalloc.so.2"``
+    -> ``{"libjemalloc.so.2": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}``.
+    """
+    out: dict = {}
+    for line in text.splitlines():
+        if "=>" not in line:
+            continue
+        left, right = line.split("=>", 1)
+        name = left.strip().split(" ")[0]
+        out.setdefault(name, right.strip())
+    return out
+
+
+def _ldconfig() -> dict:
+    """``ldconfig -p`` parsed (a fallback only, when no folder held the library)."""
+    from cpulaunch.machine.exec import run_quietly
+
+    exe = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
+    if not exe:
+        return {}
+    try:
+        code, out = run_quietly([exe, "-p"], timeout=10, stderr=False, max_output=LDCONFIG_BYTES)
+    except (OSError, TimeoutError):
+        return {}
+    return parse_ldconfig(out) if code == 0 else {}
+
+
+def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list:
+    """Folders named by ``/etc/ld.so.conf`` and its ``include`` globs (ldconfig(8)), in order.
+
+    Reading them is what ``ldconfig -p`` would tell, without starting a process on every
+    launch. Unreadable files give no folders.
+    """
+    import glob
+
+    out: list = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("include") and _depth < 4:
+            pattern = line.split(None, 1)[1] if " " in line or "\t" in line else ""
+            if pattern and not os.path.isabs(pattern):
+                pattern = os.path.join(os.path.dirname(path), pattern)
+            for inc in sorted(glob.glob(pattern)):
+                out += ld_so_conf_dirs(inc, _depth + 1)
+        elif line.startswith("/"):
+            out.append(Path(line))
+    return out
+
+
+def _first_in(dirs, names) -> Optional[Path]:
+    for name in names:
+        for d in dirs:
+            p = os.path.join(d, name)
+            if os.path.isfile(p) and is_loadable_elf(p):
+                return Path(p)
+    return None
+
+
+def find(
+    lib: Library,
+    environ: Optional[Mapping[str, str]] = None,
+    prefix: str = sys.prefix,
+    extra_dirs: Sequence[os.PathLike] = (),
+    use_ldconfig: bool = True,
+) -> Optional[Path]:
+    """Locate ``lib`` on this host (touches the file system; see module doc for the order).
+
+    The environment's folders first, then the folders of ``/etc/ld.so.conf`` and the
+    multiarch folders (no subprocess); ``ldconfig -p`` is asked only when none of those
+    holds the library (a cache in an unusual place).
+
+    Returns the path of the first loadable match, or None (always None for a library
+    with no file names, such as torch's bundled libgomp).
+    """
+    if not lib.filenames:
+        return None
+    environ = os.environ if environ is None else environ
+    dirs = [Path(d) for d in extra_dirs] + search_dirs(environ, prefix)
+    hit = _first_in(dirs, lib.filenames) or _first_in(multiarch_dirs() + ld_so_conf_dirs(), lib.filenames)
+    if hit is not None or not use_ldconfig:
+        return hit
+    cache = _ldconfig()
+    for name in lib.filenames:
+        p = cache.get(name)
+        if p and is_loadable_elf(p):
+            return Path(p)
+    return None

@@ -1,0 +1,509 @@
+"""Benchmark (not a test): oneCCL (the ``ccl`` backend of oneccl_bindings_for_pytorch) against
+gloo, and oneCCL with its own defaults against the settings cpulaunch gives it, in one run.
+
+Two measurements, each interleaved (every round runs every variant once, the order rotated
+by one each round, so drifting background load hits all of them):
+
+- all_reduce of one float32 tensor per size (default 4 KB, 64 KB, 1 MB, 16 MB, 64 MB): the
+  median time of one call on rank 0 (after two warm-up calls; as many calls as fit in
+  ``--budget`` seconds, the same count on every rank);
+- examples/train_ddp.py (cnn, small by default): the job's samples/s, and whether the final
+  parameters of each ccl variant are bitwise equal to gloo's in the same round
+  (``param_sha256``).
+
+Every variant runs under ``cpulaunch --ddp --nproc-per-node N`` (N = the CPUs this process
+may use, 1 core per rank), planned as a gloo job, so binding, OpenMP and allocator are the
+same for all; the backend and the oneCCL variables go to the rank through ``env`` after
+cpulaunch, so each variant gets exactly the variables listed (none of the caller's CCL_* or
+FI_* variables leak in). Variants, ``gloo`` or ``ccl`` with ``:`` and ``+``-joined tokens:
+
+    ccl            oneCCL's defaults: only the run-time paths it cannot work without
+                   (CCL_OFI_LIBRARY_PATH and FI_PROVIDER_PATH at impi-rt's libfabric);
+                   network provider chosen by libfabric, worker thread pinned by oneCCL to
+                   "the last cores of the node", spinning with CCL_YIELD=pause
+    ccl:shm        + CCL_ATL_SHM=1: shared memory between the ranks of this host
+    ccl:tcp        + FI_PROVIDER=tcp
+    ccl:own        + CCL_WORKER_AFFINITY: each rank's worker on its own rank's first CPU
+    ccl:yield      + CCL_YIELD=sched_yield (waiting threads give the CPU away)
+    ccl:nooffload  + CCL_WORKER_OFFLOAD=0 (the rank's thread runs the collective itself)
+    ccl:launcher   what cpulaunch sets when no core can be set aside for the worker:
+                   own + yield (LAUNCHER below)
+    ccl:cpulaunch  cpulaunch's own oneCCL environment (``--backend ccl``; nothing added)
+
+Default variants: gloo, ccl, ccl:shm, ccl:launcher, ccl:launcher+shm.
+
+What 2 cores can show: the cost of oneCCL's default worker when it has no core of its own
+(it spins beside a rank), what a non-spinning worker on the rank's own CPU gives back, and
+shared memory against the network path between 2 ranks of one host. What they cannot show:
+the gain of worker cores set aside per rank (CCL_WORKER_COUNT on reserved cores needs
+spare cores), more than one worker, more than 2 ranks, NUMA or multi-socket placement, or a
+real network (the "network" here is loopback). The machine is shared: the foreign load is
+measured before and during every run and busy runs are flagged (benchkit.py).
+
+The script skips with one line (exit 0) when oneccl_bindings_for_pytorch does not import
+with this Python's torch (checked in a child process: a binding built for another torch can
+abort the interpreter), or when impi-rt's libfabric is not found.
+
+    python scripts/bench_ccl.py                  # 3 rounds, all sizes, train_ddp cnn small
+    python scripts/bench_ccl.py --quick          # 1 round, 2 sizes, 3 steps: a smoke run
+    python scripts/bench_ccl.py --variants gloo,ccl,ccl:yield,ccl:nooffload --no-train
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import benchkit
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train_ddp.py"
+#: The line the allreduce rank program prints its figures on (rank 0 only).
+MARK = "BENCH_CCL "
+#: Tokens of a ccl variant -> the oneCCL/libfabric variables they add ("own" is computed).
+TOKENS = {
+    "shm": {"CCL_ATL_SHM": "1"},
+    "tcp": {"FI_PROVIDER": "tcp"},
+    "yield": {"CCL_YIELD": "sched_yield"},
+    "nooffload": {"CCL_WORKER_OFFLOAD": "0"},
+    "own": {},
+    "cpulaunch": {},
+}
+#: What cpulaunch sets for a rank whose worker cannot have a core of its own.
+LAUNCHER = ("own", "yield")
+DEFAULT_VARIANTS = "gloo,ccl,ccl:shm,ccl:launcher,ccl:launcher+shm"
+SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+#: Seconds a job may take before it is stopped (SIGTERM to cpulaunch, which stops its ranks).
+JOB_TIMEOUT = 600.0
+
+
+def parse_args(argv=None):
+    p = benchkit.parser(__doc__, "1 round, sizes 4 KB and 1 MB, 3 train steps: checks the script")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS,
+                   help=f"comma-separated variants (default {DEFAULT_VARIANTS})")
+    p.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
+    p.add_argument("--sizes", default=None,
+                   help="all_reduce sizes in bytes, comma-separated (default 4 KB .. 64 MB)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds of timed calls per size and run (default 1.0; 0.2 with --quick)")
+    p.add_argument("--no-train", action="store_true", help="skip the train_ddp.py part")
+    p.add_argument("--train-variants", default="gloo,ccl,ccl:launcher+shm",
+                   help="variants of the train_ddp.py part (default gloo,ccl,ccl:launcher+shm)")
+    benchkit.add_model_size(p)
+    p.add_argument("--steps", type=int, default=None,
+                   help="train steps (default 10; 3 with --quick)")
+    p.add_argument("--busy-threshold", type=float, default=10.0,
+                   help="flag runs when others used more than this percent of the machine")
+    p.add_argument("--json", action="store_true", help="also print all figures as one JSON line")
+    p.add_argument("--rank", action="store_true", help="(internal) run as one all_reduce rank")
+    args = p.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.budget = args.budget or (0.2 if args.quick else 1.0)
+    args.steps = args.steps or (3 if args.quick else 10)
+    args.size = args.size or "small"
+    default_sizes = (4 << 10, 1 << 20) if args.quick else SIZES
+    args.sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(default_sizes)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.train_variants = [v.strip() for v in args.train_variants.split(",") if v.strip()]
+    for v in args.variants + args.train_variants:
+        tokens(v, p.error)
+    args.nproc = len(os.sched_getaffinity(0))
+    if not args.rank and args.nproc < 2:
+        p.error(f"needs at least 2 CPUs for 2 ranks, but this process may use "
+                f"{sorted(os.sched_getaffinity(0))}")
+    return args
+
+
+def tokens(variant: str, error=None) -> list:
+    """``"ccl:launcher+shm"`` -> ``["own", "yield", "shm"]``; ``"gloo"``/``"ccl"`` -> ``[]``.
+    An unknown variant or token: ``error(message)`` (argparse's), else ValueError."""
+    def fail(message: str):
+        if error:
+            error(message)
+        raise ValueError(message)
+
+    backend, _, rest = variant.partition(":")
+    if backend not in ("gloo", "ccl") or (backend == "gloo" and rest):
+        fail(f"unknown variant {variant!r}: use gloo or ccl[:TOKEN+...]")
+    out = []
+    for tok in filter(None, rest.split("+")):
+        if tok == "launcher":
+            out.extend(LAUNCHER)
+        elif tok in TOKENS:
+            out.append(tok)
+        else:
+            known = ", ".join([*TOKENS, "launcher"])
+            fail(f"unknown token {tok!r} in {variant!r}: choose from {known}")
+    return out
+
+
+# --------------------------------------------------------------------------- the run-time
+
+
+def binding_problem(python: str) -> tuple[str | None, str]:
+    """(why ``oneccl_bindings_for_pytorch`` does not import under ``python`` with its torch,
+    or None; "binding VERSION, torch VERSION" when it does). Checked in a child process: an
+    import that aborts (a binding built for another torch can) kills only the child."""
+    code = ("import torch, oneccl_bindings_for_pytorch as b; "
+            "print(f'oneccl_bindings_for_pytorch {b.__version__}, torch {torch.__version__}')")
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return "importing oneccl_bindings_for_pytorch did not finish in 120 s", ""
+    if proc.returncode == 0:
+        return None, proc.stdout.strip()
+    if proc.returncode < 0:
+        how = f"killed the interpreter with {signal.Signals(-proc.returncode).name}"
+    else:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        how = f"failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
+    return f"importing oneccl_bindings_for_pytorch with this torch {how}", ""
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def runtime_env(environ, prefixes) -> tuple[dict, str | None]:
+    """(the variables oneCCL cannot start a collective without, why they are missing or None).
+
+    environ: the caller's environment; its own CCL_OFI_LIBRARY_PATH / FI_PROVIDER_PATH win.
+    prefixes: Python prefixes to look in (``sys.prefix``, ``sys.base_prefix``), in order.
+    libfabric as impi-rt installs it: ``<prefix>/lib/libfabric/libfabric.so.1`` (ELF) and
+    its providers ``<prefix>/lib/libfabric/prov/lib*-fi.so``. oneCCL dlopens "libfabric.so"
+    unless CCL_OFI_LIBRARY_PATH names the file, and libfabric finds no provider ("can't
+    find suitable provider") unless FI_PROVIDER_PATH names the folder.
+    """
+    have = {k: environ[k] for k in ("CCL_OFI_LIBRARY_PATH", "FI_PROVIDER_PATH") if environ.get(k)}
+    if len(have) == 2:
+        return have, None
+    for prefix in dict.fromkeys(prefixes):
+        lib = Path(prefix) / "lib" / "libfabric"
+        if _is_elf(lib / "libfabric.so.1") and any(_is_elf(p) for p in lib.glob("prov/lib*-fi.so")):
+            return {"CCL_OFI_LIBRARY_PATH": str(lib / "libfabric.so.1"),
+                    "FI_PROVIDER_PATH": str(lib / "prov"), **have}, None
+    where = " or ".join(f"{p}/lib/libfabric" for p in dict.fromkeys(prefixes))
+    return {}, (f"libfabric not found in {where} (impi-rt installs it there); "
+                "set CCL_OFI_LIBRARY_PATH and FI_PROVIDER_PATH")
+
+
+def rank_cpus(nproc: int) -> list:
+    """Each rank's logical CPUs as ``cpulaunch --ddp --dry-run`` plans them (local rank order)."""
+    argv = [sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", str(nproc),
+            "--backend", "gloo", "--dry-run", "--format", "json", "true"]
+    out = subprocess.run(argv, env=base_env(), capture_output=True, text=True, check=True)
+    return [inst["cpus"] for inst in json.loads(out.stdout)["instances"]]
+
+
+def base_env() -> dict:
+    """benchkit's child environment without the caller's CCL_*/FI_*/rank variables."""
+    drop = ("CCL_", "FI_", "I_MPI_")
+    ranks = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    return {k: v for k, v in benchkit.child_env().items()
+            if not k.startswith(drop) and k not in ranks}
+
+
+def variant_vars(variant: str, runtime: dict, cpus: list) -> dict:
+    """The variables a rank of ``variant`` gets after cpulaunch (``env`` argv prefix)."""
+    toks = tokens(variant)
+    if variant == "gloo" or "cpulaunch" in toks:
+        return {}
+    out = {"CPULAUNCH_DIST_BACKEND": "ccl", **runtime}
+    for tok in toks:
+        out.update(TOKENS[tok])
+    if "own" in toks:  # one worker per rank, on the rank's own first CPU; all local ranks' list
+        out["CCL_WORKER_AFFINITY"] = ",".join(str(c[0]) for c in cpus)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_argv(variant: str, nproc: int, program: list, runtime: dict, cpus: list) -> list:
+    """``python -m cpulaunch --ddp ... [env VARS] python PROGRAM`` for one variant."""
+    backend = "ccl" if "cpulaunch" in tokens(variant) else "gloo"
+    argv = [sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", str(nproc),
+            "--backend", backend, "--master-port", str(free_port()), "--no-prefix", "--no-python"]
+    extra = variant_vars(variant, runtime, cpus)
+    if extra:
+        argv += ["env", *(f"{k}={v}" for k, v in sorted(extra.items()))]
+    return argv + [sys.executable, *program]
+
+
+def run_job(argv: list) -> tuple[int, str, str]:
+    """Run one job; (exit code, stdout, stderr). Stopped with SIGTERM after JOB_TIMEOUT
+    (cpulaunch forwards it to its ranks and kills them after its grace period)."""
+    proc = subprocess.Popen(argv, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        err += f"\n(stopped after {JOB_TIMEOUT:.0f} s)"
+    return proc.returncode, out, err
+
+
+# --------------------------------------------------------------------------- rank program
+
+
+def rank_main(sizes: list, budget: float) -> int:
+    """One all_reduce rank: for each size, the per-call times on this rank; rank 0 prints
+    ``MARK`` + JSON. A final all_reduce checks the sum; exit 1 when it is wrong."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from cpulaunch.distributed import init_process_group
+
+    backend = init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    times = {}
+    for size in sizes:
+        x = torch.zeros(max(1, size // 4))
+        t = time.perf_counter()
+        for _ in range(2):
+            dist.all_reduce(x)
+        per = max((time.perf_counter() - t) / 2, 1e-6)
+        n = torch.tensor([float(max(3, min(2000, int(budget / per))))])
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)  # every rank makes the same number of calls
+        times[size] = []
+        for _ in range(int(n.item())):
+            t = time.perf_counter()
+            dist.all_reduce(x)
+            times[size].append(time.perf_counter() - t)
+    check = torch.full((8,), float(rank + 1))
+    dist.all_reduce(check)
+    ok = bool((check == world * (world + 1) / 2).all())
+    if rank == 0:
+        med = {str(s): benchkit.median(v) for s, v in times.items()}
+        calls = {str(s): len(v) for s, v in times.items()}
+        figures = {"backend": backend, "median_s": med, "calls": calls, "sum_ok": ok}
+        print(MARK + json.dumps(figures), flush=True)
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------- the rounds
+
+
+def measure(argv: list) -> dict:
+    """One job with the foreign load before (0.5 s) and during it."""
+    pre = benchkit.sample(0.5, top=3)
+    window = benchkit.LoadWindow()
+    code, out, err = run_job(argv)
+    return {"exit": code, "out": out, "err": err, "pre": pre, "during": window.load()}
+
+
+def allreduce_figures(run: dict) -> dict | None:
+    """{size: median seconds} from rank 0's MARK line, or None."""
+    for line in run["out"].splitlines():
+        if line.startswith(MARK):
+            data = json.loads(line[len(MARK):])
+            return {int(s): t for s, t in data["median_s"].items()} if data["sum_ok"] else None
+    return None
+
+
+def train_figures(run: dict) -> dict | None:
+    """{"samples_per_s", "param_sha256"} from train_ddp.py's per-rank JSON lines, or None."""
+    ranks = {}
+    for line in run["out"].splitlines():
+        if line.startswith("{") and '"rank"' in line:
+            rec = json.loads(line)
+            ranks[rec["rank"]] = rec
+    if 0 not in ranks:
+        return None
+    shas = {r["param_sha256"] for r in ranks.values()}
+    return {"samples_per_s": ranks[0]["job_samples_per_s"],
+            "param_sha256": shas.pop() if len(shas) == 1 else None}
+
+
+def last_error(run: dict) -> str:
+    """The most telling stderr line of a failed job."""
+    lines = [ln.strip() for ln in run["err"].splitlines() if ln.strip()]
+    for key in ("terminate called", "CCL_ERROR", "Error", "error"):
+        hits = [ln for ln in lines if key in ln]
+        if hits:
+            return hits[-1][:200]
+    return lines[-1][:200] if lines else f"exit {run['exit']}"
+
+
+def rounds(args, variants: list, program, parse, runtime: dict, cpus: list) -> dict:
+    """{variant: [run, ...]}: every round runs every variant once, order rotated per round.
+    ``program(variant)`` is the rank program's argv, ``parse(run)`` its figures or None."""
+    runs = {v: [] for v in variants}
+    for r in range(args.rounds):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for v in order:
+            run = measure(job_argv(v, args.nproc, program(v), runtime, cpus))
+            run["figures"] = parse(run)
+            run["busy"] = benchkit.busy((run["pre"], run["during"]), args.busy_threshold)
+            runs[v].append(run)
+            state = "ok" if run["exit"] == 0 else f"exit {run['exit']}"
+            if run["figures"] is None:
+                state += ": " + last_error(run)
+            print(f"  round {r + 1} {v}: {state}; others {run['during'].foreign_pct:.0f}% of the "
+                  f"machine during, {run['pre'].foreign_pct:.0f}% before", flush=True)
+            if run["busy"]:
+                print(benchkit.busy_warning(f"in round {r + 1} ({v})",
+                                            f"others used {run['during'].foreign_pct:.0f}%",
+                                            run["pre"].busiest), flush=True)
+    return runs
+
+
+def usable(runs: list) -> list:
+    """Runs with figures, the quiet ones when there are any."""
+    good = [r for r in runs if r["figures"] is not None]
+    quiet = [r for r in good if not r["busy"]]
+    return quiet or good
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def human(size: int) -> str:
+    return f"{size >> 20} MB" if size >= 1 << 20 else f"{size >> 10} KB"
+
+
+def cell(xs: list, scale: float, fmt: str) -> str:
+    """``"12.3 (8%)"``: the median of ``xs`` times ``scale`` and the spread; ``"-"`` for none."""
+    return f"{benchkit.median(xs) * scale:{fmt}} ({benchkit.spread(xs):.0%})" if xs else "-"
+
+
+def print_table(title: str, head: list, rows: list) -> None:
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    print(title)
+    for row in [head, *rows]:
+        print("  " + "  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
+
+
+def ratio(a: list, b: list) -> str:
+    """median(a) / median(b) as ``"2.31x"``; ``"-"`` when either is empty."""
+    return f"{benchkit.median(a) / benchkit.median(b):.2f}x" if a and b else "-"
+
+
+def report_allreduce(runs: dict, sizes: list) -> dict:
+    """Tables of all_reduce times and ratios; returns {variant: {size: [seconds per run]}}."""
+    times = {v: {s: [r["figures"][s] for r in usable(rs)] for s in sizes} for v, rs in runs.items()}
+    variants = list(runs)
+    print_table("all_reduce: median ms of one call on rank 0 (spread over runs)",
+                ["size", *variants],
+                [[human(s), *(cell(times[v][s], 1e3, ".3f") for v in variants)] for s in sizes])
+    ccls = [v for v in variants if v != "gloo"]
+    if "gloo" in runs and ccls:
+        print_table("speed-up over gloo (gloo's time / the variant's; above 1: faster than gloo)",
+                    ["size", *ccls],
+                    [[human(s), *(ratio(times["gloo"][s], times[v][s]) for v in ccls)]
+                     for s in sizes])
+    tuned = [v for v in ccls if v not in ("ccl", "ccl:shm")]
+    if tuned and "ccl" in runs:
+        base = {v: "ccl:shm" if "shm" in tokens(v) and "ccl:shm" in runs else "ccl" for v in tuned}
+        print_table("speed-up over oneCCL's defaults (same transport)",
+                    ["size", *(f"{v} vs {base[v]}" for v in tuned)],
+                    [[human(s), *(ratio(times[base[v]][s], times[v][s]) for v in tuned)]
+                     for s in sizes])
+    return times
+
+
+def report_train(runs: dict) -> dict:
+    """The train_ddp.py table; returns {variant: [samples/s per run]}."""
+    sps = {v: [r["figures"]["samples_per_s"] for r in usable(rs)] for v, rs in runs.items()}
+    gloo_sha = {i: r["figures"]["param_sha256"] for i, r in enumerate(runs.get("gloo", []))
+                if r["figures"] is not None}
+    rows = []
+    for v, rs in runs.items():
+        same = [r["figures"]["param_sha256"] == gloo_sha[i] for i, r in enumerate(rs)
+                if r["figures"] is not None and i in gloo_sha]
+        equal = "-" if v == "gloo" or not same else f"{sum(same)} of {len(same)}"
+        rows.append([v, cell(sps[v], 1.0, ".2f"), ratio(sps[v], sps.get("gloo", [])), equal])
+    print_table("train_ddp.py: job samples/s (spread over runs)",
+                ["variant", "samples/s", "vs gloo", "params bitwise equal to gloo's"], rows)
+    return sps
+
+
+def report_runs(runs: dict, what: str) -> None:
+    """Foreign load per variant, and the jobs that failed or crashed after their figures."""
+    for v, rs in runs.items():
+        loads = [r["during"].foreign_pct for r in rs]
+        busy = sum(r["busy"] for r in rs)
+        print(f"  {what} {v}: others used {benchkit.median(loads):.0f}% of the machine "
+              f"(median; max {max(loads):.0f}%), {busy} of {len(rs)} runs busy")
+        for r in rs:
+            if r["exit"] != 0:
+                when = "after its figures" if r["figures"] is not None else "without figures"
+                print(f"    exit {r['exit']} {when}: {last_error(r)}")
+
+
+CANNOT = """What {n} cores can and cannot show: each rank has 1 core and oneCCL's worker thread
+shares it, so these figures show the cost of oneCCL's default worker without a core of its
+own (pinned by oneCCL to the last cores of the node, spinning) and what the launcher's
+settings give back; not the gain of worker cores set aside per rank, more than one worker,
+more than {n} ranks, NUMA or multi-socket placement, or a real network (loopback only)."""
+
+
+def versions() -> str:
+    """Installed oneCCL/impi-rt wheel versions (their metadata; nothing is imported)."""
+    from importlib import metadata
+
+    found = []
+    for dist in ("oneccl-cpu", "impi-rt", "oneccl-bind-pt"):
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{dist} (no metadata)")
+    return ", ".join(found)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.rank:
+        return rank_main(args.sizes, args.budget)
+    problem, loaded = binding_problem(sys.executable)
+    runtime, missing = runtime_env(os.environ, [sys.prefix, sys.base_prefix])
+    if problem or missing:
+        print(f"bench_ccl: skipped: {problem or missing}")
+        return 0
+    cpus = rank_cpus(args.nproc)
+    print(f"{loaded}; {versions()}\n{args.nproc} ranks x 1 core (CPUs {cpus}), {args.rounds} "
+          f"round(s); runtime {' '.join(f'{k}={v}' for k, v in sorted(runtime.items()))}")
+    now = benchkit.sample(1.0, top=3)
+    print(f"before: others used {now.foreign_pct:.0f}% of the machine")
+    sizes = ",".join(map(str, args.sizes))
+    ar = rounds(args, args.variants,
+                lambda v: [__file__, "--rank", "--sizes", sizes, "--budget", str(args.budget)],
+                allreduce_figures, runtime, cpus)
+    out = {"allreduce_s": report_allreduce(ar, args.sizes)}
+    report_runs(ar, "all_reduce")
+    if not args.no_train:
+        train = [str(TRAIN), "--model", args.model, "--size", args.size, "--steps", str(args.steps),
+                 "--global-batch-size", str(8 * args.nproc), "--json"]
+        tr = rounds(args, args.train_variants, lambda v: train, train_figures, runtime, cpus)
+        out["train_samples_per_s"] = report_train(tr)
+        report_runs(tr, "train_ddp")
+    print(CANNOT.format(n=args.nproc))
+    if args.json:
+        print(json.dumps({k: {v: {str(s): x for s, x in d.items()} if isinstance(d, dict) else d
+                              for v, d in t.items()} for k, t in out.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

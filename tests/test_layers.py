@@ -1,0 +1,305 @@
+"""The package's shape, held by reading its code (ast), never by running it (issue 20).
+
+Roles and who may import whom (docs/design.md draws them):
+
+- ``cpulaunch/`` flat: the launcher's pipeline (cli, options, core, plan, distributed, render,
+  cpulist, errors, envvars, log, api) and the documented aliases;
+- ``cpulaunch/machine/``: every read of the host, and the one helper that runs a short child;
+- ``cpulaunch/launch/``: processes (spawn, group, supervise, the run folder, elastic);
+- ``cpulaunch/tools/``: doctor, verify, tune, imported only by cli and only inside a function;
+- ``cpulaunch/runtime/``: what runs inside the user's program; nothing else imports it but the
+  documented aliases.
+
+Rules (each a test; :func:`violations` is the checker, and it is shown to fail on planted
+violations below):
+
+1. nothing outside ``runtime/`` imports it, but the alias modules and the lazy ``__getattr__``
+   of ``cpulaunch/__init__.py`` and ``cpulaunch/distributed.py``;
+2. ``tools/`` is imported by ``cli.py`` only, inside functions;
+3. planning and rendering (:data:`PURE`) import, at any depth of a function, only pure modules
+   and no module that touches the host or starts a process, and call no such function;
+4. a child process is started (subprocess, posix_spawn, fork, exec) only in
+   ``machine/exec.py``, ``launch/`` and tune's trial runner;
+5. host files are opened (``open``, ``os.open``, ``mmap``, ``Path.read_*``/``write_*``/
+   ``open``) only in ``machine/`` and ``launch/`` (the run folder's files).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+from typing import Iterator, NamedTuple, Optional
+
+import pytest
+
+from conftest import REPO
+
+PKG = REPO / "cpulaunch"
+
+#: Planning and rendering: pure functions of their arguments (rule 3).
+PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
+        "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py",
+        "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py")
+#: What pure modules may import besides each other: pure modules of the standard library
+#: (``os`` and ``sys`` for names and values only: calls are checked apart), and
+#: python-hostlist (Slurm's node-list syntax) and the TOML parsers (config text -> values).
+PURE_STDLIB = {"__future__", "enum", "re", "typing", "types", "dataclasses", "math", "itertools",
+               "collections", "functools", "shlex", "json", "string", "textwrap", "operator",
+               "fnmatch", "pathlib", "bisect", "reprlib", "os", "sys", "hostlist", "tomllib", "tomli"}
+#: ``os`` calls a pure module may make: they compute, they do not ask the host.
+PURE_OS_CALLS = {"fspath", "fsencode", "fsdecode", "join", "basename", "dirname", "splitext", "normpath",
+                 "isabs", "split"}
+#: Modules whose import means touching the host or starting a process (rules 3 and 4).
+HOST_MODULES = {"subprocess", "socket", "mmap", "ctypes", "psutil", "resource", "select", "fcntl",
+                "threading", "multiprocessing", "tempfile", "shutil", "glob", "importlib", "platform"}
+#: Where a child process may be started (rule 4).
+SPAWNERS = ("cpulaunch/machine/exec.py", "cpulaunch/launch/", "cpulaunch/tools/tune/trials.py")
+#: Calls that start a process (attribute or name).
+SPAWN_CALLS = {"Popen", "run", "call", "check_call", "check_output", "posix_spawn", "posix_spawnp",
+               "fork", "forkpty", "execv", "execve", "execvp", "execvpe", "system", "popen"}
+SPAWN_OWNERS = {"subprocess", "os"}
+#: Where host files may be opened (rule 5).
+OPENERS = ("cpulaunch/machine/", "cpulaunch/launch/")
+FILE_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes"}
+#: The documented aliases of runtime modules (rule 1): each holds nothing but the alias.
+ALIASES = ("cpulaunch/inference.py", "cpulaunch/torch_utils.py", "cpulaunch/ddp_wrap.py")
+#: Modules whose module-level ``__getattr__`` may load runtime names lazily (rule 1).
+LAZY_RUNTIME = ("cpulaunch/__init__.py", "cpulaunch/distributed.py")
+
+
+class Import(NamedTuple):
+    """One import: the module imported (dotted), the line, and whether it sits inside a
+    function (``lazy``), and the name of that function."""
+
+    module: str
+    line: int
+    lazy: bool
+    function: Optional[str]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def module_name(path: str) -> str:
+    """``cpulaunch/machine/probe.py`` -> ``cpulaunch.machine.probe``."""
+    parts = path[:-3].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(root: Path) -> tuple:
+    return tuple((rel(p), ast.parse(p.read_text(), str(p))) for p in sorted(root.rglob("*.py")))
+
+
+def sources(root: Path = PKG) -> dict:
+    """{path relative to the repository: parsed module} of every module of the package
+    (parsed once per test session; the checker never changes a tree)."""
+    return dict(_parsed(root))
+
+
+def _walk(node: ast.AST, function: Optional[str] = None) -> Iterator[tuple]:
+    """(node, enclosing function name or None) for every node below ``node``."""
+    for child in ast.iter_child_nodes(node):
+        inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+        yield child, function
+        yield from _walk(child, inner)
+
+
+def imports(path: str, tree: ast.Module) -> list:
+    """Every cpulaunch or standard-library module ``tree`` imports, resolved: ``from
+    cpulaunch.machine import probe`` is ``cpulaunch.machine.probe``; a relative import is
+    resolved against ``path``; ``importlib.import_module("cpulaunch.x")`` with a constant
+    (or f-string) first argument counts as an import of what it names."""
+    out = []
+    package = module_name(path).rsplit(".", 1)[0] if not path.endswith("__init__.py") else module_name(path)
+    for node, function in _walk(tree):
+        lazy = function is not None
+        if isinstance(node, ast.Import):
+            out += [Import(a.name, node.lineno, lazy, function) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.append(Import(base, node.lineno, lazy, function))
+            out += [Import(f"{base}.{a.name}", node.lineno, lazy, function) for a in node.names
+                    if base.startswith("cpulaunch") and (PKG.parent / f"{base}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
+                    or (PKG.parent / f"{base}.{a.name}".replace(".", "/")).is_dir()]
+        elif isinstance(node, ast.Call) and _called(node) == "import_module" and node.args:
+            arg = node.args[0]
+            text = arg.value if isinstance(arg, ast.Constant) else (
+                "".join(v.value for v in arg.values if isinstance(v, ast.Constant)) if isinstance(arg, ast.JoinedStr) else "")
+            if isinstance(text, str) and text.startswith("cpulaunch"):
+                out.append(Import(text.rstrip("."), node.lineno, lazy, function))
+    return out
+
+
+def _called(call: ast.Call) -> Optional[str]:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
+def _owner(call: ast.Call) -> Optional[str]:
+    f = call.func
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+        return f.value.id
+    return None
+
+
+def _in(path: str, places) -> bool:
+    return any(path == p or (p.endswith("/") and path.startswith(p)) for p in places)
+
+
+def violations(trees: dict) -> list:
+    """Every break of rules 1-5 in ``trees`` ({path: module}), as one line each."""
+    out = []
+    for path, tree in trees.items():
+        imps = imports(path, tree)
+        out += _runtime_rule(path, tree, imps) + _tools_rule(path, imps) + _pure_rule(path, tree, imps)
+        out += _spawn_rule(path, tree) + _open_rule(path, tree)
+    return out
+
+
+def _runtime_rule(path: str, tree: ast.Module, imps: list) -> list:
+    if path.startswith("cpulaunch/runtime/"):
+        return []
+    out = []
+    for imp in imps:
+        if not imp.module.startswith("cpulaunch.runtime"):
+            continue
+        if path in ALIASES or (path in LAZY_RUNTIME and imp.function == "__getattr__"):
+            continue
+        out.append(f"{path}:{imp.line}: imports {imp.module} (only runtime/ and the documented aliases may)")
+    if path in ALIASES:
+        extra = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign, ast.Expr))]
+        if extra:
+            out.append(f"{path}: an alias holds only its docstring, imports and the sys.modules line")
+    return out
+
+
+def _tools_rule(path: str, imps: list) -> list:
+    if path.startswith("cpulaunch/tools/"):
+        return []
+    out = []
+    for imp in imps:
+        if imp.module.startswith("cpulaunch.tools") and not (path == "cpulaunch/cli.py" and imp.lazy):
+            out.append(f"{path}:{imp.line}: imports {imp.module} (tools only from cli.py, inside a function)")
+    return out
+
+
+def _pure_rule(path: str, tree: ast.Module, imps: list) -> list:
+    if path not in PURE:
+        return []
+    pure_modules = {module_name(p) for p in PURE}
+    out = []
+    for imp in imps:
+        top = imp.module.split(".")[0]
+        if top == "cpulaunch":
+            package_face = (PKG.parent / imp.module.replace(".", "/") / "__init__.py").exists()
+            if imp.module not in pure_modules and not package_face and not (
+                    path == "cpulaunch/distributed.py" and imp.function == "__getattr__"):
+                out.append(f"{path}:{imp.line}: pure module imports {imp.module}")
+        elif top in HOST_MODULES or top not in PURE_STDLIB:
+            out.append(f"{path}:{imp.line}: pure module imports {imp.module}")
+    for node, _ in _walk(tree):
+        if isinstance(node, ast.Call) and (_os_call(node) or _called(node) == "open"):
+            out.append(f"{path}:{node.lineno}: pure module calls {ast.unparse(node.func)}")
+    return out
+
+
+def _os_call(call: ast.Call) -> bool:
+    """A call of ``os.X`` or ``os.path.X`` that asks the host (not in :data:`PURE_OS_CALLS`)."""
+    f = call.func
+    if not isinstance(f, ast.Attribute):
+        return False
+    base = ast.unparse(f.value)
+    return base in ("os", "os.path", "shutil", "sys") and f.attr not in PURE_OS_CALLS
+
+
+def _spawn_rule(path: str, tree: ast.Module) -> list:
+    if _in(path, SPAWNERS):
+        return []
+    out = []
+    for node, _ in _walk(tree):
+        if isinstance(node, ast.Call) and _called(node) in SPAWN_CALLS and _owner(node) in SPAWN_OWNERS:
+            out.append(f"{path}:{node.lineno}: starts a process ({ast.unparse(node.func)}) outside "
+                       "machine/exec.py, launch/ and tune's trials")
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(n.split(".")[0] == "subprocess" for n in names):
+                out.append(f"{path}:{node.lineno}: imports subprocess")
+    return out
+
+
+def _open_rule(path: str, tree: ast.Module) -> list:
+    if _in(path, OPENERS):
+        return []
+    out = []
+    for node, _ in _walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name, owner = _called(node), _owner(node)
+        devnull = bool(node.args) and ast.unparse(node.args[0]) == "os.devnull"
+        if (name == "open" and owner in (None, "os", "io", "builtins") and not devnull) \
+                or (name == "mmap" and owner == "mmap") or name in FILE_METHODS:
+            out.append(f"{path}:{node.lineno}: opens a file ({ast.unparse(node.func)}) outside machine/ and launch/")
+    return out
+
+
+# --------------------------------------------------------------------------- the rules hold
+
+
+def test_the_package_keeps_its_roles():
+    assert violations(sources()) == []
+
+
+def test_the_layout_is_what_the_docs_draw():
+    """The roles' folders exist with the modules docs/design.md names, and no module sits
+    outside them but the flat pipeline's."""
+    flat = {p.name for p in PKG.glob("*.py")}
+    assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py",
+                    "distributed.py", "cpulist.py", "errors.py", "envvars.py", "log.py", "api.py",
+                    "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py"}
+    assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "machine", "launch", "tools", "runtime"}
+    design = (REPO / "docs" / "design.md").read_text()
+    for p in sorted(PKG.rglob("*")):
+        name = p.name + "/" if p.is_dir() else p.name
+        if p.suffix == ".py" and p.name != "__init__.py" or p.is_dir() and p.name != "__pycache__":
+            assert name in design, f"docs/design.md does not name {rel(p)}"
+
+
+# --------------------------------------------------------------------------- the checker sees breaks
+
+
+PLANTED = {
+    "runtime imported by the core": ("cpulaunch/core.py", "from cpulaunch.runtime import ddp\n", "only runtime/"),
+    "runtime imported lazily elsewhere": ("cpulaunch/plan.py", "def f():\n    import cpulaunch.runtime.bind\n",
+                                          "only runtime/"),
+    "a tool imported at module level by cli": ("cpulaunch/cli.py", "from cpulaunch.tools import doctor\n",
+                                               "tools only from cli.py"),
+    "a tool imported by core": ("cpulaunch/core.py", "def f():\n    from cpulaunch.tools import verify\n",
+                                "tools only from cli.py"),
+    "a tool loaded by name": ("cpulaunch/core.py",
+                              "import importlib\ndef f(w):\n    importlib.import_module(f'cpulaunch.tools.{w}')\n",
+                              "tools only from cli.py"),
+    "planning reads the host": ("cpulaunch/plan.py", "from cpulaunch.machine import probe\n", "pure module imports"),
+    "rendering opens a file": ("cpulaunch/render.py", "def f():\n    return open('/proc/cpuinfo').read()\n",
+                               "pure module calls open"),
+    "rendering asks the OS": ("cpulaunch/render.py", "import os\ndef f():\n    return os.sched_getaffinity(0)\n",
+                              "pure module calls os.sched_getaffinity"),
+    "a process from the probe": ("cpulaunch/machine/probe.py", "import subprocess\n", "imports subprocess"),
+    "a fork in verify": ("cpulaunch/tools/verify.py", "import os\ndef f():\n    os.fork()\n", "starts a process"),
+    "doctor opens a file": ("cpulaunch/tools/doctor.py", "def f(p):\n    return p.read_text()\n", "opens a file"),
+    "an alias that grew code": ("cpulaunch/inference.py", "def helper():\n    pass\n", "an alias holds only"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_a_planted_violation_is_found(case):
+    path, code, words = PLANTED[case]
+    trees = sources()
+    planted = ast.parse((REPO / path).read_text() + "\n" + code)
+    found = violations({**trees, path: planted})
+    assert any(path in v and words in v for v in found), found
