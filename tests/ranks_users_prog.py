@@ -71,10 +71,9 @@ def _report(framework: str, **view) -> None:
 
 
 def run_lightning(args) -> None:
+    import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
-
-    import lightning.pytorch as pl
 
     class Tiny(pl.LightningModule):
         def __init__(self):
@@ -91,7 +90,9 @@ def run_lightning(args) -> None:
     strategy = args.strategy
     if strategy == "post-local-sgd":
         from lightning.pytorch.strategies import DDPStrategy
-        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as post_local
+        from torch.distributed.algorithms.ddp_comm_hooks import (
+            post_localSGD_hook as post_local,
+        )
 
         strategy = DDPStrategy(ddp_comm_state=post_local.PostLocalSGDState(
             process_group=None, subgroup=None, start_localSGD_iter=2),

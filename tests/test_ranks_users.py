@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
-
 from conftest import REPO, json_records, run_cli
 from engines import free_ports, run_together
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cpulaunch import distributed
 
@@ -203,6 +203,8 @@ def test_accelerate_on_two_nodes_each_process_has_its_global_and_node_rank():
     assert [(r["env"]["NODE_RANK"], r["env"]["GROUP_RANK"], r["env"]["GROUP_WORLD_SIZE"]) for r in recs] == [
         ("0", "0", "2"), ("1", "1", "2")]
     assert all(r["allreduce"] == 3.0 for r in recs)
+    assert [[r["global_rank"] for r in json_records(p.stdout) if r.get("tag") == "ranks_users"]
+            for p in procs] == [[0], [1]]
 
 
 @pytest.mark.slow
@@ -237,6 +239,41 @@ def test_every_rank_gets_the_site_hook_first_on_pythonpath(sysroots, tmp_path):
     assert inst["env"]["PYTHONPATH"] == f"{hook_dir()}:/src"
     elastic = dry_run(sysroots[XEON], "--rdzv-endpoint", "h0:29400")
     assert {i["env"]["PYTHONPATH"] for i in elastic["instances"]} == {hook_dir()}
+
+
+def test_the_exit_hook_is_off_on_request_and_for_a_program_that_is_not_python(sysroots):
+    for off in (["--no-exit-hook"], ["--no_exit_hook"]):
+        doc = dry_run(sysroots[XEON], "--master-port", "29997", *off, env={"PYTHONPATH": "/src"})
+        assert [i["env"].get("PYTHONPATH") for i in doc["instances"]] == [None, None]
+    doc = dry_run(sysroots[XEON], "--master-port", "29997", env={"CPULAUNCH_NO_EXIT_HOOK": "1"})
+    assert [i["env"].get("PYTHONPATH") for i in doc["instances"]] == [None, None]
+    proc = run_cli("--sysroot", str(sysroots[XEON]), "--ddp", "--dry-run", "--format", "json", "--allocator",
+                   "default", "--master-port", "29997", "sh", "run.sh")
+    doc = json.loads(proc.stdout)
+    assert [i["env"].get("PYTHONPATH") for i in doc["instances"]] == [None, None]
+    assert [n for n in doc["notes"] if n.startswith("no exit hook")] == [
+        ("no exit hook for 'sh' (not a Python interpreter): if its ranks never call destroy_process_group(), "
+         "they may abort at exit (docs/training.md)")]
+    assert "PYTHONPATH" not in run_cli("--ddp", "--no-exit-hook", "--dry-run", "python", "x.py").stdout
+
+
+def test_the_dry_run_shows_the_hook_the_run_uses(sysroots):
+    text = run_cli("--ddp", "--nproc-per-node", "2", "--master-port", "29997", "--dry-run", "python", "x.py").stdout
+    assert text.count(f"PYTHONPATH={hook_dir()} ") == 2, text
+
+
+@pytest.mark.parametrize("argv, python, expected", [
+    (["python", "x.py"], "/opt/py/bin/python3", True),
+    (["/usr/bin/python3.11", "-m", "m"], "/x", True),
+    (["/opt/py/bin/python3"], "/opt/py/bin/python3", True),
+    (["/opt/venv/bin/py"], "/opt/venv/bin/py", True),
+    (["sh", "run.sh"], "/usr/bin/python3", False),
+    (["lightning", "run"], "/usr/bin/python3", False),
+    (["pythonic"], "/usr/bin/python3", False),
+    ([], "/usr/bin/python3", False),
+])
+def test_runs_python_reads_the_first_word(argv, python, expected):
+    assert distributed.runs_python(argv, python) is expected
 
 
 def run_rank(*code_or_args, env=None, timeout=60):
@@ -287,7 +324,7 @@ def test_cpulaunch_init_process_group_ends_its_group_at_exit_without_the_launche
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), PYTHONPATH=str(REPO))  # this checkout's cpulaunch, no site hook
     proc = subprocess.run([PY, PROG, "ending", "--init", "cpulaunch", "--end", end], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == code, proc.stderr[-3000:]
     assert destroys(proc) == [ending_pid(proc)] * destroyed, proc.stdout
 
@@ -298,14 +335,19 @@ def exit_race_flags(signal_dir: Path) -> list:
 
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_the_exit_time_abort_reproduced_and_gone_under_cpulaunch(tmp_path):
+@pytest.mark.parametrize("off", [[], ["--no-exit-hook"]], ids=["hook", "no-exit-hook"])
+def test_the_exit_time_abort_reproduced_and_gone_under_cpulaunch(tmp_path, off):
     """ranks_users_prog.py's exit-race stages the abort of issue 24 item 8 (a gloo worker
     taking the GIL while the interpreter finalizes): rank 0 is killed by SIGABRT every time
-    without the hook (checked on the code before it), and ends 0 with it."""
-    proc = run_cli("--ddp", "--nproc-per-node", "2", "--allocator", "default", "python", PROG, "exit-race",
+    without the hook (``--no-exit-hook``, and the code before the hook), and ends 0 with it."""
+    proc = run_cli("--ddp", "--nproc-per-node", "2", "--allocator", "default", *off, "python", PROG, "exit-race",
                    "--signal-dir", str(tmp_path), timeout=180, check_rc=None)
     assert exit_race_flags(tmp_path) == [1, 1], "the race was not staged (rank 1 did not join within 5 s)"
-    assert "terminate called" not in proc.stderr and proc.returncode == 0, proc.stderr[-3000:]
+    if off:
+        assert proc.returncode == 134 and "terminate called without an active exception" in proc.stderr, (
+            proc.returncode, proc.stderr[-3000:])
+    else:
+        assert "terminate called" not in proc.stderr and proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.slow

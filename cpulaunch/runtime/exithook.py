@@ -38,7 +38,7 @@ import atexit
 import os
 import sys
 
-__all__ = ["install", "end_process_group"]
+__all__ = ["end_process_group", "install"]
 
 #: This module's state: installed once per process; the group a forked child inherited.
 _STATE = {"installed": False, "inherited": None}
@@ -90,7 +90,7 @@ def end_process_group() -> bool:
         return False
     try:
         sys.modules["torch.distributed"].destroy_process_group()
-    except Exception as exc:  # torch's error; the program's own result stands
+    except Exception as exc:  # noqa: BLE001 (torch's error, whatever it is; the program's own result stands)
         sys.stderr.write(f"cpulaunch: could not end the process group at exit: {exc}\n")
         return False
     return True

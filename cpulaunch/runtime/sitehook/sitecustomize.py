@@ -32,7 +32,7 @@ def _install_exit_hook() -> None:
         spec.loader.exec_module(module)
         sys.modules[spec.name] = module
         module.install()
-    except Exception as exc:  # never stop the program: it runs as it would without us
+    except Exception as exc:  # noqa: BLE001 (never stop the program: it runs as it would without us)
         sys.stderr.write(f"cpulaunch: exit hook not installed ({path}: {exc})\n")
 
 
