@@ -41,7 +41,7 @@ def run_once(variant: str, hook: bool, steps: int, timeout: float) -> dict:
     aborted (exit 134 or "terminate called" on stderr), wall seconds, foreign load (%)."""
     argv = [sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", "2", "--allocator", "default",
             *([] if hook else ["--no-exit-hook"]),
-            "python", PROG, "lightning", "--strategy", variant, "--steps", str(steps)]
+            "python", PROG, "lightning", "--devices", "2", "--strategy", variant, "--steps", str(steps)]
     window = benchkit.LoadWindow()
     t = time.perf_counter()
     proc = subprocess.Popen(argv, env=benchkit.child_env(), cwd=REPO, stdout=subprocess.PIPE,
