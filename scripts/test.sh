@@ -25,5 +25,6 @@ if [ -z "${PYTHON:-}" ] && "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os
   PY=.venv/bin/python
 fi
 # torch==2.13.0 is pinned in the [torch] extra: an unpinned torch would pull CUDA wheels.
-"$PY" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune]' intel-openmp
+# [users]: Lightning and accelerate, which tests/test_ranks_users.py runs under cpulaunch.
+"$PY" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,users]' intel-openmp
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

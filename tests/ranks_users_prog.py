@@ -70,6 +70,10 @@ def _report(framework: str, **view) -> None:
     print(json.dumps(record), flush=True)
 
 
+#: What the Lightning program saw during training (the registered DDP comm hook).
+SEEN: dict = {}
+
+
 def run_lightning(args) -> None:
     import lightning.pytorch as pl
     import torch
@@ -87,6 +91,9 @@ def run_lightning(args) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+        def on_train_end(self):  # the DDP module, before Lightning's teardown unwraps it
+            SEEN["comm_hook"] = self.trainer.strategy.model._get_ddp_logging_data().get("comm_hook")
+
     strategy = args.strategy
     if strategy == "post-local-sgd":
         from lightning.pytorch.strategies import DDPStrategy
@@ -97,6 +104,13 @@ def run_lightning(args) -> None:
         strategy = DDPStrategy(ddp_comm_state=post_local.PostLocalSGDState(
             process_group=None, subgroup=None, start_localSGD_iter=2),
             ddp_comm_hook=post_local.post_localSGD_hook, model_averaging_period=2)
+    elif strategy == "fp16-hook":  # Lightning's own way: on CPU it never registers the hook
+        from lightning.pytorch.strategies import DDPStrategy
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        strategy = DDPStrategy(ddp_comm_hook=default_hooks.fp16_compress_hook)
+    elif strategy == "wrap-ddp-fp16":  # docs/training.md's recipe: the strategy wraps with wrap_ddp
+        strategy = _wrap_ddp_strategy(comm_hook="fp16")
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randn(64, 1, generator=generator))
     trainer = pl.Trainer(num_nodes=args.nnodes, devices=args.devices, accelerator="cpu", strategy=strategy,
@@ -107,7 +121,28 @@ def run_lightning(args) -> None:
 
     _report("lightning", global_rank=trainer.global_rank, node_rank=trainer.node_rank,
             local_rank=trainer.local_rank, world_size=trainer.world_size, dist_rank=dist.get_rank(),
-            allreduce=_allreduce_ranks(dist.get_rank()))
+            allreduce=_allreduce_ranks(dist.get_rank()),
+            comm_hook=SEEN.get("comm_hook"))
+
+
+def _wrap_ddp_strategy(**wrap_options):
+    """docs/training.md's Lightning recipe: a DDPStrategy whose model is wrapped by
+    cpulaunch's wrap_ddp (whose hooks run on CPU), with post-local SGD's averaging after
+    each optimizer step."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from cpulaunch.ddp_wrap import wrap_ddp
+
+    class CpuDDPStrategy(DDPStrategy):
+        def _setup_model(self, model):
+            return wrap_ddp(model, **wrap_options)
+
+        def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+            out = super().optimizer_step(optimizer, closure, model, **kwargs)
+            self.model.after_step()
+            return out
+
+    return CpuDDPStrategy()
 
 
 def run_accelerate(_args) -> None:
@@ -248,7 +283,7 @@ def main() -> int:
     parser.add_argument("framework", choices=("lightning", "accelerate", "gloo", "exit-race", "ending"))
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--strategy", default="ddp", choices=("ddp", "post-local-sgd"))
+    parser.add_argument("--strategy", default="ddp", choices=("ddp", "post-local-sgd", "fp16-hook", "wrap-ddp-fp16"))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--hold", type=float, default=0.05,
                         help="exit-race: seconds rank 0 keeps the GIL before it ends")

@@ -4,7 +4,7 @@ variables plus NODE_RANK), checked on the rendered plans and with the programs u
 group before the interpreter finalizes.
 
 The Lightning and accelerate runs skip when the package is not installed; CI installs
-``lightning`` and ``accelerate`` (see docs/training.md) so that they do not skip there.
+them (``scripts/test.sh`` installs the ``[users]`` extra) so that they do not skip there.
 """
 
 from __future__ import annotations
@@ -205,6 +205,21 @@ def test_accelerate_on_two_nodes_each_process_has_its_global_and_node_rank():
     assert all(r["allreduce"] == 3.0 for r in recs)
     assert [[r["global_rank"] for r in json_records(p.stdout) if r.get("tag") == "ranks_users"]
             for p in procs] == [[0], [1]]
+
+
+@pytest.mark.slow
+@needs_lightning
+@pytest.mark.parametrize("strategy, hook", [("fp16-hook", None), ("wrap-ddp-fp16", "fp16_compress_hook")])
+def test_lightning_ignores_ddp_comm_hook_on_cpu_and_wrap_ddp_is_the_way(strategy, hook):
+    """docs/training.md: DDPStrategy(ddp_comm_hook=...) registers no hook on CPU (Lightning
+    does it for CUDA only); a DDPStrategy whose _setup_model calls wrap_ddp does."""
+    proc = run_cli("--ddp", "--nproc-per-node", "2", "--allocator", "default", "python", PROG, "lightning",
+                   "--devices", "2", "--strategy", strategy, env={"PYTHONPATH": str(REPO)}, timeout=240,
+                   check_rc=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = sorted((r for r in json_records(proc.stdout) if r.get("tag") == "ranks_users"),
+                  key=lambda r: r["global_rank"])
+    assert [(r["global_rank"], r["comm_hook"], r["allreduce"]) for r in recs] == [(0, hook, 3.0), (1, hook, 3.0)]
 
 
 @pytest.mark.slow
