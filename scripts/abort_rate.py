@@ -38,30 +38,20 @@ VARIANTS = ("ddp", "post-local-sgd")
 
 def run_once(variant: str, hook: bool, steps: int, timeout: float) -> dict:
     """One ``cpulaunch --ddp --nproc-per-node 2`` Lightning run -> its record: exit code,
-    aborted (exit 134 or "terminate called" on stderr), wall seconds, foreign load (%)."""
+    aborted (exit 134 or "terminate called" on stderr), wall seconds, foreign load (%); the
+    code is None for a run stopped at ``timeout`` (a hang)."""
     argv = [sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", "2", "--allocator", "default",
             *([] if hook else ["--no-exit-hook"]),
             "python", PROG, "lightning", "--devices", "2", "--strategy", variant, "--steps", str(steps)]
     window = benchkit.LoadWindow()
     t = time.perf_counter()
-    proc = subprocess.Popen(argv, env=benchkit.child_env(), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:  # a hung run: SIGTERM lets cpulaunch stop its ranks
-        proc.terminate()
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        code = None
+    code, _, err, hung = benchkit.run_bounded(argv, benchkit.child_env(), timeout, grace=60, cwd=REPO)
     wall = time.perf_counter() - t
     load = window.load()
     aborted = code == 134 or "terminate called" in err
-    return {"variant": variant, "hook": hook, "code": code, "aborted": aborted, "wall_s": round(wall, 3),
-            "foreign_pct": round(load.foreign_pct, 1), "stderr_tail": err[-600:] if code else ""}
+    return {"variant": variant, "hook": hook, "code": None if hung else code, "aborted": aborted,
+            "wall_s": round(wall, 3), "foreign_pct": round(load.foreign_pct, 1),
+            "stderr_tail": err[-600:] if code else ""}
 
 
 def startup_cost(repeats: int) -> tuple:
