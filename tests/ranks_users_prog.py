@@ -37,7 +37,8 @@ finalization rank 0 aborts every time; when something destroys it in an exit han
 runs later (cpulaunch's, registered before the program's), ``~ProcessGroupGloo`` lets go of
 the GIL, the worker finishes while the interpreter is alive, and both ranks exit 0. The
 second byte of DIR/flags says whether rank 0 did hold the GIL into finalization (1) or gave
-up waiting for rank 1 after 5 s (2): only 1 is a test of the race. ``--init cpulaunch``
+up waiting for rank 1 after 60 s (2: a machine too busy for rank 1 to join; 5 s was not
+enough on a loaded 2-CPU machine): only 1 is a test of the race. ``--init cpulaunch``
 initialises with cpulaunch.distributed.init_process_group instead of torch's.
 """
 
@@ -210,7 +211,7 @@ def _last_collective_rank0(signal_dir: str, hold: float) -> None:
     # which takes the GIL: it waits, and gets it only when the interpreter is finalizing,
     # unless something hands it over first (destroy_process_group does).
     sys.setswitchinterval(3600)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a bound, not a race: it ends as soon as rank 1 is done
     while flags[0] == 0 and time.monotonic() < deadline:
         pass
     flags[1] = 1 if flags[0] else 2
