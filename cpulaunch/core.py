@@ -6,7 +6,6 @@ engine, a free port). Planning and rendering are pure and happen once; ``--dry-r
 ``--print-env`` print the very :class:`Prepared` value a run launches.
 """
 
-import gc
 import os
 import shutil
 import sys
@@ -468,34 +467,13 @@ def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:
                        run_info=_run_info(p), grace_period=p.opts.launch.grace_period)
 
 
-class _CollectorPaused:
-    """``with _CollectorPaused():`` the cyclic garbage collector does not run, then is
-    restored to what it was. Probing, planning and rendering make tens of thousands of
-    objects (1,024 CPUs: a record per CPU and core) that hold no reference cycles and live
-    until the plan is printed or launched, so every collection they trigger walks the heap
-    and frees nothing: about 3 ms of a 1,024-CPU ``--dry-run`` here (issue 12,
-    docs/performance.md). A launch's supervisor runs after it, collector restored."""
-
-    def __enter__(self):
-        self.was_enabled = gc.isenabled()
-        gc.disable()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.was_enabled:
-            gc.enable()
-
-
 def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
         verifier: Optional[Verifier] = None) -> int:
     """Carry out one invocation: prepare, then print (--dry-run, --print-env,
-    --show-topology) or launch (``verifier``: see :func:`execute`). Returns the exit code.
-    The garbage collector is paused while the plan is prepared and printed
-    (:class:`_CollectorPaused`)."""
+    --show-topology) or launch (``verifier``: see :func:`execute`). Returns the exit code."""
     environ = dict(os.environ if environ is None else environ)
-    with _CollectorPaused():
-        p = prepare(opts, environ)
-        text = output_text(p) if opts.output is not Output.RUN else None
+    p = prepare(opts, environ)
+    text = output_text(p) if opts.output is not Output.RUN else None
     if text is not None:
         write_out(text, out)
         if p.rendered is not None:

@@ -301,14 +301,26 @@ def test_log_dir_layout_after_a_failing_instance(tmp_path):
 
 @need2
 def test_verify_during_a_run_names_the_instance_that_widened_its_affinity(tmp_path):
-    code = ("import os,time; i=int(os.environ['CPULAUNCH_INSTANCE_INDEX']); "
-            "(os.sched_setaffinity(0, {0, 1}) if i == 1 else None); time.sleep(2.5)")
-    logs = tmp_path / "logs"
-    proc = run_cli("--verify", "--verify-after", "1", "--ninstances", "2", "--allocator", "default",
-                   "--log-dir", str(logs), PY, "-c", code, timeout=60)
+    """Instance 1 widens its affinity to both CPUs; --verify's check must name it. Each
+    instance says when it is ready (after widening) and stays until verify.json exists; the
+    check is made 10 s in and must come after both were ready (no race with start-up)."""
+    logs, ready = tmp_path / "logs", tmp_path / "ready"
+    ready.mkdir()
+    code = ("import glob, os, sys, time\n"
+            "i = os.environ['CPULAUNCH_INSTANCE_INDEX']\n"
+            "if i == '1':\n"
+            "    os.sched_setaffinity(0, {0, 1})\n"
+            "open(os.path.join(sys.argv[1], i), 'w').close()\n"
+            "deadline = time.monotonic() + 120\n"
+            "while not glob.glob(os.path.join(sys.argv[2], '*', 'verify.json')) and time.monotonic() < deadline:\n"
+            "    time.sleep(0.05)\n")
+    proc = run_cli("--verify", "--verify-after", "10", "--ninstances", "2", "--allocator", "default",
+                   "--log-dir", str(logs), PY, "-c", code, str(ready), str(logs), timeout=180)
     warnings = [l for l in proc.stderr.splitlines() if l.startswith("cpulaunch: verify: ")]
     assert len(warnings) == 1 and "instance 1" in warnings[0] and "0-1" in warnings[0], proc.stderr
     (run,) = list(logs.iterdir())
+    checked = (run / "verify.json").stat().st_mtime
+    assert max(p.stat().st_mtime for p in ready.iterdir()) <= checked and len(list(ready.iterdir())) == 2
     doc = json.loads((run / "verify.json").read_text())
     assert "instance 1" in json.dumps(doc) and "0-1" in json.dumps(doc)
 

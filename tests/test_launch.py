@@ -146,16 +146,35 @@ def test_signal_death_reported_as_128_plus_n(tmp_path):
 
 @need2
 def test_keep_going_lets_others_finish(tmp_path):
+    """Instance 1 fails; instance 0 goes on once instance 1 has ended (a zombie: the
+    launcher's pidfd saw it, the moment fail-fast would stop the others), proves the
+    negative by waiting up to 2 s for a SIGTERM that must not come, and finishes."""
     child = script(tmp_path, """
-        import os, sys, time
+        import os, signal, sys, time
+        pidfile = sys.argv[1] + "/pid1"
         if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
+            open(pidfile + ".tmp", "w").write(str(os.getpid()))
+            os.rename(pidfile + ".tmp", pidfile)
             sys.exit(4)
-        time.sleep(1.0)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        def ended():
+            try:
+                with open("/proc/%s/stat" % open(pidfile).read()) as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
+            except FileNotFoundError:
+                return True
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (os.path.exists(pidfile) and ended()):
+            time.sleep(0.01)
+        if signal.sigtimedwait({signal.SIGTERM}, 2.0):
+            open(sys.argv[1] + "/stopped", "w").close()
+            sys.exit(143)
         open(sys.argv[1] + "/finished", "w").write("yes")
     """)
     proc = run(cpulaunch("--ninstances", "2", "--keep-going", child, str(tmp_path)))
     assert proc.returncode == 4
-    assert (tmp_path / "finished").read_text() == "yes"
+    assert (tmp_path / "finished").read_text() == "yes" and not (tmp_path / "stopped").exists()
+    assert "instance 1 exited with code 4" in proc.stderr and "stopped" not in proc.stderr
 
 
 @need2

@@ -1,0 +1,60 @@
+"""No test is skipped in every configuration CI runs (issue 20; threadpoolctl's CI does the same).
+
+Each CI step runs pytest with ``--junitxml=FILE``; this script reads those files and fails
+(exit 1) when a test that appears in at least one of them was skipped in every one where it
+appears: a test that never runs anywhere is a test that cannot fail. An xfail counts as run
+(it ran and failed as expected). A test no step selects (``-m``/``-k``) appears in no file
+and is not judged here: that choice is written in .ci/run.
+
+    python scripts/check_skips.py reports/*.xml
+    python scripts/check_skips.py reports/*.xml --allow 'tests.test_ccl::test_real_'
+
+``--allow TEXT`` (repeatable) names tests that cannot run on a CI machine, each with its
+reason beside it in .ci/run (for example a binding that may not be built there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+
+
+def outcomes(paths: list[str]) -> dict[str, list[bool]]:
+    """{test id: [ran?] per report holding it}; test id is ``file::name`` built from the
+    junit ``classname`` (dotted module path, then class) and ``name``."""
+    seen: dict[str, list[bool]] = defaultdict(list)
+    for path in paths:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
+            skipped = case.find("skipped")
+            ran = skipped is None or skipped.get("type") == "pytest.xfail"
+            seen[test_id].append(ran)
+    return seen
+
+
+def never_run(seen: dict[str, list[bool]], allow: list[str]) -> list[str]:
+    """Test ids skipped in every report that holds them, minus those containing one of the
+    ``allow`` strings (ids look like ``tests.test_ccl::test_real_run[2]``)."""
+    return sorted(t for t, ran in seen.items()
+                  if not any(ran) and not any(a in t for a in allow))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("reports", nargs="+", help="junit XML files, one per CI step")
+    p.add_argument("--allow", action="append", default=[], metavar="TEXT",
+                   help="tests allowed to be skipped everywhere (say why in .ci/run)")
+    a = p.parse_args(argv)
+    seen = outcomes(a.reports)
+    bad = never_run(seen, a.allow)
+    print(f"check_skips: {len(seen)} tests in {len(a.reports)} report(s); "
+          f"{len(bad)} skipped in every one")
+    for test_id in bad:
+        print(f"  never run: {test_id}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Issue 20: the installed package stands on its own.
+
+A wheel built with ``python -m build`` from a copy of the checkout is installed, with its
+declared dependencies from the package index, into a fresh virtual environment; every
+command then runs from a folder outside the checkout, so nothing can come from the
+repository (tune once imported ``scripts/benchkit.py`` by file path, and a wheel's tune could
+not find its load meter). Checked: the package imported is the venv's, ``cpulaunch --help``,
+``doctor`` (its JSON), ``tune --dry-run``, and the README's main job (``examples/infer.py``,
+short) with torch reached from the test's own environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _run(argv, cwd, timeout=600, env=None):
+    full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    full.update(env or {})
+    return subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv bin folder, a working folder outside the checkout): the wheel built from a
+    copy of the tracked files, installed into a fresh venv."""
+    base = tmp_path_factory.mktemp("wheel")
+    src = base / "src"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    dist = base / "dist"
+    built = _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist,
+                  src], cwd=base)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = dist.glob("cpulaunch-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "cpulaunch/tools/tune/load.py" in names and not any(n.startswith(("scripts/", "tests/"))
+                                                                for n in names)
+    venv = base / "venv"
+    made = _run([sys.executable, "-m", "venv", venv], cwd=base)
+    assert made.returncode == 0, made.stderr
+    pip = _run([venv / "bin" / "python", "-m", "pip", "install", "-q", wheel], cwd=base)
+    assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
+    work = base / "work"
+    work.mkdir()
+    return venv / "bin", work
+
+
+def _cpulist(cpus) -> str:
+    from cpulaunch import cpulist
+
+    return cpulist.format(cpus)
+
+
+def test_the_venv_imports_its_own_copy(installed):
+    bin_dir, work = installed
+    proc = _run([bin_dir / "python", "-c", "import cpulaunch, sys; print(cpulaunch.__file__)"],
+                cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().startswith(str(bin_dir.parent)), proc.stdout
+
+
+def test_help_doctor_and_tune_dry_run(installed):
+    bin_dir, work = installed
+    cli = bin_dir / "cpulaunch"
+    helped = _run([cli, "--help"], cwd=work)
+    assert helped.returncode == 0 and helped.stdout.startswith("Usage: cpulaunch"), helped.stderr
+    doctor = _run([cli, "doctor", "--format", "json"], cwd=work)
+    assert doctor.returncode in (0, 1), doctor.stderr  # 1: findings on this host, still a report
+    report = json.loads(doctor.stdout)
+    assert report["live"] is True and report["root"] == "/"
+    assert report["topology"]["allowed"] == _cpulist(os.sched_getaffinity(0)), report["topology"]
+    tune = _run([cli, "tune", "--dry-run", "--", "true"], cwd=work)
+    assert tune.returncode == 0, tune.stdout + tune.stderr
+    lines = tune.stdout.splitlines()
+    assert lines[0].startswith("axes: instances ") and "instances=1: --ninstances 1 -> CPUs " in lines[1]
+    assert any(line.startswith("grid: ") and " configurations x " in line for line in lines), tune.stdout
+
+
+def test_main_job_runs_from_the_wheel(installed, tmp_path):
+    """README's main job (short) under the venv's cpulaunch; torch comes from the test's
+    environment through a .pth file placed after the venv's own packages, so the venv's
+    cpulaunch is still the one imported (checked)."""
+    pytest.importorskip("torch")
+    bin_dir, work = installed
+    purelib = sysconfig.get_paths()["purelib"]
+    torch_dir = str(Path(__import__("torch").__file__).resolve().parents[1])
+    (site,) = (bin_dir.parent / "lib").glob("python*/site-packages")
+    (site / "zz-outer-torch.pth").write_text(f"{torch_dir}\n" if torch_dir != purelib else f"{purelib}\n")
+    seen = _run([bin_dir / "python", "-c", "import torch, cpulaunch; print(cpulaunch.__file__)"],
+                cwd=work)
+    assert seen.returncode == 0 and seen.stdout.startswith(str(bin_dir.parent)), seen
+    infer = REPO / "examples" / "infer.py"
+    proc = _run([bin_dir / "cpulaunch", bin_dir / "python", infer, "--size", "small",
+                 "--seconds", "1", "--json"], cwd=work, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = [json.loads(line.split("] ", 1)[-1]) for line in proc.stdout.splitlines() if "{" in line]
+    assert recs and all(r["samples_per_s"] > 0 for r in recs), proc.stdout
