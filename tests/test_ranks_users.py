@@ -365,15 +365,14 @@ def test_the_exit_time_abort_reproduced_and_gone_under_cpulaunch(tmp_path, off):
         assert "terminate called" not in proc.stderr and proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_the_exit_time_abort_gone_with_cpulaunch_init_process_group(tmp_path):
-    """The same race in two ranks started without cpulaunch, which use
-    cpulaunch.distributed.init_process_group: its exit handler ends the group."""
+def unlaunched_exit_race(signal_dir: Path) -> tuple:
+    """Two exit-race ranks started by hand (no cpulaunch, no site hook), initialised with
+    cpulaunch.distributed.init_process_group -> (flags, return codes, stderr tails)."""
+    signal_dir.mkdir()
     (port,) = free_ports(1)
     env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), PYTHONPATH=str(REPO))
-    argv = [PY, PROG, "exit-race", "--init", "cpulaunch", "--signal-dir", str(tmp_path)]
+    argv = [PY, PROG, "exit-race", "--init", "cpulaunch", "--signal-dir", str(signal_dir)]
     procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
              for r in (0, 1)]
@@ -384,5 +383,20 @@ def test_the_exit_time_abort_gone_with_cpulaunch_init_process_group(tmp_path):
             if p.poll() is None:
                 os.killpg(p.pid, 9)
                 p.wait()
-    assert exit_race_flags(tmp_path) == [1, 1], "the race was not staged (rank 1 did not join within 60 s)"
-    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    return exit_race_flags(signal_dir), [p.returncode for p in procs], [err[-2000:] for _, err in outs]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_the_exit_time_abort_gone_with_cpulaunch_init_process_group(tmp_path):
+    """The same race in two ranks started without cpulaunch, which use
+    cpulaunch.distributed.init_process_group: its exit handler ends the group. Unpinned,
+    the staging sometimes fails (rank 0 gives up waiting for rank 1: flags [1, 2], seen 2
+    times in 4 full runs on a loaded machine, cause not found); such a run tests nothing,
+    so up to 3 attempts are made and the first staged one is judged."""
+    for attempt in range(3):
+        flags, codes, errs = unlaunched_exit_race(tmp_path / str(attempt))
+        if flags == [1, 1]:
+            break
+    assert flags == [1, 1], "the race was not staged in 3 attempts (rank 1 did not join within 60 s)"
+    assert codes == [0, 0], errs
