@@ -21,3 +21,9 @@ def __getattr__(name):
     import importlib
 
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__():
+    """The module's names plus the lazy API (``dir(cpulaunch)``, completion in a REPL),
+    without importing it (PEP 562)."""
+    return sorted(set(globals()) | set(_LAZY))

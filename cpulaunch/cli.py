@@ -22,7 +22,7 @@ import click
 from cpulaunch import __version__
 from cpulaunch.errors import INTERNAL_EXIT, USAGE_EXIT, CpulaunchError
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
-from cpulaunch.options import ALIASES, Format, OptionsError
+from cpulaunch.options import ALIASES, Format, Kind, OptionsError
 
 #: Options whose count is optional: a bare flag means 1 (``--instances-per-socket
 #: python x.py``).
@@ -43,6 +43,11 @@ NOT_SETTINGS = ("help", "version", "config")
 #: turn every run into a version print that runs nothing and exits 0), and --format's
 #: variable is CPULAUNCH_FORMAT (click derived CPULAUNCH_FMT from the parameter name
 #: before issue 19; it is refused rather than kept as a second name).
+#: Other launchers' options that cpulaunch spells differently, so that "did you mean" names
+#: the right one rather than the nearest spelling (click's hint for ``--rank`` would be
+#: ``--node-rank``, a --ddp option): run_cpu's ``--rank I`` (TorchServe passes it) runs
+#: instance I of ``--ninstances N``, which is ``--instance-idx I`` here.
+FOREIGN_OPTIONS = {"--rank": "--instance-idx"}
 NOT_VARIABLES = {
     "CPULAUNCH_VERSION": "--version is read from the command line only",
     "CPULAUNCH_HELP": "--help is read from the command line only",
@@ -56,7 +61,7 @@ def option_variable(long_name: str) -> str:
     return "CPULAUNCH_" + long_name.lstrip("-").upper().replace("-", "_")
 
 
-def split_argv(args: list, value_opts: set) -> tuple:
+def split_argv(args: list[str], value_opts: set[str]) -> tuple[list[str], list[str]]:
     """Split the words after ``cpulaunch`` into (cpulaunch's words, the program's words).
 
     ``["--ninstances", "2", "python", "x.py", "--ninstances"]`` -> ``(["--ninstances",
@@ -106,7 +111,12 @@ class _Command(click.Command):
             if isinstance(p, click.Option) and not (p.is_flag or p.count):
                 value_opts.update(p.opts + p.secondary_opts)
         ours, program = split_argv(list(args), value_opts)
-        return super().parse_args(ctx, ours + (["--", *program] if program else []))
+        try:
+            return super().parse_args(ctx, ours + (["--", *program] if program else []))
+        except click.NoSuchOption as exc:
+            if exc.option_name in FOREIGN_OPTIONS:
+                exc.possibilities = [FOREIGN_OPTIONS[exc.option_name]]
+            raise
 
 
 class _ConfigOption(click.Option):
@@ -234,9 +244,14 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
 @_opt("--rdzv-endpoint", default=None, help="--ddp: elastic c10d rendezvous HOST:PORT (torchrun starts ranks).")
 @_opt("--rdzv-id", default=None, help="--ddp: rendezvous job id (elastic).")
 @_opt("--rdzv-backend", default=None, hidden=True)
+@_opt("--max-restarts", type=int, default=None,
+      help="--ddp with --rdzv-endpoint: times torchrun's agent restarts the ranks after a failure (0).")
 @_opt("--backend", type=_choice(["auto", "gloo", "ccl"]), default=None,
-      help="--ddp: process-group backend (auto: ccl when oneccl_bindings_for_pytorch is usable).")
-@_opt("--ccl-worker-count", type=int, default=None, help="--ddp with ccl: cores per rank for oneCCL workers (1).")
+      help="--ddp: process-group backend (auto: ccl when oneccl_bindings_for_pytorch loads with this torch "
+      "and oneCCL's libfabric is found).")
+@_opt("--ccl-worker-count", type=int, default=None,
+      help="--ddp with ccl: cores per rank set aside for oneCCL's workers (default 1 when each rank has a core "
+      "to spare; 0: none, the worker shares the rank's first CPU and yields).")
 @_opt("--no-exit-hook", is_flag=True,
       help="--ddp: do not end a Python rank's process group at exit when the program did not "
            "(the hook is a sitecustomize first on PYTHONPATH; docs/training.md).")
@@ -304,12 +319,10 @@ def _load_config(ctx, param, path) -> None:
     ctx.default_map = {**(ctx.default_map or {}), **config_defaults(data, path, option_kinds(), label)}
 
 
-def option_kinds() -> dict:
+def option_kinds() -> dict[str, Kind]:
     """{python name: :class:`cpulaunch.options.Kind`} of every option of the command but
     :data:`NOT_SETTINGS` (hidden aliases included), from its click declaration: what a
     config file's values and :func:`cpulaunch.plan_instances`' keywords are checked against."""
-    from cpulaunch.options import Kind
-
     out = {}
     for p in command.get_params(click.Context(command)):
         if not isinstance(p, click.Option) or p.name in NOT_SETTINGS:

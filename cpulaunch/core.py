@@ -23,11 +23,15 @@ __all__ = ["Prepared", "probe_topology", "cache_need", "resolve_settings", "prep
 
 log = _log.get("cpulaunch")
 
-
-
 #: ``--verify``'s check, called once with (the rendered plan, the settings, {instance index:
 #: pid}, the run's folder or None) while the instances run.
 Verifier = Callable[[Rendered, Settings, Mapping[int, int], object], None]
+#: Planned for every instance whose output cpulaunch relays (:func:`supervised`): a Python
+#: program writing to a pipe block-buffers its stdout (8 KiB), so a training loop's progress
+#: would show only when the buffer fills or the program exits; ``PYTHONUNBUFFERED=1`` (as
+#: ``python -u``, which run_cpu passes) writes each print at once. A tunable: a value in the
+#: user's environment wins, with a note. Programs that are not Python are not affected.
+LIVE_OUTPUT_ENV = {"PYTHONUNBUFFERED": "1"}
 
 
 class Prepared(NamedTuple):
@@ -53,9 +57,9 @@ class Prepared(NamedTuple):
     plan: Optional[Plan] = None
     settings: Optional[Settings] = None
     rendered: Optional[Rendered] = None
-    program: tuple = ()
-    ddp_info: Optional[Mapping] = None
-    elastic_argv: Optional[tuple] = None
+    program: tuple[str, ...] = ()
+    ddp_info: Optional[Mapping[str, object]] = None
+    elastic_argv: Optional[tuple[str, ...]] = None
     lease: object = None
 
 
@@ -112,9 +116,23 @@ def _library_path(host, name: str, option: str, fallback: str) -> object:
     return path
 
 
+def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
+    """True when cpulaunch starts the instances itself and relays their output through pipes
+    (several instances, ``--log-dir``, ``--verify``, or an elastic --ddp run's torchrun:
+    ``elastic``); False when the one instance is exec'd with cpulaunch's own stdin, stdout
+    and stderr. The one rule for :func:`execute` and for the env :func:`prepare` plans
+    (:data:`LIVE_OUTPUT_ENV`), so --dry-run shows what a run gets."""
+    lopts = opts.launch
+    return n_instances != 1 or elastic or lopts.log_dir is not None or lopts.verify_after is not None
+
+
 def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",
-                     instance_env: Optional[Mapping] = None) -> tuple:
+                     instance_env: Optional[Mapping[int, Mapping[str, str]]] = None,
+                     relayed: bool = False) -> tuple[Settings, list[str]]:
     """Options + host facts -> (:class:`Settings`, notes). Pure.
+
+    ``relayed``: cpulaunch relays the instances' output (:func:`supervised`), so they get
+    :data:`LIVE_OUTPUT_ENV`.
 
     Rules: ``--omp-runtime auto`` keeps torch's GNU OpenMP (libiomp5 measured within noise
     of it here, docs/performance.md); ``--allocator auto`` preloads tcmalloc when found
@@ -150,6 +168,8 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         if note:
             notes.append(note)
     extra = {envvars.INFERENCE_PATH: opts.inference_path} if opts.inference_path else {}
+    if relayed:
+        extra.update(LIVE_OUTPUT_ENV)
     settings = Settings(
         omp_runtime=omp, openmp_path=openmp_path, allocator=alloc, allocator_path=alloc_path,
         bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
@@ -207,12 +227,64 @@ def _engine_request(topo: Topology, req: Request, engine, notes: list) -> Reques
     return req._replace(instance_idx=(engine.local_rank,))
 
 
+def run_cpu_placement(topo: Topology, req: Request) -> Optional[list[tuple[int, ...]]]:
+    """The CPUs torch.backends.xeon.run_cpu would give each instance for ``--ninstances``
+    / ``--ncores-per-instance`` [``--use-logical-core``] (run_cpu.py, torch 2.13): its core
+    ids (taken as CPU ids: the lowest logical CPU of each core here) or, with
+    ``use_logical_cores``, every logical CPU (SMT siblings apart), sorted by number and cut
+    into runs of ``ncores_per_instance`` from the first (``cores = sorted(cores)``, instance i
+    takes ``cores[i*n:(i+1)*n]``). Within this process's allowed CPUs. None where run_cpu
+    has no comparable plan (other modes, core or node lists, budgets, E-cores, or
+    ``ncores_per_instance`` not given). Pure."""
+    if (req.ncores_per_instance is None or req.core_list or req.node_list or topo.hybrid
+            or req.instances_per_socket or req.instances_per_node or req.latency_mode
+            or req.throughput_mode or req.dataloader_workers or req.reserve_cores or req.ccl_workers):
+        return None
+    cores = [sorted(topo.allowed.intersection(c.cpus)) for c in topo.cores]
+    units = sorted(cpu for cpus in cores for cpu in (cpus if req.use_logical_cores else cpus[:1]))
+    n = req.ncores_per_instance
+    count = req.ninstances or len(units) // n
+    if count * n > len(units):
+        return None
+    return [tuple(units[i * n:(i + 1) * n]) for i in range(count)]
+
+
+def _run_cpu_note(topo: Topology, req: Request, result: Plan, aliases: tuple[str, ...]) -> Optional[str]:
+    """A note when run_cpu's spellings (``--ncores-per-instance``, ``--use-logical-core``)
+    plan differently here than under run_cpu (issue 24), else None."""
+    theirs = run_cpu_placement(topo, req)
+    ours = {i.index: tuple(i.cpus) for i in result.instances}
+    if theirs is None or (len(theirs) == result.num_instances
+                          and all(theirs[i] == cpus for i, cpus in ours.items())):
+        return None
+    words = (f"--ninstances {req.ninstances} " if req.ninstances else "") + \
+        f"--ncores-per-instance {req.ncores_per_instance}" + \
+        (" --use-logical-core" if "--use-logical-core" in aliases else "")
+
+    def show(plans) -> str:
+        shown = ", ".join(f"instance {i}: CPUs {cpulist.format(c)}" for i, c in list(plans)[:3])
+        return shown + (", ..." if len(plans) > 3 else "")
+
+    how = ("counts logical CPUs, packed from CPU 0 with SMT siblings apart" if req.use_logical_cores else
+           "packs the instances from the first core")
+    ours_how = ("gives whole cores with their SMT siblings" if req.use_logical_cores else
+                "spreads them over sockets and NUMA nodes")
+    note = (f"run_cpu plans {words} differently: it {how} ({show(list(enumerate(theirs)))}); "
+            f"cpulaunch {ours_how} ({show(sorted(ours.items()))})")
+    if not req.use_logical_cores:
+        note += f"; --core-list {cpulist.format(c for cpus in theirs for c in cpus)} keeps them on those cores"
+    return note
+
+
 def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
     from cpulaunch.plan import plan
 
     notes: list = []
     req = _engine_request(topo, opts.request, host.engine, notes)
     result = plan(topo, req)
+    note = _run_cpu_note(topo, req, result, opts.aliases)
+    if note:
+        notes.append(note)
     if host.engine is not None and host.engine.local_world_size > 1 and req.instance_idx is not None:
         if result.num_instances != host.engine.local_world_size:
             raise CpulaunchError(
@@ -222,11 +294,10 @@ def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
     return result._replace(notes=tuple(notes) + result.notes)
 
 
-def _backend(opts: Options, host) -> tuple:
+def _backend(opts: Options, host, environ: Mapping[str, str]) -> tuple:
     from cpulaunch import distributed
 
-    return distributed.select_backend(opts.ddp.backend, find_spec=lambda name: object() if host.ccl_found else None,
-                                      version_of=host.dist_versions.get)
+    return distributed.select_backend(opts.ddp.backend, host.ccl, host.fabric, environ)
 
 
 def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
@@ -256,25 +327,29 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
     if opts.ddp is not None:
         from cpulaunch import distributed
 
-        backend, note = _backend(opts, host)
+        backend, note = _backend(opts, host, environ)
         ranks = distributed.plan_ranks(topo, opts.request, opts.ddp, environ, engine=host.engine,
                                        backend=backend, backend_note=note, free_port=host.free_port,
+                                       fabric=host.fabric, override_env=opts.override_env,
                                        program=program, python=host.python)
         the_plan = ranks.plan._replace(notes=ranks.notes)
         ddp_info, label, instance_env, run_environ = dict(ranks.info), "rank", ranks.instance_env, ranks.environ
     else:
         the_plan = _plan_plain(opts, topo, host)
-    settings, notes = resolve_settings(opts, host, run_environ, label, instance_env)
+    elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
+    relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
+    settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed)
     rendered = render(the_plan, program, settings)
     rendered = rendered._replace(notes=rendered.notes + tuple(notes))
     prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,
                         rendered=rendered, program=program, ddp_info=ddp_info)
-    if opts.ddp is not None and opts.ddp.elastic and host.engine is None:
+    if elastic:
         from cpulaunch import distributed
 
         argv = distributed.torchrun_argv(host.python, len(rendered.instances), opts.ddp.nnodes, 0, None, None,
                                          opts.ddp.rdzv_endpoint, opts.ddp.rdzv_id,
-                                         [host.python, "-m", "cpulaunch.rank_entry"])
+                                         [host.python, "-m", "cpulaunch.rank_entry"],
+                                         max_restarts=opts.ddp.max_restarts)
         prepared = prepared._replace(elastic_argv=tuple(argv),
                                      ddp_info={**ddp_info, "launcher_argv": list(argv)})
     return prepared
@@ -423,11 +498,15 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
     if lopts.stdin_instance is not None and lopts.stdin_instance not in {s.index for s in specs}:
         raise CpulaunchError(f"--stdin-instance {lopts.stdin_instance}: no such instance runs "
                              f"(instances {cpulist.format(s.index for s in specs)})")
-    if len(specs) == 1 and lopts.log_dir is None and lopts.verify_after is None:
+    if not supervised(p.opts, len(specs)):
         from cpulaunch.launch.spawn import exec_spec  # no supervisor needed (issue 12)
 
         if p.lease is not None:  # the program holds the --share-host lease while it runs
             p.lease.keep_across_exec()
+        if log.isEnabledFor(_log.INFO):  # -v: the command, as the supervised path says it
+            import shlex
+
+            log.info("%s: %s (exec'd)", specs[0].label, shlex.join(specs[0].argv))
         exec_spec(specs[0], environ)
     from cpulaunch.launch.supervise import describe_failure, run_group
 
@@ -477,8 +556,12 @@ def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
     if text is not None:
         write_out(text, out)
         if p.rendered is not None:
+            # --print-env's shell, dotenv and bind-string forms have no room for notes (a
+            # comment in an eval'd text is never seen), so they go to stderr, where a
+            # `eval "$(cpulaunch --print-env)"` shows them; the other outputs hold them.
+            said = log.warning if opts.output is Output.PRINT_ENV and opts.fmt is not Format.JSON else log.info
             for note in p.rendered.notes:
-                log.info("note: %s", note)
+                said("note: %s", note)
         return 0
     return execute(p, environ, verifier)
 

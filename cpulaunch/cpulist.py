@@ -59,7 +59,7 @@ def excerpt(text: str, width: int = 60) -> str:
     return f"{text[:width]!r}... ({len(text)} chars)"
 
 
-def _clean(text: str) -> str:
+def _strip_sysfs_end(text: str) -> str:
     # sysfs files end in "\n" and, on some arm64 kernels, a NUL byte as well; nothing
     # else is forgiven (a blank before or inside the list is refused).
     return text.replace("\x00", "").rstrip(" \t\n")
@@ -106,7 +106,7 @@ def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
     Raises:
         CpulistError: on anything else (negative ids, reversed ranges, junk, ids >= limit).
     """
-    body = _clean(text)
+    body = _strip_sysfs_end(text)
     if not body:
         return frozenset()
     if _PLAIN.fullmatch(body):  # "5", "0,512": most sibling lists, parsed in one go
@@ -175,7 +175,7 @@ def parse_mask(text: str, limit: int = MAX_IDS) -> frozenset[int]:
     Raises:
         CpulistError: if a word is not 1-8 hex digits, or a bit at or above ``limit`` is set.
     """
-    body = _clean(text)
+    body = _strip_sysfs_end(text)
     if not body:
         return frozenset()
     words = body.split(",")

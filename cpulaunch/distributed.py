@@ -27,7 +27,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from functools import partial
+from types import MappingProxyType
+from typing import Mapping, Optional, Sequence
 
 from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError
@@ -49,6 +51,8 @@ __all__ = [
     "DEFAULT_ROLE",
     "rank_request",
     "ccl_env",
+    "ccl_runtime_env",
+    "ccl_precedence",
     "iface_env",
     "torchrun_argv",
     "init_process_group",
@@ -262,44 +266,69 @@ def _slurm(env) -> RankContext:
                        _get_int(env, "SLURM_NODEID"), nnodes)
 
 
-def select_backend(
-    requested: str,
-    find_spec: Callable[[str], object],
-    version_of: Callable[[str], Optional[str]],
-) -> tuple[str, str]:
-    """Choose the process-group backend -> (backend, note).
+def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]:
+    """Why the ccl backend cannot work here -> (cause, fix), or None when it can (pure).
+    The user's own CCL_OFI_LIBRARY_PATH / FI_PROVIDER_PATH stand for a library / provider
+    folder not found."""
+    gloo = "or use --backend gloo"
+    if binding is None or binding.path is None:
+        where = f"for {binding.python}" if binding is not None else "in this Python environment"
+        return (f"oneccl_bindings_for_pytorch is not installed {where}",
+                ("build intel/torch-ccl against this torch (its README; docs/cluster.md names the "
+                f"versions that ran together), {gloo}"))
+    if binding.loads is False:
+        what = f"oneccl_bindings_for_pytorch {binding.version or ''} ({binding.path})".replace("  ", " ")
+        return (f"{what} does not load with torch {binding.torch_version or '?'}: {binding.why}",
+                f"rebuild it against this torch (docs/cluster.md), {gloo}")
+    from cpulaunch.machine.libraries import REGISTRY
 
-    ``auto``: "ccl" when ``oneccl_bindings_for_pytorch`` is importable and its version's
-    major.minor matches torch's (the bindings are built against one torch release), else
-    "gloo". Pure: ``find_spec`` and ``version_of`` answer from host facts gathered before
-    planning (``machine.host``: find_spec and package metadata, without importing either
-    package, so the launcher stays fast).
+    install = REGISTRY["libfabric"].install.split(" (")[0]
+    lib = fabric.library if fabric is not None else None
+    if lib is None and not environ.get("CCL_OFI_LIBRARY_PATH"):
+        where = ", ".join(str(d) for d in fabric.searched) if fabric is not None else "nowhere"
+        return (f"oneCCL's libfabric (libfabric.so.1 with its prov/ folder) was not found (searched {where})",
+                f"{install}, or set CCL_OFI_LIBRARY_PATH and FI_PROVIDER_PATH; {gloo}")
+    if (fabric is None or fabric.providers is None) and not environ.get("FI_PROVIDER_PATH"):
+        return ((f"libfabric {lib} has no provider folder beside it (prov/lib*-fi.so), so oneCCL "
+                "finds no provider"), f"set FI_PROVIDER_PATH to its providers' folder or {install}; {gloo}")
+    return None
+
+
+def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) -> tuple[str, str]:
+    """Choose the process-group backend -> (backend, note) (pure).
+
+    Args:
+        requested: ``--backend``: "auto", "gloo" or "ccl".
+        binding: the bindings as the host reader found them
+            (:class:`cpulaunch.machine.host.CclBinding`: installed, and whether they load
+            with this torch, checked in a child process); None when not looked up.
+        fabric: oneCCL's libfabric (:class:`cpulaunch.machine.libfinder.Fabric`); None
+            when not looked up.
+        environ: the user's environment (their own CCL_OFI_LIBRARY_PATH and
+            FI_PROVIDER_PATH count as found).
+
+    Rules (issue 21, docs/cluster.md): ccl needs the bindings installed, loading with this
+    torch (the child's verdict; the version string proves nothing either way: the working
+    build calls itself 2.8.0+xpu under torch 2.13, a stale one with matching metadata
+    aborts at import), and libfabric with its provider folder. ``auto`` picks ccl when all
+    hold, else gloo with a note naming what did not.
 
     Raises:
-        DistributedError: "ccl" requested but the bindings are not installed.
+        DistributedError: ``ccl`` asked for and one of those does not hold: one line, the
+            cause and the fix.
     """
-    has_ccl = find_spec("oneccl_bindings_for_pytorch") is not None
-    ccl_v = version_of("oneccl_bind_pt") if has_ccl else None
-    torch_v = version_of("torch")
-    mm = lambda v: ".".join(re.split(r"[.+]", v)[:2]) if v else None  # noqa: E731
     if requested == "gloo":
         return "gloo", "backend gloo (asked for)"
-    if requested == "ccl":
-        if not has_ccl:
-            raise DistributedError(
-                "--backend ccl: oneccl_bindings_for_pytorch is not installed (it is published on "
-                "Intel's package index only, and the project is archived); use --backend gloo"
-            )
-        if ccl_v and torch_v and mm(ccl_v) != mm(torch_v):
-            return "ccl", f"backend ccl (asked for), but oneccl_bind_pt {ccl_v} was built for torch {mm(ccl_v)}, not {torch_v}"
-        return "ccl", "backend ccl (asked for)"
-    if not has_ccl:
-        return "gloo", ("backend gloo: oneccl_bindings_for_pytorch is not installed (Intel's "
-                        "index only; archived project), so oneCCL is not used")
-    if ccl_v and torch_v and mm(ccl_v) != mm(torch_v):
-        return "gloo", (f"backend gloo: oneccl_bind_pt {ccl_v} does not match torch {torch_v} "
-                        "(major.minor must agree)")
-    return "ccl", f"backend ccl: oneccl_bindings_for_pytorch {ccl_v or ''} matches torch {torch_v or ''}".replace("  ", " ")
+    problem = _ccl_problem(binding, fabric, environ)
+    if problem is not None:
+        cause, fix = problem
+        if requested == "ccl":
+            raise DistributedError(f"--backend ccl: {cause}; {fix}")
+        return "gloo", f"backend gloo: {cause}, so oneCCL is not used"
+    how = "cached verdict" if binding.cached else "checked in a child process"
+    loads = f"oneccl_bindings_for_pytorch {binding.version or ''} loads with torch {binding.torch_version or '?'}"
+    asked = " (asked for)" if requested == "ccl" else ""
+    return "ccl", f"backend ccl{asked}: {loads.replace('  ', ' ')} ({how})"
 
 
 def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None):
@@ -440,35 +469,109 @@ def elastic_rank_env(agent_env: Mapping[str, str]) -> dict:
     return {"NODE_RANK": group} if group is not None and group.strip().isdigit() else {}
 
 
-def ccl_env(ctx: RankContext, worker_cpus_by_local_rank: Sequence[Sequence[int]]) -> dict:
-    """oneCCL variables for one rank (oneCCL docs, "Environment Variables").
+#: oneCCL variables that must agree with each other: a user's value for one keeps cpulaunch's
+#: value of both out (oneCCL refuses an affinity list of another length than the count).
+_CCL_LINKED = ("CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY")
+#: Identity variables, always cpulaunch's: one value exported for the whole job cannot be
+#: right for every rank.
+_CCL_IDENTITY = ("CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", envvars.CCL_WORKER_CPUS)
+
+
+def ccl_runtime_env(fabric) -> dict[str, str]:
+    """The two variables oneCCL cannot start a collective without, from the libfabric found
+    (:class:`cpulaunch.machine.libfinder.Fabric`, or None): ``CCL_OFI_LIBRARY_PATH`` (the
+    library file; without it oneCCL dlopens "libfabric.so" and fails: "could not open the
+    library") and ``FI_PROVIDER_PATH`` (its providers; without it "can't find suitable
+    provider"). docs/cluster.md, measured with impi-rt 2021.14.2."""
+    env = {}
+    if fabric is not None and fabric.library is not None:
+        env["CCL_OFI_LIBRARY_PATH"] = str(fabric.library)
+    if fabric is not None and fabric.providers is not None:
+        env["FI_PROVIDER_PATH"] = str(fabric.providers)
+    return env
+
+
+def ccl_env(ctx: RankContext, workers: Sequence[Sequence[int]], *, dedicated: bool,
+            runtime: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
+    """oneCCL's variables for one rank (pure). Rules measured with oneCCL 2021.14 on this
+    project's machine (docs/cluster.md, "oneCCL on this machine").
 
     Args:
-        ctx: the rank.
-        worker_cpus_by_local_rank: for each local rank in order, the logical CPUs reserved
-            for its oneCCL workers (on that rank's own NUMA node).
+        ctx: the rank (its local rank and the ranks on its machine).
+        workers: for each local rank in order, the logical CPUs of its oneCCL workers:
+            the cores set aside for them when ``dedicated``, else the one CPU the worker
+            shares (the rank's first CPU). Under an engine that bound each rank, this
+            rank's own worker CPUs once per local rank (each rank takes its own slice).
+        dedicated: the workers have cores of their own (``--ccl-worker-count K``).
+        runtime: :func:`ccl_runtime_env`'s variables.
 
-    CCL_WORKER_AFFINITY is the same list on every local rank (oneCCL takes the slice of
-    local rank i), so all ranks of a machine agree. With Hydra (MPICH / Intel MPI)
-    oneCCL reads the ranks from the PMI; otherwise CCL_PROCESS_LAUNCHER=none and
-    CCL_LOCAL_RANK/CCL_LOCAL_SIZE tell it.
+    Rules:
+
+    - ``CCL_WORKER_COUNT`` = worker CPUs per rank (never 0: oneCCL rejects it) and
+      ``CCL_WORKER_AFFINITY`` = every local rank's worker CPUs in local-rank order, the
+      same list on each rank (oneCCL gives local rank i entries i x count .. i x count +
+      count - 1 and refuses a list of another length). Unset or ``auto``, oneCCL pins its
+      workers to the machine's last CPUs, outside the ranks' binding.
+    - Without dedicated cores ``CCL_YIELD=sched_yield``: the worker shares the rank's CPU,
+      and oneCCL's spinning wait (``pause``) keeps that CPU from it (8-50 ms a collective
+      here). Worker on the rank's own CPU + sched_yield: 64 MB all_reduce 3.6-3.8x faster
+      than gloo; either change alone did not beat it (``CCL_WORKER_OFFLOAD=0`` did for
+      all_reduce but lost in training, so it is not set).
+    - ``CCL_ATL_SHM=1`` with several ranks on the machine: shared memory between them
+      (``FI_PROVIDER=shm`` is refused by oneCCL).
+    - ``CCL_LOCAL_RANK``/``CCL_LOCAL_SIZE`` (the bindings derive the same from LOCAL_RANK
+      and LOCAL_WORLD_SIZE); launcher and transport: under MPICH (Hydra) ``hydra`` and
+      ``ofi`` (oneCCL's default transport there, ``mpi``, needs Intel MPI); Open MPI and
+      PMIx ``pmix``/``ofi`` (not run here); otherwise ``none``/``ofi``.
+    - ``CPULAUNCH_CCL_WORKER_CPUS``: this rank's worker CPUs, for ``cpulaunch verify``.
     """
-    counts = {len(c) for c in worker_cpus_by_local_rank}
-    workers = counts.pop() if len(counts) == 1 else min(counts)
-    affinity = ",".join(str(c) for cpus in worker_cpus_by_local_rank for c in sorted(cpus)[:workers])
+    count = min(len(c) for c in workers)
+    if count < 1:
+        raise DistributedError(f"internal: a rank without a CPU for oneCCL's worker ({list(workers)})")
+    slices = [sorted(cpus)[:count] for cpus in workers]
     env = {
-        "CCL_WORKER_COUNT": str(workers),
-        "CCL_WORKER_AFFINITY": affinity,
+        "CCL_WORKER_COUNT": str(count),
+        "CCL_WORKER_AFFINITY": ",".join(str(c) for cpus in slices for c in cpus),
         "CCL_LOCAL_RANK": str(ctx.local_rank),
         "CCL_LOCAL_SIZE": str(ctx.local_world_size),
+        envvars.CCL_WORKER_CPUS: ",".join(str(c) for c in slices[ctx.local_rank]),
+        **runtime,
     }
-    if ctx.engine == "mpich":
-        env.update({"CCL_PROCESS_LAUNCHER": "hydra", "CCL_ATL_TRANSPORT": "mpi"})
-    elif ctx.engine in ("pmix", "openmpi"):
-        env.update({"CCL_PROCESS_LAUNCHER": "pmix", "CCL_ATL_TRANSPORT": "ofi"})
-    else:
-        env.update({"CCL_PROCESS_LAUNCHER": "none", "CCL_ATL_TRANSPORT": "ofi"})
+    if not dedicated:
+        env["CCL_YIELD"] = "sched_yield"
+    if ctx.local_world_size > 1:
+        env["CCL_ATL_SHM"] = "1"
+    launcher = {"mpich": "hydra", "pmix": "pmix", "openmpi": "pmix"}.get(ctx.engine, "none")
+    env.update({"CCL_PROCESS_LAUNCHER": launcher, "CCL_ATL_TRANSPORT": "ofi"})
     return env
+
+
+def ccl_precedence(planned: Mapping[str, str], environ: Mapping[str, str], override_env: bool) -> tuple[dict[str, str], list[str]]:
+    """The user's own CCL_*/FI_* values win over ``planned`` ones, as for OMP_* (render's
+    rule), unless ``override_env`` -> (the variables cpulaunch sets, notes) (pure).
+
+    A user's ``CCL_WORKER_COUNT`` or ``CCL_WORKER_AFFINITY`` keeps cpulaunch's value of
+    both out (they must agree); ``CPULAUNCH_CCL_WORKER_CPUS`` then goes too (the workers
+    are no longer where the plan put them). ``CCL_LOCAL_RANK``/``CCL_LOCAL_SIZE`` are
+    identity variables, always cpulaunch's.
+    """
+    if override_env:
+        return dict(planned), []
+    env, notes = dict(planned), []
+    users = {k for k, v in planned.items() if k not in _CCL_IDENTITY and k in environ and environ[k] != v}
+    if users & set(_CCL_LINKED):
+        users |= set(_CCL_LINKED) & set(planned)
+    for name in sorted(users):
+        value = env.pop(name)
+        if name in environ:
+            notes.append(f"{name}={environ[name]} from your environment kept (cpulaunch planned {value}); "
+                         "pass --override-env to use cpulaunch's value")
+        else:
+            other = next(k for k in _CCL_LINKED if k in environ)
+            notes.append(f"{name} not set (cpulaunch planned {value}): it must agree with your {other}")
+    if users & set(_CCL_LINKED):
+        env.pop(envvars.CCL_WORKER_CPUS, None)
+    return env, notes
 
 
 def torchrun_argv(
@@ -481,18 +584,24 @@ def torchrun_argv(
     rdzv_endpoint: Optional[str],
     rdzv_id: Optional[str],
     entry: Sequence[str],
+    *,
+    max_restarts: Optional[int] = None,
 ) -> list:
     """The ``python -m torch.distributed.run`` command that starts this node's ranks.
 
     Static rendezvous: ``--nnodes N --node-rank R --master-addr H --master-port P``;
-    elastic: ``--rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID``. ``entry`` runs
-    once per rank with ``--no-python`` (cpulaunch's own per-rank entry).
+    elastic: ``--rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID`` and, when given,
+    ``--max-restarts N`` (torchrun's agent restarts every local rank up to N times after a
+    failure; None leaves torchrun's default, 0). ``entry`` runs once per rank with
+    ``--no-python`` (cpulaunch's own per-rank entry).
     """
     argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
             "--nnodes", str(nnodes)]
     if rdzv_endpoint:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
                  "--rdzv-id", rdzv_id or "cpulaunch"]
+        if max_restarts is not None:
+            argv += ["--max-restarts", str(max_restarts)]
     else:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr or "127.0.0.1",
                  "--master-port", str(master_port or DEFAULT_MASTER_PORT)]
@@ -569,8 +678,8 @@ def _fmt(ids) -> str:
 
 
 def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[RankContext],
-               backend: str, backend_note: str, free_port: Optional[int],
-               program: Sequence[str] = (), python: str = "") -> RankPlan:
+               backend: str, backend_note: str, free_port: Optional[int], fabric=None,
+               override_env: bool = False, program: Sequence[str] = (), python: str = "") -> RankPlan:
     """Plan this machine's DDP ranks and each one's identity variables (pure).
 
     Args:
@@ -583,9 +692,14 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         backend, backend_note: the process-group backend chosen on the host, and why.
         free_port: a port free on this machine now, used for one-machine runs without
             ``--master-port`` (torchrun's --standalone does the same).
+        fabric: oneCCL's libfabric found on the host (ccl only; :func:`ccl_runtime_env`).
+        override_env: ``--override-env``: cpulaunch's CCL_*/FI_* values win over the user's.
         program, python: the resolved program and the interpreter cpulaunch runs under: a
             Python program (:func:`runs_python`) gets the exit hook (:func:`exit_hook_env`)
             unless ``ddp.exit_hook`` is False (``--no-exit-hook``).
+
+    With ccl, oneCCL's workers get cores set aside on each rank's own node when they fit
+    (:func:`_with_ccl_workers`) and each rank its oneCCL variables (:func:`ccl_env`).
 
     Raises:
         DistributedError, cpulaunch.plan.PlanError: with a one-line message.
@@ -595,30 +709,29 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
 
     notes = [backend_note]
     environ = dict(environ)
-    reserve = ddp.ccl_worker_count if backend == "ccl" else 0
-    req = req._replace(ccl_workers=reserve)
+    ccl = partial(_ccl_for, fabric=fabric, environ=environ, override_env=override_env, notes=notes)
     if engine is not None:
         notes.extend(engine.notes)
         if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(envvars.USER_OMP_NUM_THREADS):
             environ.pop("OMP_NUM_THREADS")
             notes.append("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count")
-        rank_plan, node_plan = _plan_under_engine(topo, req, ddp, engine, notes)
+        rank_plan, node_plan = _with_ccl_workers(lambda r: _plan_under_engine(topo, r, ddp, engine, notes),
+                                                 req, ddp, backend, notes)
         if node_plan is not None:
             notes.extend(node_plan.notes)
         env = _engine_rank_env(engine, ddp, backend, notes)
-        all_helpers = [_ccl_cpus(i) for i in node_plan.instances] if node_plan is not None else None
         if backend == "ccl":
-            env.update(_ccl_for(engine, rank_plan.instances[0], all_helpers, notes))
+            env.update(ccl(engine, (node_plan or rank_plan).instances, bound=node_plan is None))
         env.update(_exit_hook(ddp, program, python, environ, notes))
         info = {"engine": engine.engine, "backend": backend, "rank": engine.rank,
                 "world_size": engine.world_size}
         inst = rank_plan.instances[0]
         return RankPlan(rank_plan, {inst.index: env}, environ, tuple(notes), engine, backend, False, info)
 
-    node_plan = plan(topo, rank_request(req, ddp.nproc_per_node, topo))
+    node_plan = _with_ccl_workers(lambda r: plan(topo, rank_request(r, ddp.nproc_per_node, topo)),
+                                  req, ddp, backend, notes)
     nproc = len(node_plan.instances)
     notes.extend(node_plan.notes)
-    helpers = [_ccl_cpus(i) for i in node_plan.instances]
     instance_env = {}
     if ddp.elastic:
         for inst in node_plan.instances:
@@ -626,7 +739,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
             env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc), envvars.DIST_BACKEND: backend}
             env.update(iface_env(ddp.iface))
             if backend == "ccl":
-                env.update(ccl_env(ctx, helpers))
+                env.update(ccl(ctx, node_plan.instances))
             instance_env[inst.index] = env
         notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE, GROUP_RANK, ROLE_*, "
                      "TORCHELASTIC_* and MASTER_* after it; the rank entry adds NODE_RANK=GROUP_RANK")
@@ -645,7 +758,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
             env = rank_env(ctx, addr, port, backend)
             env.update(iface_env(ddp.iface))
             if backend == "ccl":
-                env.update(ccl_env(ctx, helpers))
+                env.update(ccl(ctx, node_plan.instances))
             instance_env[inst.index] = env
     hook = _exit_hook(ddp, program, python, environ, notes)
     for env in instance_env.values():
@@ -668,11 +781,6 @@ def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, s
     return exit_hook_env(environ)
 
 
-def _ccl_cpus(inst) -> tuple:
-    """The oneCCL worker CPUs of a planned rank (never its serving or DataLoader cores)."""
-    return tuple(inst.ccl_cpus)
-
-
 def _engine_rank_env(ctx: RankContext, ddp, backend: str, notes: list) -> dict:
     addr = ddp.master_addr or ctx.master_addr
     if not addr:
@@ -693,14 +801,77 @@ def _engine_rank_env(ctx: RankContext, ddp, backend: str, notes: list) -> dict:
     return env
 
 
-def _ccl_for(ctx: RankContext, inst, all_helpers, notes: list) -> dict:
-    if all_helpers is not None:
-        return ccl_env(ctx, all_helpers)
-    env = ccl_env(ctx, [_ccl_cpus(inst)] * ctx.local_world_size)
-    env["CCL_WORKER_AFFINITY"] = "auto"
-    notes.append("CCL_WORKER_AFFINITY=auto: the engine bound each rank, so this rank "
-                 "cannot know its neighbours' worker cores")
+def _worker_cpus(inst) -> tuple:
+    """The logical CPUs of a planned rank's oneCCL workers: the cores set aside for them,
+    else the rank's first CPU (its worker shares it)."""
+    return tuple(inst.ccl_cpus) or tuple(sorted(inst.cpus))[:1]
+
+
+def _ccl_for(ctx: RankContext, instances, *, bound: bool = False, fabric, environ: Mapping[str, str],
+             override_env: bool, notes: list) -> dict:
+    """The oneCCL variables rank ``ctx`` gets (:func:`ccl_env`, then the user's values win:
+    :func:`ccl_precedence`).
+
+    Args:
+        instances: this machine's planned ranks in local-rank order; with ``bound`` (the
+            engine bound each rank itself, so a rank cannot know its neighbours' CPUs) this
+            rank's own instance alone, whose worker CPUs are then listed once per local
+            rank: each rank reads its own slice (measured: docs/cluster.md), never ``auto``.
+    """
+    if bound:
+        workers = [_worker_cpus(instances[0])] * ctx.local_world_size
+        _note(notes, f"CCL_WORKER_AFFINITY: {ctx.engine} bound each rank itself, so each rank lists its "
+                     "own worker CPU(s) once per local rank (oneCCL takes its local rank's slice)")
+    else:
+        workers = [_worker_cpus(i) for i in instances]
+    dedicated = all(i.ccl_cpus for i in instances)
+    planned = ccl_env(ctx, workers, dedicated=dedicated, runtime=ccl_runtime_env(fabric))
+    env, kept = ccl_precedence(planned, environ, override_env)
+    for note in kept:
+        _note(notes, note)
     return env
+
+
+def _note(notes: list, note: str) -> None:
+    if note not in notes:
+        notes.append(note)
+
+
+def _with_ccl_workers(make, req, ddp, backend: str, notes: list):
+    """``make(request)`` (a plan) with cores set aside for oneCCL's workers, issue 21's rule:
+
+    - gloo: none;
+    - ``--ccl-worker-count K`` (K >= 1): K cores of each rank, the last of its own node;
+      when they do not fit (a rank would keep no core for its OpenMP threads), an error
+      under ``--backend ccl``, and none under ``--backend auto`` (with a note: reserving
+      must never make a run fail that gloo would run);
+    - not given: 1 core per rank when it fits, else none (with a note);
+    - ``--ccl-worker-count 0``: none.
+
+    With none, each rank's worker shares the rank's first CPU and yields (:func:`ccl_env`).
+
+    Raises:
+        cpulaunch.plan.PlanError: the plan fails without workers too, or K was asked for
+            under ``--backend ccl`` and does not fit.
+    """
+    from cpulaunch.plan import PlanError
+
+    if backend != "ccl":
+        return make(req._replace(ccl_workers=0))
+    asked = ddp.ccl_worker_count
+    shared = "each rank's oneCCL worker runs on the rank's first CPU and yields (CCL_YIELD=sched_yield)"
+    if asked == 0:
+        notes.append(f"--ccl-worker-count 0: no core set aside; {shared}")
+        return make(req._replace(ccl_workers=0))
+    try:
+        return make(req._replace(ccl_workers=asked or 1))
+    except PlanError:
+        if asked is not None and ddp.backend == "ccl":
+            raise
+    result = make(req._replace(ccl_workers=0))
+    what = f"--ccl-worker-count {asked} (--backend auto)" if asked else "a core for oneCCL's worker (the default)"
+    notes.append(f"{what} would leave a rank no core for its OpenMP threads, so no core is set aside; {shared}")
+    return result
 
 
 def __getattr__(name: str):

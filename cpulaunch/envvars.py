@@ -7,7 +7,7 @@ place their names are spelled. (The option variables, ``CPULAUNCH_<OPTION>``, ar
 __all__ = [
     "CPUS", "INSTANCE_INDEX", "NUM_INSTANCES", "DATALOADER_CPUS", "DATALOADER_WORKERS",
     "RESERVED_CPUS", "BOUND_CPUS", "MEM_POLICY", "MEM_NODES", "INFERENCE_PATH", "DIST_BACKEND",
-    "USER_OMP_NUM_THREADS", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX",
+    "USER_OMP_NUM_THREADS", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX", "CCL_WORKER_CPUS",
 ]
 
 #: The instance's logical CPUs, a cpulist ("0-3,8"); written by render for every instance.
@@ -31,6 +31,10 @@ INFERENCE_PATH = "CPULAUNCH_INFERENCE_PATH"
 #: --ddp: the process-group backend cpulaunch chose, read by
 #: ``cpulaunch.distributed.init_process_group``.
 DIST_BACKEND = "CPULAUNCH_DIST_BACKEND"
+#: --ddp with ccl: the logical CPUs this rank's oneCCL workers are pinned to (a cpulist, in
+#: CCL_WORKER_AFFINITY's order), read by ``cpulaunch verify``; absent when the user's own
+#: CCL_WORKER_AFFINITY/CCL_WORKER_COUNT decide.
+CCL_WORKER_CPUS = "CPULAUNCH_CCL_WORKER_CPUS"
 #: --ddp: the user's own OMP_NUM_THREADS, kept when cpulaunch sets the rank's.
 USER_OMP_NUM_THREADS = "CPULAUNCH_USER_OMP_NUM_THREADS"
 #: Elastic --ddp plumbing (never reaches the program): every local rank's command as JSON,

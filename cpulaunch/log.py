@@ -2,7 +2,7 @@
 
 Importing :mod:`logging` costs about 4 ms (it pulls in traceback, string, textwrap...), a
 tenth of what cpulaunch may add to a run's start-up (issue 12), and a plain ``cpulaunch
-PROGRAM`` usually logs nothing. :func:`get` returns a stand-in with the two methods the
+PROGRAM`` usually logs nothing. :func:`get` returns a stand-in with the three methods the
 launch path uses; the first message imports :mod:`logging` and hands every call to the
 real ``logging.getLogger(name)``, so handlers, levels and pytest's ``caplog`` see the same
 records as with a plain logger.
@@ -73,6 +73,13 @@ class LazyLogger:
             return  # below the command line's level: no need to import logging
         kwargs.setdefault("stacklevel", 3)  # the record names our caller, not this module
         _setup().getLogger(self.name).log(level, msg, *args, **kwargs)
+
+    def isEnabledFor(self, level: int) -> bool:
+        """Whether a message at ``level`` would be emitted (the exec path's -v line is
+        built only then); imports logging only when the command line's level lets it pass."""
+        if _cli_level is not None and level < _cli_level:
+            return False
+        return _setup().getLogger(self.name).isEnabledFor(level)
 
     def info(self, msg, *args, **kwargs) -> None:
         self._emit(INFO, msg, args, kwargs)

@@ -11,7 +11,7 @@ import enum
 import math
 import os
 from pathlib import Path
-from typing import Mapping, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
@@ -110,9 +110,12 @@ class DdpOptions(NamedTuple):
         rdzv_endpoint: HOST:PORT of an elastic c10d rendezvous (torchrun starts the ranks).
         rdzv_id: elastic job id.
         backend: "auto", "gloo" or "ccl".
-        ccl_worker_count: cores per rank reserved for oneCCL workers (ccl only).
+        ccl_worker_count: cores per rank set aside for oneCCL's workers (ccl only); None:
+            not given (1 when it fits, else none: cpulaunch.distributed._with_ccl_workers).
         iface: network interface for gloo, oneCCL and libfabric.
         standalone: torchrun's --standalone was given (one machine; checked).
+        max_restarts: torchrun's ``--max-restarts``: how many times its agent restarts
+            every local rank after one fails (elastic runs only; None: torchrun's 0).
         exit_hook: a Python rank ends its default process group at exit when the program
             did not (``--no-exit-hook`` / CPULAUNCH_NO_EXIT_HOOK=1 turn it off; issue 24).
     """
@@ -125,9 +128,10 @@ class DdpOptions(NamedTuple):
     rdzv_endpoint: Optional[str] = None
     rdzv_id: Optional[str] = None
     backend: str = "auto"
-    ccl_worker_count: int = 1
+    ccl_worker_count: Optional[int] = None
     iface: Optional[str] = None
     standalone: bool = False
+    max_restarts: Optional[int] = None
     exit_hook: bool = True
 
     @property
@@ -178,6 +182,8 @@ class Options(NamedTuple):
         omp_places: set OMP_PLACES/OMP_PROC_BIND for GNU OpenMP.
         kmp_blocktime: KMP_BLOCKTIME in ms for Intel OpenMP (None: the registry's 1 ms).
         verbose: -v count.
+        aliases: the other launchers' spellings the user typed (``"--use-logical-core"``),
+            for notes where they plan differently (:data:`ALIASES`).
         share_host: ``--share-host``: None (off), "fail" (plan on the cores no other
             cpulaunch job holds, fail naming the holder when they are too few) or "wait"
             (wait for them instead); docs/placement.md.
@@ -193,7 +199,7 @@ class Options(NamedTuple):
     allocator: str = "auto"
     bind: BindMode = BindMode.NUMACTL
     override_env: bool = False
-    program: tuple = ()
+    program: tuple[str, ...] = ()
     no_python: bool = False
     launch: LaunchOptions = LaunchOptions()
     inference_path: Optional[str] = None
@@ -201,6 +207,7 @@ class Options(NamedTuple):
     omp_places: bool = False
     kmp_blocktime: Optional[int] = None
     verbose: int = 0
+    aliases: tuple[str, ...] = ()
     share_host: Optional[str] = None
     lease_dir: Optional[str] = None
 
@@ -311,7 +318,7 @@ def _request(v: Mapping) -> Request:
     )
 
 
-def _core_counts(value) -> "Optional[int | tuple]":
+def _core_counts(value) -> "Optional[Union[int, tuple[int, ...]]]":
     """``--ncores-per-instance``: one count (``"8"`` -> 8) or one per instance, run_cpu's
     habit for uneven sub-NUMA clusters (``"43,43,42"`` -> (43, 43, 42)); None when not given.
 
@@ -363,7 +370,7 @@ def _budgets(v: Mapping) -> dict:
 
 
 _DDP_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
-             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend",
+             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend", "max_restarts",
              "no_exit_hook")
 
 
@@ -386,10 +393,11 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
         rdzv_endpoint=v.get("rdzv_endpoint"),
         rdzv_id=v.get("rdzv_id"),
         backend=str(v.get("backend") or "auto").lower(),
-        ccl_worker_count=_positive("ccl-worker-count", 1 if v.get("ccl_worker_count") is None
-                                    else v["ccl_worker_count"], minimum=0),
+        ccl_worker_count=None if v.get("ccl_worker_count") is None
+        else _positive("ccl-worker-count", v["ccl_worker_count"], minimum=0),
         iface=v.get("iface"),
         standalone=bool(v.get("standalone")),
+        max_restarts=_positive("max-restarts", v.get("max_restarts"), minimum=0),
         exit_hook=not v.get("no_exit_hook"),
     )
     if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
@@ -403,7 +411,10 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
             raise OptionsError("--nnodes > 1 needs --master-addr HOST (rank 0's machine) or --rdzv-endpoint HOST:PORT")
         if not 0 <= opts.node_rank < int(nnodes):
             raise OptionsError(f"--node-rank {opts.node_rank} must be between 0 and --nnodes - 1")
-    elif "node_rank" in given and v.get("node_rank"):
+    if opts.max_restarts is not None and not opts.elastic:
+        raise OptionsError("--max-restarts applies to an elastic run (--rdzv-endpoint HOST:PORT), whose "
+                           "ranks torchrun's agent restarts; cpulaunch does not restart a static rendezvous")
+    if opts.elastic and "node_rank" in given and v.get("node_rank"):
         raise OptionsError("--node-rank applies to a static rendezvous; the elastic one assigns ranks")
     if v.get("instance_idx") is not None:
         raise OptionsError("--instance-idx does not apply to --ddp: every local rank runs (use --nproc-per-node)")
@@ -430,7 +441,7 @@ def _launch(v: Mapping) -> LaunchOptions:
     )
 
 
-def from_values(values: Mapping, given: frozenset = frozenset()) -> Options:
+def from_values(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> Options:
     """Build :class:`Options` from parsed option values (pure).
 
     Args:
@@ -478,6 +489,7 @@ def from_values(values: Mapping, given: frozenset = frozenset()) -> Options:
         omp_places=bool(v.get("omp_places")),
         kmp_blocktime=_positive("kmp-blocktime", v.get("kmp_blocktime"), minimum=0),
         verbose=int(v.get("verbose") or 0),
+        aliases=tuple(a for a in ALIASES if values.get(a[2:].replace("-", "_")) not in (None, False)),
         share_host=_share_host(v),
         lease_dir=v.get("lease_dir"),
     )
@@ -505,7 +517,7 @@ class Kind(NamedTuple):
     """
 
     name: str
-    choices: tuple = ()
+    choices: tuple[str, ...] = ()
 
 
 _EXPECTED = {"flag": "true or false (a bool)", "count": "a whole number >= 0", "integer": "an integer (e.g. 4)",
@@ -613,7 +625,8 @@ def _settings_table(doc: dict, path: str, where: str) -> dict:
     return doc["cpulaunch"] if isinstance(doc.get("cpulaunch"), dict) else doc
 
 
-def config_defaults(data: bytes, path: str, kinds: Mapping[str, Kind], label: str = "--config") -> dict:
+def config_defaults(data: bytes, path: str, kinds: Mapping[str, Kind],
+                    label: str = "--config") -> dict[str, Any]:
     """Defaults from a TOML config file (pure over its bytes).
 
     Keys are cpulaunch's option names (``ninstances``, ``allocator``, ``omp-runtime`` or

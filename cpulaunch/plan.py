@@ -1127,7 +1127,7 @@ def _instance(topo: Topology, req: Request, i: int, parts: tuple, count: int, no
         nodes=nodes,
         mem_nodes=mem_nodes,
         mem_policy=policy,
-        threads=_threads(topo, len(cpus), count),
+        threads=_omp_threads(topo, len(cpus), count),
         reserved_cpus=_cpus(reserved),
         socket=sockets.pop() if len(sockets) == 1 else None,
         ccl_cpus=_cpus(ccl),
@@ -1171,7 +1171,7 @@ def _memory(topo: Topology, policy: MemPolicy, i: int, nodes: tuple, notes: list
     return policy, tuple(mem_nodes)
 
 
-def _threads(topo: Topology, ncpus: int, count: int) -> int:
+def _omp_threads(topo: Topology, ncpus: int, count: int) -> int:
     """OpenMP threads of an instance with ``ncpus`` compute CPUs among ``count``
     instances: ``ncpus``, or its even share of the cgroup CPU quota (rule 6)."""
     quota = topo.quota_cpus

@@ -12,10 +12,12 @@ by one each round, so drifting background load hits all of them):
   (``param_sha256``).
 
 Every variant runs under ``cpulaunch --ddp --nproc-per-node N`` (N = the CPUs this process
-may use, 1 core per rank), planned as a gloo job, so binding, OpenMP and allocator are the
-same for all; the backend and the oneCCL variables go to the rank through ``env`` after
-cpulaunch, so each variant gets exactly the variables listed (none of the caller's CCL_* or
-FI_* variables leak in). Variants, ``gloo`` or ``ccl`` with ``:`` and ``+``-joined tokens:
+may use, 1 core per rank), so binding, OpenMP and allocator are the same for all. All but
+``ccl:cpulaunch`` are planned as a gloo job and get the backend and their oneCCL variables
+through ``env`` after cpulaunch, so each gets exactly the variables listed (none of the
+caller's CCL_* or FI_* variables leak in); ``ccl:cpulaunch`` is ``--backend ccl``: the
+launcher's own oneCCL settings, whatever they are in this checkout. Variants, ``gloo`` or
+``ccl`` with ``:`` and ``+``-joined tokens:
 
     ccl            oneCCL's defaults: only the run-time paths it cannot work without
                    (CCL_OFI_LIBRARY_PATH and FI_PROVIDER_PATH at impi-rt's libfabric);
@@ -26,11 +28,13 @@ FI_* variables leak in). Variants, ``gloo`` or ``ccl`` with ``:`` and ``+``-join
     ccl:own        + CCL_WORKER_AFFINITY: each rank's worker on its own rank's first CPU
     ccl:yield      + CCL_YIELD=sched_yield (waiting threads give the CPU away)
     ccl:nooffload  + CCL_WORKER_OFFLOAD=0 (the rank's thread runs the collective itself)
-    ccl:launcher   what cpulaunch sets when no core can be set aside for the worker:
-                   own + yield (LAUNCHER below)
-    ccl:cpulaunch  cpulaunch's own oneCCL environment (``--backend ccl``; nothing added)
+    ccl:launcher   own + yield (LAUNCHER below): by hand, what cpulaunch sets for its worker
+                   when no core can be set aside (to take its settings apart)
+    ccl:cpulaunch  cpulaunch's own oneCCL environment (``--backend ccl``; nothing added):
+                   here worker on the rank's own CPU, sched_yield and shm
 
-Default variants: gloo, ccl, ccl:shm, ccl:launcher, ccl:launcher+shm.
+Default variants: gloo, ccl, ccl:shm, ccl:cpulaunch (all_reduce); gloo, ccl, ccl:cpulaunch
+(train_ddp.py). Ratios are printed against gloo and against oneCCL's defaults.
 
 What 2 cores can show: the cost of oneCCL's default worker when it has no core of its own
 (it spins beside a rank), what a non-spinning worker on the rank's own CPU gives back, and
@@ -40,9 +44,10 @@ spare cores), more than one worker, more than 2 ranks, NUMA or multi-socket plac
 real network (the "network" here is loopback). The machine is shared: the foreign load is
 measured before and during every run and busy runs are flagged (benchkit.py).
 
-The script skips with one line (exit 0) when oneccl_bindings_for_pytorch does not import
-with this Python's torch (checked in a child process: a binding built for another torch can
-abort the interpreter), or when impi-rt's libfabric is not found.
+The script skips with one line (exit 0) when ``cpulaunch --backend ccl`` would refuse to
+run: the bindings missing or not importing with this Python's torch (checked in a child
+process: a binding built for another torch can abort the interpreter), or libfabric and its
+providers not found.
 
     python scripts/bench_ccl.py                  # 3 rounds, all sizes, train_ddp cnn small
     python scripts/bench_ccl.py --quick          # 1 round, 2 sizes, 3 steps: a smoke run
@@ -53,7 +58,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -76,7 +80,8 @@ TOKENS = {
 }
 #: What cpulaunch sets for a rank whose worker cannot have a core of its own.
 LAUNCHER = ("own", "yield")
-DEFAULT_VARIANTS = "gloo,ccl,ccl:shm,ccl:launcher,ccl:launcher+shm"
+DEFAULT_VARIANTS = "gloo,ccl,ccl:shm,ccl:cpulaunch"
+DEFAULT_TRAIN_VARIANTS = "gloo,ccl,ccl:cpulaunch"
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 #: Seconds a job may take before it is stopped (SIGTERM to cpulaunch, which stops its ranks).
 JOB_TIMEOUT = 600.0
@@ -92,8 +97,8 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=None,
                    help="seconds of timed calls per size and run (default 1.0; 0.2 with --quick)")
     p.add_argument("--no-train", action="store_true", help="skip the train_ddp.py part")
-    p.add_argument("--train-variants", default="gloo,ccl,ccl:launcher+shm",
-                   help="variants of the train_ddp.py part (default gloo,ccl,ccl:launcher+shm)")
+    p.add_argument("--train-variants", default=DEFAULT_TRAIN_VARIANTS,
+                   help=f"variants of the train_ddp.py part (default {DEFAULT_TRAIN_VARIANTS})")
     benchkit.add_model_size(p)
     p.add_argument("--steps", type=int, default=None,
                    help="train steps (default 10; 3 with --quick)")
@@ -145,56 +150,32 @@ def tokens(variant: str, error=None) -> list:
 # --------------------------------------------------------------------------- the run-time
 
 
-def binding_problem(python: str) -> tuple[str | None, str]:
-    """(why ``oneccl_bindings_for_pytorch`` does not import under ``python`` with its torch,
-    or None; "binding VERSION, torch VERSION" when it does). Checked in a child process: an
-    import that aborts (a binding built for another torch can) kills only the child."""
-    code = ("import torch, oneccl_bindings_for_pytorch as b; "
-            "print(f'oneccl_bindings_for_pytorch {b.__version__}, torch {torch.__version__}')")
+def ccl_problem(environ) -> str | None:
+    """Why the ``ccl`` backend cannot run here, as one line, or None: the launcher's own
+    rule (:func:`cpulaunch.distributed.select_backend` for ``--backend ccl``: the bindings
+    installed, loading with this torch in a child process (an import that aborts ends only
+    the child; the verdict is cached per build), libfabric and its providers found)."""
+    from cpulaunch.distributed import DistributedError, select_backend
+    from cpulaunch.machine import host, libfinder
+
+    binding = host.ccl_binding(sys.executable, environ, host.cache_dir(environ))
+    fabric = libfinder.find_libfabric(environ) if binding.path is not None else None
     try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        return "importing oneccl_bindings_for_pytorch did not finish in 120 s", ""
-    if proc.returncode == 0:
-        return None, proc.stdout.strip()
-    if proc.returncode < 0:
-        how = f"killed the interpreter with {signal.Signals(-proc.returncode).name}"
-    else:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        how = f"failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
-    return f"importing oneccl_bindings_for_pytorch with this torch {how}", ""
+        select_backend("ccl", binding, fabric, environ)
+    except DistributedError as exc:
+        return str(exc)
+    return None
 
 
-def _is_elf(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"\x7fELF"
-    except OSError:
-        return False
+def runtime_env(environ) -> dict:
+    """The two variables oneCCL cannot start a collective without, as the launcher sets them
+    (:func:`cpulaunch.distributed.ccl_runtime_env` of the libfabric it finds); the caller's
+    own CCL_OFI_LIBRARY_PATH / FI_PROVIDER_PATH win."""
+    from cpulaunch.distributed import ccl_runtime_env
+    from cpulaunch.machine import libfinder
 
-
-def runtime_env(environ, prefixes) -> tuple[dict, str | None]:
-    """(the variables oneCCL cannot start a collective without, why they are missing or None).
-
-    environ: the caller's environment; its own CCL_OFI_LIBRARY_PATH / FI_PROVIDER_PATH win.
-    prefixes: Python prefixes to look in (``sys.prefix``, ``sys.base_prefix``), in order.
-    libfabric as impi-rt installs it: ``<prefix>/lib/libfabric/libfabric.so.1`` (ELF) and
-    its providers ``<prefix>/lib/libfabric/prov/lib*-fi.so``. oneCCL dlopens "libfabric.so"
-    unless CCL_OFI_LIBRARY_PATH names the file, and libfabric finds no provider ("can't
-    find suitable provider") unless FI_PROVIDER_PATH names the folder.
-    """
-    have = {k: environ[k] for k in ("CCL_OFI_LIBRARY_PATH", "FI_PROVIDER_PATH") if environ.get(k)}
-    if len(have) == 2:
-        return have, None
-    for prefix in dict.fromkeys(prefixes):
-        lib = Path(prefix) / "lib" / "libfabric"
-        if _is_elf(lib / "libfabric.so.1") and any(_is_elf(p) for p in lib.glob("prov/lib*-fi.so")):
-            return {"CCL_OFI_LIBRARY_PATH": str(lib / "libfabric.so.1"),
-                    "FI_PROVIDER_PATH": str(lib / "prov"), **have}, None
-    where = " or ".join(f"{p}/lib/libfabric" for p in dict.fromkeys(prefixes))
-    return {}, (f"libfabric not found in {where} (impi-rt installs it there); "
-                "set CCL_OFI_LIBRARY_PATH and FI_PROVIDER_PATH")
+    found = ccl_runtime_env(libfinder.find_libfabric(environ))
+    return {**found, **{k: environ[k] for k in found if environ.get(k)}}
 
 
 def rank_cpus(nproc: int) -> list:
@@ -422,9 +403,11 @@ def report_train(runs: dict) -> dict:
         same = [r["figures"]["param_sha256"] == gloo_sha[i] for i, r in enumerate(rs)
                 if r["figures"] is not None and i in gloo_sha]
         equal = "-" if v == "gloo" or not same else f"{sum(same)} of {len(same)}"
-        rows.append([v, cell(sps[v], 1.0, ".2f"), ratio(sps[v], sps.get("gloo", [])), equal])
-    print_table("train_ddp.py: job samples/s (spread over runs)",
-                ["variant", "samples/s", "vs gloo", "params bitwise equal to gloo's"], rows)
+        rows.append([v, cell(sps[v], 1.0, ".2f"), ratio(sps[v], sps.get("gloo", [])),
+                     ratio(sps[v], sps.get("ccl", [])), equal])
+    print_table("train_ddp.py: job samples/s (spread over runs; above 1x: faster)",
+                ["variant", "samples/s", "vs gloo", "vs oneCCL's defaults", "params bitwise equal to gloo's"],
+                rows)
     return sps
 
 
@@ -453,7 +436,7 @@ def versions() -> str:
     from importlib import metadata
 
     found = []
-    for dist in ("oneccl-cpu", "impi-rt", "oneccl-bind-pt"):
+    for dist in ("torch", "oneccl-cpu", "impi-rt", "oneccl-bind-pt"):
         try:
             found.append(f"{dist} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:
@@ -465,13 +448,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.rank:
         return rank_main(args.sizes, args.budget)
-    problem, loaded = binding_problem(sys.executable)
-    runtime, missing = runtime_env(os.environ, [sys.prefix, sys.base_prefix])
-    if problem or missing:
-        print(f"bench_ccl: skipped: {problem or missing}")
+    problem = ccl_problem(os.environ)
+    if problem:
+        print(f"bench_ccl: skipped: {problem}")
         return 0
+    runtime = runtime_env(os.environ)
     cpus = rank_cpus(args.nproc)
-    print(f"{loaded}; {versions()}\n{args.nproc} ranks x 1 core (CPUs {cpus}), {args.rounds} "
+    print(f"{versions()}\n{args.nproc} ranks x 1 core (CPUs {cpus}), {args.rounds} "
           f"round(s); runtime {' '.join(f'{k}={v}' for k, v in sorted(runtime.items()))}")
     now = benchkit.sample(1.0, top=3)
     print(f"before: others used {now.foreign_pct:.0f}% of the machine")

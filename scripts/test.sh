@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs on a fresh Debian machine, then run it.
 # Usage: bash scripts/test.sh [pytest args...]
-# As root it installs the Debian packages (numactl, allocators, MPICH, Slurm, munge) so
-# that the host-dependent tests run instead of skipping; Python packages come from pip.
+#
+# One environment: the tests run in the virtual environment README's first command made,
+# .venv (created here if it is missing; never the global interpreter), after installing
+# into it what the tests, `cpulaunch tune` and the bench scripts need: the extras test,
+# tune and bench (torch and numpy come with the torch extra; intel-openmp for the
+# --omp-runtime intel tests). Every command README.md and docs/*.md show then runs in it
+# (tests/test_docs_commands.py runs them).
+#
+# As root it installs the Debian packages (numactl, allocators, MPICH, Slurm, munge, binutils
+# for doctor's readelf check) so that the host-dependent tests run instead of skipping.
+#
+# Variables:
+#   VENV=DIR     another virtual environment (CI tests the newest torch in .venv-newest)
+#   PYTHON=EXE   the Python that creates the virtual environment (default python3)
+#   PIP_CONSTRAINT=FILE  pip's own: e.g. a file holding torch==2.13.0 picks the torch
+#                release (.ci/run tests the lowest and the newest of pyproject's range)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux python3-venv)
+DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux binutils python3-venv)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for p in "${DEBS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -17,14 +31,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 
-PY=${PYTHON:-python3}
-# A Python whose packages the OS manages (PEP 668: stock Debian 12, Ubuntu 24.04) refuses
-# pip; use a virtual environment in .venv there (created once, reused).
-if [ -z "${PYTHON:-}" ] && "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) and sys.prefix == sys.base_prefix else 1)'; then
-  [ -x .venv/bin/python ] || "$PY" -m venv .venv
-  PY=.venv/bin/python
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "creating the virtual environment $VENV"
+  "${PYTHON:-python3}" -m venv "$VENV"
 fi
-# torch==2.13.0 is pinned in the [torch] extra: an unpinned torch would pull CUDA wheels.
 # [users]: Lightning and accelerate, which tests/test_ranks_users.py runs under cpulaunch.
-"$PY" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,users]' intel-openmp
-exec "$PY" -m pytest -q -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users]' intel-openmp
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

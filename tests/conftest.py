@@ -6,6 +6,7 @@ Each tarball holds one top-level folder that acts as ``/`` for ``--sysroot``.
 
 from __future__ import annotations
 
+import _ctypes
 import json
 import os
 import shutil
@@ -80,3 +81,31 @@ def json_records(text: str) -> list:
             out.append(obj)
             i = line.find("{", end)
     return out
+
+
+# --------------------------------------------------------------------------- oneCCL stand-ins (issue 21)
+
+#: A real ELF shared object of this machine, to stand in for libfabric and its provider.
+ELF_SO = Path(_ctypes.__file__)
+
+
+def plant_fabric(root: Path, *, library: bytes | None = None, provider: bytes | None = None) -> Path:
+    """impi-rt's layout below ``root``: lib/libfabric/libfabric.so.1 and prov/libtcp-fi.so
+    (copies of a real ELF shared object unless other bytes are given); returns the folder."""
+    folder = root / "lib" / "libfabric"
+    (folder / "prov").mkdir(parents=True)
+    for path, data in ((folder / "libfabric.so.1", library), (folder / "prov" / "libtcp-fi.so", provider)):
+        path.write_bytes(data) if data is not None else shutil.copy(ELF_SO, path)
+    return folder
+
+
+def make_stand_in(site: Path, body: str, version: str) -> Path:
+    """A stand-in ``oneccl_bindings_for_pytorch`` package in ``site`` (for PYTHONPATH): its
+    ``__init__.py`` is ``body``, its package metadata says ``version``; returns its folder."""
+    pkg = site / "oneccl_bindings_for_pytorch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(body)
+    meta = site / f"oneccl_bind_pt-{version}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: oneccl_bind_pt\nVersion: {version}\n")
+    return pkg

@@ -7,6 +7,7 @@ What oneDNN does with bf16 depends on the CPU: the bf16 fusion test reads this m
 from __future__ import annotations
 
 import collections
+import os
 import platform
 import shutil
 import subprocess
@@ -86,7 +87,7 @@ def global_flags():
 def test_import_does_not_import_torch():
     code = ("import cpulaunch.inference as i, sys; "
             "assert 'torch' not in sys.modules, 'torch imported'; print(i.PATHS)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "onednn-graph" in proc.stdout
 
@@ -244,10 +245,32 @@ def test_onednn_graph_bf16_fusion_follows_the_isa(which):
 
 
 def test_no_deprecation_warning_escapes(recwarn):
+    """TorchScript's "`torch.jit.X` is deprecated" is a DeprecationWarning in torch 2.13 and
+    a FutureWarning from 2.14 (issue 24): neither may leave optimize()."""
     optimize(conv_bn_relu(), cnn_inputs(), path="onednn-graph")
-    leaked = [w for w in recwarn.list if issubclass(w.category, DeprecationWarning)
+    leaked = [f"{w.category.__name__}: {w.message}" for w in recwarn.list
+              if issubclass(w.category, (DeprecationWarning, FutureWarning))
               and "torch.jit" in str(w.message)]
     assert not leaked
+
+
+def test_onednn_graph_prints_nothing_on_the_users_stderr(tmp_path):
+    """As a user runs it: a script under Python's default warning filters (which show
+    FutureWarning, torch >= 2.14's TorchScript deprecation category) prints no warning."""
+    script = tmp_path / "user.py"
+    script.write_text(
+        "import torch\n"
+        "from cpulaunch.inference import optimize\n"
+        "m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()\n"
+        "opt = optimize(m, (torch.randn(2, 3, 16, 16),), path='onednn-graph')\n"
+        "print(opt.path)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "onednn-graph\n"
+    assert done.stderr == ""
 
 
 # ------------------------------------------------------------------ eager, inductor

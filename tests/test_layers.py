@@ -303,3 +303,35 @@ def test_a_planted_violation_is_found(case):
     planted = ast.parse((REPO / path).read_text() + "\n" + code)
     found = violations({**trees, path: planted})
     assert any(path in v and words in v for v in found), found
+
+
+def union_annotations_evaluated(trees: dict) -> list:
+    """``X | Y`` annotations Python evaluates at import (a module without ``from __future__
+    import annotations``): a TypeError on Python 3.9, which pyproject's requires-python
+    promises (PEP 604 came in 3.10). Returns "path:line: annotation" strings."""
+    found = []
+    for path, tree in trees.items():
+        if any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
+               and any(a.name == "annotations" for a in n.names) for n in tree.body):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                anns = [x.annotation for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
+                        if x is not None] + [node.returns]
+            elif isinstance(node, ast.AnnAssign):
+                anns = [node.annotation]
+            else:
+                continue
+            found += [f"{path}:{ann.lineno}: {ast.unparse(ann)}" for ann in anns if ann is not None
+                      and any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.BitOr) for m in ast.walk(ann))]
+    return found
+
+
+def test_no_union_annotation_breaks_python_3_9():
+    """files.FileReader's ``str | os.PathLike`` once made the whole package fail to import
+    on Python 3.9; the check finds such an annotation when one is planted."""
+    assert union_annotations_evaluated(sources()) == []
+    planted = {"cpulaunch/x.py": ast.parse("import os\ndef f(root: str | os.PathLike): pass\n"),
+               "cpulaunch/y.py": ast.parse("from __future__ import annotations\ndef f(a: int | None): pass\n")}
+    assert union_annotations_evaluated(planted) == ["cpulaunch/x.py:2: str | os.PathLike"]

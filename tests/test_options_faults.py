@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import click
@@ -26,6 +25,11 @@ from hypothesis import strategies as st
 
 from conftest import REPO, run_cli
 from cpulaunch import cli, options
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: cpulaunch's tomli dependency
+    import tomli as tomllib
 
 XEON = "hw-32intel64-2p8co2t+8ve"
 # A FIFO or device must be refused at once; this bound only keeps a regression from

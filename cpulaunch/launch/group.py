@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
@@ -363,7 +363,7 @@ class InstanceResult:
             return f"killed by {signal_name(self.signal)}" + (" (core dumped)" if self.core_dumped else "")
         return f"exited with code {self.returncode}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "index": self.index, "label": self.label, "pid": self.pid,
             "exit_code": self.exit_code,

@@ -17,7 +17,7 @@ from cpulaunch.launch.spawn import (
     LaunchError,
     ProcessSpec,
 )
-from cpulaunch.machine.files import replace_at
+from cpulaunch.machine.files import NEW_FILE_FLAGS, replace_at
 
 __all__ = ["RunDir"]
 
@@ -30,7 +30,6 @@ class _Planted(OSError):
 
 
 _TAKEN = "it exists already (put there by someone else)"
-_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -66,7 +65,7 @@ def _create_at(dir_fd: int, name: str, shown: str, flags: int = 0) -> int:
     opened, a link is never followed); :class:`_Planted` when the name is taken.
     ``shown``: its path, as errors name it."""
     try:
-        return os.open(name, _O_NEW | flags, 0o666, dir_fd=dir_fd)
+        return os.open(name, NEW_FILE_FLAGS | flags, 0o666, dir_fd=dir_fd)
     except FileExistsError:
         raise _Planted(errno.EEXIST, _TAKEN, shown) from None
     except OSError as exc:

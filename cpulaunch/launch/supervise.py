@@ -375,10 +375,11 @@ def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, af
                     log.warning("after-start check failed: %s", exc)
             for r in group.poll():
                 if r.failed and root is None and sig.signalled is None:
-                    root = r.index
-                    log.info("%s %s", r.label, r.describe())
+                    root = r.index  # said once, at the end, by the caller (describe_failure)
                     if not keep_going and group.running():
                         stopped = group.running()
+                        log.info("stopping %s: SIGTERM, SIGKILL after %g s", ", ".join(
+                            group.procs[i].spec.label for i in stopped), grace_period)
                         group.send(signal.SIGTERM, stopped)
                         sig.stop_at = time.monotonic() + grace_period
             now = time.monotonic()

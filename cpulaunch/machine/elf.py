@@ -26,7 +26,7 @@ _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
 _SHT_DYNAMIC = 6
 
 
-def elf_needed(data) -> tuple:
+def elf_needed(data) -> tuple[str, ...]:
     """The DT_NEEDED entries of an ELF file, in file order (pure).
 
     Args:
@@ -155,7 +155,7 @@ def _elf_needed(data) -> tuple:
     return tuple(out)
 
 
-def read_elf_needed(path: os.PathLike) -> tuple:
+def read_elf_needed(path: os.PathLike) -> tuple[str, ...]:
     """:func:`elf_needed` of the file at ``path``, memory-mapped (reads only what it needs).
 
     Raises:

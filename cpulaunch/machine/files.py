@@ -21,7 +21,7 @@ from cpulaunch.errors import printable
 from cpulaunch.machine.topology import TopologyError
 
 __all__ = ["MAX_FILE_BYTES", "UnusableFileError", "read_regular", "corrupt", "FileReader",
-           "write_fd", "replace_at", "write_file", "append_whole"]
+           "NEW_FILE_FLAGS", "write_fd", "replace_at", "write_file", "append_whole"]
 
 #: Largest file the probe reads (sysfs attributes are at most a page; a cpulist of 8,192
 #: CPUs is under 40 KiB). A bigger file is an error where it matters, else a note.
@@ -105,7 +105,7 @@ class FileReader:
         unusable: some file was not a regular file, too big or failed to read.
     """
 
-    def __init__(self, root: str | os.PathLike = "/"):
+    def __init__(self, root: Union[str, os.PathLike] = "/"):
         self.root = os.fspath(root)
         self.prefix = self.root.rstrip("/")
         self.notes: list[str] = []
@@ -175,7 +175,8 @@ def corrupt(root: str, path: str, what: str) -> TopologyError:
     return TopologyError(f"{printable(path)}: {what}; {where}")
 
 
-_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: os.open flags of a file that must be new: never through a link, never an existing file.
+NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def write_fd(fd: int, data: bytes) -> None:
@@ -206,7 +207,7 @@ def replace_at(dir_fd: int, name: str, data: Union[str, bytes], shown: str) -> N
     for _ in range(100):
         tmp = f".{name}.{os.urandom(6).hex()}.tmp"
         try:
-            fd = os.open(tmp, _O_NEW, 0o666, dir_fd=dir_fd)
+            fd = os.open(tmp, NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd)
             break
         except FileExistsError:
             continue

@@ -7,9 +7,14 @@ planning reads the host again, so ``--dry-run`` shows what a run does.
 
 Costs (issue 12): no subprocess except one ``numactl ... true`` when binding with numactl
 on this machine (none under ``--sysroot``, where the plan describes the dumped machine and
-numactl is assumed there); libraries are found by looking in folders, not ``ldconfig -p``.
+numactl is assumed there), and, for ``--ddp`` with ``--backend auto|ccl`` when
+oneccl_bindings_for_pytorch is installed, one ``python -c "import torch,
+oneccl_bindings_for_pytorch"`` whose verdict is cached (:func:`ccl_binding`); libraries
+are found by looking in folders, not ``ldconfig -p``.
 """
 
+import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +27,7 @@ from cpulaunch.options import BindMode, Options
 
 if TYPE_CHECKING:
     from cpulaunch.distributed import RankContext
+    from cpulaunch.machine.libfinder import Fabric
 
 #: Variables by which distributed.detect_engine recognises an engine (one of them is set in
 #: every process torchrun, Open MPI, MPICH, Slurm or PMIx starts). Checked here first so a
@@ -29,7 +35,8 @@ if TYPE_CHECKING:
 #: holds the two lists equal.
 ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
 
-__all__ = ["Host", "gather", "free_port", "dist_version", "check_numactl"]
+__all__ = ["Host", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding", "cache_dir",
+           "rank_python", "ccl_collective_check", "CCL_MODULE", "CCL_CHECK_SECONDS"]
 
 
 class Host(NamedTuple):
@@ -48,9 +55,11 @@ class Host(NamedTuple):
         taskset: taskset's path, for ``--print-env``'s CPULAUNCH_PREFIX under affinity.
         engine: the engine that started this process (torchrun, MPI, Slurm), if any.
         free_port: a TCP port free on 127.0.0.1 now (one-machine DDP), or None.
-        ccl_found: oneccl_bindings_for_pytorch is importable (checked without import).
-        dist_versions: installed versions of "torch" and "oneccl_bind_pt" (package
-            metadata; None when not installed), gathered for --ddp's backend choice.
+        ccl: oneccl_bindings_for_pytorch and whether it loads with this torch
+            (:func:`ccl_binding`); None when not looked up (no --ddp, or --backend gloo).
+        fabric: oneCCL's libfabric and its providers
+            (:func:`cpulaunch.machine.libfinder.find_libfabric`); None when not looked up
+            (as ``ccl``, or the bindings are not installed).
     """
 
     live: bool
@@ -63,8 +72,8 @@ class Host(NamedTuple):
     taskset: Optional[str] = None
     engine: Optional["RankContext"] = None
     free_port: Optional[int] = None
-    ccl_found: bool = False
-    dist_versions: Mapping[str, Optional[str]] = MappingProxyType({})
+    ccl: Optional["CclBinding"] = None
+    fabric: Optional["Fabric"] = None
 
 
 def _wanted_libraries(opts: Options) -> list:
@@ -140,13 +149,11 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     Raises:
         distributed.DistributedError: an engine's variables are present but unusable.
     """
-    import importlib.util
-
     from cpulaunch.machine import numactl as numactl_mod
     from cpulaunch.machine.probe import is_live
 
     live = is_live(opts.sysroot)
-    from cpulaunch.machine.libfinder import find
+    from cpulaunch.machine.libfinder import find, find_libfabric
 
     found = {name: find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
     numactl = shutil.which("numactl") if opts.bind is BindMode.NUMACTL else None
@@ -164,10 +171,10 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
     if opts.ddp is not None and engine is None and opts.ddp.master_port is None and opts.ddp.nnodes == "1" \
             and not opts.ddp.master_addr and not opts.ddp.elastic:
         port = free_port()
-    ccl, versions = False, {}
+    ccl = fabric = None
     if opts.ddp is not None and opts.ddp.backend != "gloo":
-        ccl = importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None
-        versions = {name: dist_version(name) for name in ("torch", "oneccl_bind_pt")}
+        ccl = ccl_binding(rank_python(opts.program, environ), environ, cache_dir(environ))
+        fabric = find_libfabric(environ) if ccl.path is not None else None
     return Host(
         live=live,
         environ=dict(environ),
@@ -179,6 +186,260 @@ def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
         taskset=shutil.which("taskset"),
         engine=engine,
         free_port=port,
-        ccl_found=ccl,
-        dist_versions=versions,
+        ccl=ccl,
+        fabric=fabric,
     )
+
+
+# --------------------------------------------------------------------------- oneCCL's bindings
+
+#: The module torch-ccl's bindings install (importing it registers the "ccl" backend), and
+#: the names their package metadata goes by.
+CCL_MODULE = "oneccl_bindings_for_pytorch"
+CCL_DISTRIBUTIONS = ("oneccl_bind_pt", "oneccl-bind-pt")
+#: Seconds the import check of the bindings may take: the import of torch and the bindings
+#: took 1.4-10 s here, depending on the load; a check that runs out is not cached.
+CCL_CHECK_SECONDS = 120.0
+#: Largest cache file read back (a verdict is a few hundred bytes).
+_VERDICT_BYTES = 64 << 10
+
+
+class CclBinding(NamedTuple):
+    """oneccl_bindings_for_pytorch in the ranks' Python environment (:func:`ccl_binding`).
+
+    Attributes:
+        python: the interpreter checked (the one the ranks run: :func:`rank_python`).
+        path: the package's folder; None when it is not installed (no module spec).
+        version: its package metadata's version, shown only: it decides nothing (the build
+            that works with torch 2.13 here calls itself 2.8.0+xpu, and the stale tag
+            v2.7.0+cpu aborts the interpreter under torch >= 2.8: docs/cluster.md).
+        torch_version: torch's metadata version, None when torch is not installed.
+        loads: True when ``import torch, oneccl_bindings_for_pytorch`` succeeded in a
+            child process of this Python; False when it did not (``why``); None when not
+            checked (not installed).
+        why: how the import failed: ``"aborts the interpreter at import (SIGABRT)"``, the
+            error's last line, or that it ran out of time; "" when it loads.
+        cached: the verdict was read from the cache, not checked now.
+    """
+
+    python: str
+    path: Optional[str]
+    version: Optional[str] = None
+    torch_version: Optional[str] = None
+    loads: Optional[bool] = None
+    why: str = ""
+    cached: bool = False
+
+
+def cache_dir(environ: Mapping[str, str]) -> Optional[Path]:
+    """cpulaunch's cache folder: ``$XDG_CACHE_HOME/cpulaunch``, else
+    ``$HOME/.cache/cpulaunch`` (XDG Base Directory specification: a relative
+    XDG_CACHE_HOME is ignored); None when neither gives an absolute path (pure)."""
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "cpulaunch"
+    home = environ.get("HOME", "")
+    return Path(home) / ".cache" / "cpulaunch" if os.path.isabs(home) else None
+
+
+def _binding_files(folder: Path) -> list:
+    """[[path, mtime_ns, size]] of the bindings' own files: ``__init__.py`` and the shared
+    objects in the package folder and its ``lib`` (a rebuild changes at least one)."""
+    out = []
+    for d in (folder, folder / "lib"):
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            if name == "__init__.py" or name.endswith(".so") or ".so." in name:
+                try:
+                    st = os.stat(d / name)
+                except OSError:
+                    continue
+                out.append([str(d / name), st.st_mtime_ns, st.st_size])
+    return out
+
+
+def _read_verdict(path: Path, key: dict) -> Optional[tuple]:
+    """(loads, why) cached at ``path`` for exactly ``key``, else None."""
+    from cpulaunch.machine.files import UnusableFileError, read_regular
+
+    try:
+        data = json.loads(read_regular(str(path), cap=_VERDICT_BYTES))
+    except (OSError, ValueError, UnusableFileError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("loads"), bool):
+        return None
+    return data["loads"], str(data.get("why", ""))
+
+
+def _write_verdict(folder: Path, name: str, key: dict, loads: bool, why: str) -> None:
+    """Keep a verdict (whole or not at all, never through a planted link); a cache that
+    cannot be written costs the next run the check again, nothing more."""
+    from cpulaunch.machine.files import write_file
+
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        write_file(folder / name, json.dumps({"key": key, "loads": loads, "why": why}, sort_keys=True))
+    except OSError:
+        pass
+
+
+def _import_check(python: str, environ: Mapping[str, str]) -> tuple:
+    """(loads, why, worth caching) of ``python -c "import torch, oneccl_bindings_for_pytorch"``
+    run in a child with ``environ``: an import that aborts (a binding built for another
+    torch can) ends only the child."""
+    from cpulaunch.errors import printable
+    from cpulaunch.machine.exec import run_quietly, signal_name
+
+    try:
+        code, out = run_quietly([python, "-c", f"import torch, {CCL_MODULE}"], timeout=CCL_CHECK_SECONDS,
+                                env=environ)
+    except TimeoutError:
+        return False, f"did not finish importing in {CCL_CHECK_SECONDS:g} s", False
+    except OSError as exc:
+        return False, f"{python} cannot be started ({exc.strerror})", False
+    if code == 0:
+        return True, "", True
+    if code > 128:
+        return False, f"aborts the interpreter at import ({signal_name(code - 128)})", True
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return False, printable(lines[-1][:300]) if lines else f"import failed with exit code {code}", True
+
+
+#: Where the bindings are, asked in a child when the ranks run another interpreter than
+#: the launcher: one JSON line (no torch import: about as fast as the interpreter starts).
+_CCL_LOCATE = f"""\
+import importlib.metadata as m, importlib.util as u, json
+def v(*names):
+    for n in names:
+        try:
+            return m.version(n)
+        except m.PackageNotFoundError:
+            pass
+s = u.find_spec({CCL_MODULE!r})
+print(json.dumps({{"origin": s and s.origin, "locations": list(s and s.submodule_search_locations or []),
+                  "version": v(*{CCL_DISTRIBUTIONS!r}), "torch": v("torch")}}))
+"""
+
+
+def rank_python(program: Sequence[str], environ: Mapping[str, str]) -> str:
+    """The interpreter the ranks run: the program itself when it is a Python interpreter
+    (``python3 train.py``, looked up on the user's PATH as the launch will), else this
+    one (``sys.executable``: cpulaunch runs ``train.py``, ``-m pkg`` and ``-c`` with it, and
+    it is the best guess for anything else). ``["python", "x.py"]`` with ``/venv/bin``
+    first on PATH -> ``"/venv/bin/python"``."""
+    import re
+
+    first = program[0] if program else ""
+    if re.fullmatch(r"python[0-9.]*", os.path.basename(first)):
+        found = shutil.which(first, path=environ.get("PATH", os.defpath))
+        if found:
+            return os.path.abspath(found)
+    return sys.executable
+
+
+def _locate(python: str, environ: Mapping[str, str]) -> tuple:
+    """(package folder or None, bindings' version, torch's version) as ``python`` sees them:
+    in this process when it is this interpreter, else from a child (:data:`_CCL_LOCATE`)."""
+    import importlib.util
+
+    if python == sys.executable:
+        try:
+            spec = importlib.util.find_spec(CCL_MODULE)
+        except (ImportError, ValueError):
+            spec = None
+        origin, locations = (spec.origin, list(spec.submodule_search_locations or [])) if spec else (None, [])
+        found = spec is not None
+        version, torch_version = (dist_version(*CCL_DISTRIBUTIONS), dist_version("torch")) if found else (None, None)
+    else:
+        from cpulaunch.machine.exec import run_quietly
+
+        try:
+            code, out = run_quietly([python, "-c", _CCL_LOCATE], timeout=30, env=environ, stderr=False)
+            data = json.loads(out.strip().splitlines()[-1]) if code == 0 and out.strip() else {}
+        except (OSError, TimeoutError, ValueError):
+            data = {}
+        origin, locations = data.get("origin"), list(data.get("locations") or [])
+        found = bool(origin or locations)
+        version, torch_version = data.get("version"), data.get("torch")
+    if not found:
+        return None, None, None
+    return (Path(origin).parent if origin else Path(locations[0] if locations else ".")), version, torch_version
+
+
+def ccl_binding(python: str, environ: Mapping[str, str], cache: Optional[Path]) -> CclBinding:
+    """Is oneccl_bindings_for_pytorch installed for ``python`` (the ranks' interpreter), and
+    does it load with its torch?
+
+    Found with ``importlib.util.find_spec`` (not imported; in a child when ``python`` is not
+    this interpreter); then ``import torch, oneccl_bindings_for_pytorch`` runs in a child
+    process of ``python`` with ``environ`` (the ranks' environment), because a binding built
+    for another torch can abort the interpreter at import while its metadata looks right
+    (issue 21). The verdict is kept in ``cache`` (a folder, :func:`cache_dir`; None: not
+    kept) under a key of ``python``, torch's version and each binding file's path, mtime and
+    size, so a run pays the 1.4-10 s check once per build. A check that ran out of time is
+    not kept.
+
+    Returns:
+        :class:`CclBinding` (``path`` None when not installed; then no import is tried).
+    """
+    import hashlib
+
+    folder, version, torch_version = _locate(python, environ)
+    if folder is None:
+        return CclBinding(python, None)
+    key = {"python": python, "torch": torch_version, "files": _binding_files(folder)}
+    name = "ccl-binding-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".json"
+    hit = _read_verdict(cache / name, key) if cache is not None else None
+    if hit is not None:
+        return CclBinding(python, str(folder), version, torch_version, hit[0], hit[1], cached=True)
+    loads, why, keep = _import_check(python, environ)
+    if keep and cache is not None:
+        _write_verdict(cache, name, key, loads, why)
+    return CclBinding(python, str(folder), version, torch_version, loads, why)
+
+
+#: A one-rank ccl world on a HashStore and one all_reduce (cpulaunch doctor's check).
+_CCL_COLLECTIVE = """\
+import torch, torch.distributed as dist, oneccl_bindings_for_pytorch
+dist.init_process_group("ccl", store=dist.HashStore(), rank=0, world_size=1)
+t = torch.ones(4)
+dist.all_reduce(t)
+ok = t.tolist() == [1.0] * 4
+dist.destroy_process_group()
+print("cpulaunch-ccl-collective " + ("ok" if ok else "wrong sum"), flush=True)
+"""
+
+
+def ccl_collective_check(python: str, env: Mapping[str, str]) -> tuple[bool, str]:
+    """Can a oneCCL collective start here? A one-rank ``init_process_group("ccl")`` on a
+    HashStore and one all_reduce run in a child of ``python`` with ``env`` (the user's
+    environment plus the launcher's oneCCL variables). oneCCL opens libfabric and its
+    provider at the first collective, so this is where a missing or wrong run time shows.
+
+    Returns:
+        ``(True, "")``, or ``(False, why)``: the most telling line of the child's output
+        (oneCCL's ``CCL_ERROR`` line when there is one), its signal, or that it ran out of
+        :data:`CCL_CHECK_SECONDS`.
+    """
+    from cpulaunch.errors import printable
+    from cpulaunch.machine.exec import run_quietly, signal_name
+
+    try:
+        code, out = run_quietly([python, "-c", _CCL_COLLECTIVE], timeout=CCL_CHECK_SECONDS, env=env)
+    except TimeoutError:
+        return False, f"no answer in {CCL_CHECK_SECONDS:g} s"
+    except OSError as exc:
+        return False, f"{python} cannot be started ({exc.strerror})"
+    if code == 0 and "cpulaunch-ccl-collective ok" in out:
+        return True, ""
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    told = [ln for ln in lines if "CCL_ERROR" in ln or "Error" in ln] or lines
+    why = printable(told[-1][:300]) if told else "no output"
+    if code > 128:
+        why = f"{why} ({signal_name(code - 128)})"
+    elif code == 0:
+        why = "the all_reduce gave a wrong sum"
+    return False, why

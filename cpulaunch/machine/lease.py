@@ -89,10 +89,10 @@ class Leases(NamedTuple):
 
     folder: Folder
     held: Mapping[int, Holder]
-    unusable: frozenset = frozenset()
+    unusable: frozenset[int] = frozenset()
 
 
-def _fail(path: str, why: str, fix: str) -> CpulaunchError:
+def _lease_error(path: str, why: str, fix: str) -> CpulaunchError:
     return CpulaunchError(f"--share-host: {printable(path)} {why}; {fix}")
 
 
@@ -103,13 +103,13 @@ def _check_folder(fd: int, path: str, private: bool) -> None:
     st = os.fstat(fd)
     mode = stat.S_IMODE(st.st_mode)
     if private and (st.st_uid != os.geteuid() or mode & 0o077):
-        raise _fail(path, f"is not yours alone (owner uid {st.st_uid}, mode {mode:04o})",
+        raise _lease_error(path, f"is not yours alone (owner uid {st.st_uid}, mode {mode:04o})",
                     "remove it, or pass --lease-dir with a folder of your own")
     if not private and st.st_uid not in (0, os.geteuid()):
-        raise _fail(path, f"belongs to uid {st.st_uid}, neither root nor you",
+        raise _lease_error(path, f"belongs to uid {st.st_uid}, neither root nor you",
                     "remove it, or pass --lease-dir")
     if not private and mode & 0o022 and not mode & stat.S_ISVTX:
-        raise _fail(path, f"is writable by others without the sticky bit (mode {mode:04o})",
+        raise _lease_error(path, f"is writable by others without the sticky bit (mode {mode:04o})",
                     "chmod +t it (or 0755), or pass another --lease-dir")
 
 
@@ -124,7 +124,7 @@ def _open_dir(path: str, private: bool, create: bool, mode: int) -> Optional[int
         except FileExistsError:
             pass
         except OSError as exc:
-            raise _fail(path, f"cannot be made ({exc.strerror})", "pass --lease-dir DIR") from None
+            raise _lease_error(path, f"cannot be made ({exc.strerror})", "pass --lease-dir DIR") from None
     try:
         fd = os.open(path, _DIR_FLAGS)
     except FileNotFoundError:
@@ -133,7 +133,7 @@ def _open_dir(path: str, private: bool, create: bool, mode: int) -> Optional[int
         why = f"cannot be opened ({exc.strerror})"
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_DIRECTORY | O_NOFOLLOW on a link: ENOTDIR
             why = "is a link" if os.path.islink(path) else "is not a folder"
-        raise _fail(path, why, "remove it, or pass --lease-dir DIR") from None
+        raise _lease_error(path, why, "remove it, or pass --lease-dir DIR") from None
     try:
         if made:
             os.fchmod(fd, mode)  # whatever the umask
@@ -260,7 +260,7 @@ def read(where: Folder, cpus) -> Leases:
     return Leases(where, _holders(held), frozenset(unusable))
 
 
-def parse_proc_locks(text: str) -> dict:
+def parse_proc_locks(text: str) -> dict[tuple[int, int, int], int]:
     """``/proc/locks`` -> {(major, minor, inode): pid} of the granted flock locks (waiters,
     the ``->`` lines, left out): ``"1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF"`` ->
     ``{(0, 42, 1234): 4242}`` (fs/locks.c, lock_get_status: device numbers in hex)."""
@@ -311,7 +311,7 @@ class Lease:
         self.fds = dict(fds)
 
     @property
-    def cpus(self) -> frozenset:
+    def cpus(self) -> frozenset[int]:
         """The logical CPUs held."""
         return frozenset(self.fds)
 
@@ -328,7 +328,7 @@ class Lease:
         self.fds.clear()
 
 
-def claim(where: Folder, cpus, every_cpu=()) -> tuple:
+def claim(where: Folder, cpus, every_cpu=()) -> tuple[Optional[Lease], Optional[int]]:
     """Lock the files of ``cpus`` without blocking: ``(Lease, None)``, or ``(None, cpu)``
     naming a CPU another job took since :func:`read` (nothing is then held). Root's claim
     in the shared folder also makes the missing lock files of ``every_cpu`` (the online
@@ -338,7 +338,7 @@ def claim(where: Folder, cpus, every_cpu=()) -> tuple:
 
     dfd = _open_dir(where.path, not where.shared, True, 0o755 if where.path == SHARED else 0o700)
     if dfd is None:
-        raise _fail(where.path, "vanished", "run again")
+        raise _lease_error(where.path, "vanished", "run again")
     fds: dict = {}
     try:
         create = _may_create(dfd)
@@ -404,7 +404,7 @@ def held_text(leases: Leases) -> str:
     return ", ".join(parts)
 
 
-def notes(leases: Leases, claimed: bool) -> tuple:
+def notes(leases: Leases, claimed: bool) -> tuple[str, ...]:
     """The notes a plan on shared cores carries: where the leases are, who holds what."""
     where = leases.folder
     out = [f"--share-host: leases in {where.path}"

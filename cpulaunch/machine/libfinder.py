@@ -6,6 +6,9 @@ puts ``libiomp5.so``), ``$CONDA_PREFIX/lib``, ``$VIRTUAL_ENV/lib``, ``$LD_LIBRAR
 the folders of ``/etc/ld.so.conf`` and the multiarch folders, then ``ldconfig -p``. A hit
 must be a loadable ELF shared object for this machine (class and ``e_machine`` checked),
 so a 32-bit or foreign-arch file is passed over.
+
+oneCCL's libfabric is looked for apart (:func:`find_libfabric`): only where Intel's wheels
+and oneAPI put it, and only with its provider folder beside it (issue 21, docs/cluster.md).
 """
 
 import os
@@ -14,11 +17,12 @@ import shutil
 import struct
 import sys
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
-from cpulaunch.machine.libraries import Library
+from cpulaunch.machine.libraries import REGISTRY, Library
 
-__all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "parse_ldconfig"]
+__all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "parse_ldconfig",
+           "Fabric", "fabric_dirs", "find_libfabric"]
 
 #: Largest ``ldconfig -p`` output read (a few thousand libraries make a few hundred KiB).
 LDCONFIG_BYTES = 8 << 20
@@ -54,7 +58,7 @@ def is_loadable_elf(path: os.PathLike, machine: Optional[str] = None) -> bool:
     return want is None or e_machine == want
 
 
-def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list:
+def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list[Path]:
     """Folders searched before ``ldconfig -p``, in order (pure)."""
     dirs = [Path(prefix) / "lib"]
     for var in ("CONDA_PREFIX", "VIRTUAL_ENV"):
@@ -64,7 +68,7 @@ def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list:
     return dirs
 
 
-def multiarch_dirs(machine: Optional[str] = None) -> list:
+def multiarch_dirs(machine: Optional[str] = None) -> list[Path]:
     """The system library folders of Debian-style multiarch and the classic ones."""
     machine = machine or platform.machine()
     return [
@@ -78,7 +82,7 @@ def multiarch_dirs(machine: Optional[str] = None) -> list:
     ]
 
 
-def parse_ldconfig(text: str) -> dict:
+def parse_ldconfig(text: str) -> dict[str, str]:
     """``ldconfig -p`` output -> {file name: path}, first entry for this arch wins.
 
     ``"\\tlibjemalloc.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libjemalloc.so.2"``
@@ -108,7 +112,7 @@ def _ldconfig() -> dict:
     return parse_ldconfig(out) if code == 0 else {}
 
 
-def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list:
+def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list[Path]:
     """Folders named by ``/etc/ld.so.conf`` and its ``include`` globs (ldconfig(8)), in order.
 
     Reading them is what ``ldconfig -p`` would tell, without starting a process on every
@@ -175,3 +179,82 @@ def find(
         if p and is_loadable_elf(p):
             return Path(p)
     return None
+
+
+# --------------------------------------------------------------------------- oneCCL's libfabric
+
+
+class Fabric(NamedTuple):
+    """libfabric as oneCCL needs it (:func:`find_libfabric`).
+
+    Attributes:
+        library: ``libfabric.so.1``, a loadable ELF shared object for this machine; None
+            when no searched folder holds one.
+        providers: the provider folder beside it (``prov``, holding at least one loadable
+            ``lib*-fi.so``); None when the library found has none. impi-rt's libfabric has
+            no provider built in: without ``FI_PROVIDER_PATH`` at this folder oneCCL's first
+            collective fails with "can't find suitable provider" (docs/cluster.md).
+        searched: the folders looked in, in order (for messages).
+    """
+
+    library: Optional[Path]
+    providers: Optional[Path]
+    searched: tuple[Path, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        """Both the library and its providers were found."""
+        return self.library is not None and self.providers is not None
+
+
+def fabric_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list[Path]:
+    """Folders that may hold oneCCL's libfabric, in order, each once (pure).
+
+    ``<root>/lib/libfabric`` for the Python prefix, ``$CONDA_PREFIX``, ``$VIRTUAL_ENV``,
+    ``$I_MPI_ROOT`` and ``$CCL_ROOT`` (where the impi-rt wheel puts it, measured here with
+    impi-rt 2021.14.2; conda's activation scripts set the last two), then every
+    ``$LD_LIBRARY_PATH`` folder as it is (oneAPI's ``setvars.sh`` puts its libfabric
+    folder there). ``{"VIRTUAL_ENV": "/v"}``, prefix ``/p`` -> ``[/p/lib/libfabric,
+    /v/lib/libfabric]``.
+    """
+    roots = [prefix] + [environ[v] for v in ("CONDA_PREFIX", "VIRTUAL_ENV", "I_MPI_ROOT", "CCL_ROOT")
+                        if environ.get(v)]
+    dirs = [Path(r) / "lib" / "libfabric" for r in roots]
+    dirs += [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    return list(dict.fromkeys(dirs))
+
+
+def _has_provider(folder: Path) -> bool:
+    """``folder`` holds a loadable libfabric provider (``lib<name>-fi.so``)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return False
+    return any(n.startswith("lib") and n.endswith("-fi.so") and os.path.isfile(folder / n)
+               and is_loadable_elf(folder / n) for n in names)
+
+
+def find_libfabric(environ: Optional[Mapping[str, str]] = None, prefix: str = sys.prefix) -> Fabric:
+    """Find libfabric and its providers for oneCCL (touches the file system; no subprocess).
+
+    Looks in :func:`fabric_dirs` for ``libfabric.so.1`` (ELF-checked, as every library of
+    the registry) with a ``prov`` folder beside it holding a loadable ``lib*-fi.so``; the
+    first folder that has both wins. A system libfabric elsewhere is not taken: the one
+    that ran with oneCCL here is impi-rt's (docs/cluster.md).
+
+    Returns:
+        a :class:`Fabric`; when no folder has both, the first library found (or None) and
+        ``providers`` None.
+    """
+    environ = os.environ if environ is None else environ
+    dirs = fabric_dirs(environ, prefix)
+    names = REGISTRY["libfabric"].filenames
+    first = None
+    for d in dirs:
+        hit = _first_in([d], names)
+        if hit is None:
+            continue
+        if _has_provider(d / "prov"):
+            return Fabric(hit, d / "prov", tuple(dirs))
+        first = first or hit
+    return Fabric(first, None, tuple(dirs))

@@ -6,6 +6,11 @@ Each :class:`Library` lists its file names (versioned ones first: Debian ships
 ``libjemalloc.so.2`` and ``libtcmalloc.so.4`` without the unversioned link unless the -dev
 package is installed), the environment it wants and how to install it. Help text and
 click choices are generated from :data:`REGISTRY`.
+
+oneCCL's run time (issue 21) is in the registry too, never offered as a choice:
+``libfabric``, the transport oneCCL dlopens. :func:`cpulaunch.machine.libfinder.find_libfabric`
+finds it where Intel's wheels put it, with the provider folder beside it, which libfabric
+needs (docs/cluster.md).
 """
 
 import os
@@ -23,7 +28,7 @@ class Library(NamedTuple):
 
     Attributes:
         name: registry key ("jemalloc", "tcmalloc", "iomp5", "gomp").
-        kind: "allocator" or "openmp".
+        kind: "allocator", "openmp" or "ccl-runtime" (oneCCL's libfabric, never preloaded).
         choice: the value users type (``--allocator tcmalloc``, ``--omp-runtime intel``).
         filenames: file names to look for, preferred first; empty when nothing is
             preloaded (torch's bundled libgomp is already linked).
@@ -45,9 +50,9 @@ class Library(NamedTuple):
     name: str
     kind: str
     choice: str
-    filenames: tuple
+    filenames: tuple[str, ...]
     install: str
-    markers: tuple
+    markers: tuple[str, ...]
     env: Mapping[str, str] = MappingProxyType({})
     idle_env: Mapping[str, str] = MappingProxyType({})
     pin_style: str = ""
@@ -55,7 +60,7 @@ class Library(NamedTuple):
     selectable: bool = True
 
 
-REGISTRY: dict = {
+REGISTRY: dict[str, Library] = {
     lib.name: lib
     for lib in (
         Library(
@@ -120,6 +125,19 @@ REGISTRY: dict = {
             help="LLVM OpenMP (recognised where mapped; not offered as a choice)",
             selectable=False,
         ),
+        Library(
+            name="libfabric",
+            kind="ccl-runtime",
+            choice="libfabric",
+            filenames=("libfabric.so.1",),
+            # The versions that ran together here: docs/cluster.md (newer oneccl-cpu wheels
+            # do not load; 2022.2 needs a libfabric that is not on PyPI).
+            install="pip install impi-rt==2021.14.2 (puts lib/libfabric/libfabric.so.1 and "
+                    "lib/libfabric/prov/ under the Python prefix)",
+            markers=("libfabric.",),
+            help="libfabric, the transport oneCCL loads (impi-rt's build and its providers)",
+            selectable=False,
+        ),
     )
 }
 
@@ -149,7 +167,7 @@ def by_choice(kind: str, choice: str) -> Library:
 
 
 
-def preload_entries(value: str) -> list:
+def preload_entries(value: str) -> list[str]:
     """Split an LD_PRELOAD value into entries as glibc does: on spaces and colons only
     (ld.so(8); ``elf/rtld.c`` splits on " :"), so an entry holding a tab or a newline
     stays one entry, byte for byte. ``"/a.so:/b.so c.so"`` -> ``["/a.so", "/b.so", "c.so"]``."""

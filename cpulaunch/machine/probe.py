@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+from typing import Mapping, Optional
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
@@ -116,7 +116,7 @@ def _numbered(names: list[str], prefix: str) -> list[int]:
     return sorted(map(int, pat.findall("\x00".join(names))))
 
 
-def _clean(text: Optional[str]) -> str:
+def _strip_value(text: Optional[str]) -> str:
     return "" if text is None else text.replace("\x00", "").strip(" \t\n")
 
 
@@ -150,7 +150,7 @@ _INT = re.compile(r"-?[0-9]{1,10}")
 
 
 def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
-              notes: Optional[list] = None) -> int:
+              notes: Optional[list[str]] = None) -> int:
     """Exclusive bound on logical CPU ids: ``cpu/kernel_max`` + 1 (the kernel's NR_CPUS),
     else the highest id of ``cpu/possible`` + 1, else ``cpulist.MAX_IDS``; never above
     ``cpulist.MAX_IDS``. ``("8191\\n", None)`` -> 8192; ``(None, "0-111")`` -> 112.
@@ -160,8 +160,8 @@ def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
     the kernel configuration", possible the CPUs that could ever be brought online).
     """
     notes = notes if notes is not None else []
-    if kernel_max is not None and _clean(kernel_max):
-        text = _clean(kernel_max)
+    if kernel_max is not None and _strip_value(kernel_max):
+        text = _strip_value(kernel_max)
         if _INT.fullmatch(text) and int(text) >= 0:
             if int(text) < cpulist.MAX_IDS:
                 return int(text) + 1
@@ -169,7 +169,7 @@ def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
                          f"{cpulist.MAX_IDS} instead")
             return cpulist.MAX_IDS
         notes.append(f"{CPU_PATH}/kernel_max is not a CPU index ({excerpt(text)}): ignored")
-    if possible is not None and _clean(possible):
+    if possible is not None and _strip_value(possible):
         try:
             ids = cpulist.parse(possible, cpulist.MAX_IDS)
         except CpulistError as exc:
@@ -187,7 +187,7 @@ def _number(fs: "FileReader", text: Optional[str], rel: str) -> Optional[int]:
     Raises:
         TopologyError: anything but an integer (the message names the file).
     """
-    body = _clean(text)
+    body = _strip_value(text)
     if not body:
         return None
     if _INT.fullmatch(body) is None:
@@ -200,7 +200,7 @@ def _measure(fs: "FileReader", text: Optional[str], rel: str) -> Optional[int]:
     None when absent; anything else is None plus a note (these refine, they do not decide)."""
     if text is None:
         return None
-    body = _clean(text)
+    body = _strip_value(text)
     if body.isdigit() and body.isascii() and len(body) <= 18:
         return int(body)
     fs.notes.append(f"/{printable(rel)}: not a number ({excerpt(body)}): ignored")
@@ -215,14 +215,14 @@ def _meminfo_total_kb(text: Optional[str]) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def parse_cpuinfo(text: Optional[str]) -> tuple[frozenset, str]:
+def parse_cpuinfo(text: Optional[str]) -> tuple[frozenset[str], str]:
     """Feature flags and model name of the first processor in /proc/cpuinfo text.
 
     x86 calls them ``flags`` / ``model name``; arm64 ``Features`` / ``CPU part``; POWER ``cpu``.
     """
     if not text:
         return frozenset(), ""
-    flags: frozenset = frozenset()
+    flags: frozenset[str] = frozenset()
     model = ""
     for line in text.splitlines():
         key, sep, value = line.partition(":")
@@ -280,7 +280,7 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
     return out
 
 
-def parse_mounts(text: str) -> list[tuple[str, str, set]]:
+def parse_mounts(text: str) -> list[tuple[str, str, set[str]]]:
     """``/proc/mounts`` -> [(mount point, fs type, options)] for cgroup/cgroup2 mounts."""
     out = []
     for line in text.splitlines():
@@ -324,7 +324,7 @@ def _cgroup_dirs(fs: FileReader, controller: str) -> list[str]:
     own = parse_proc_cgroup(own_text) if own_text else {}
     if not own:
         # Old dumps keep only /proc/self/cpuset (the cpuset cgroup path).
-        cs = _clean(fs.read("proc/self/cpuset", strict=False))
+        cs = _strip_value(fs.read("proc/self/cpuset", strict=False))
         if cs:
             own = {"": cs, "cpuset": cs}
     dirs: list[str] = []
@@ -349,12 +349,12 @@ def _read_cgroup_list(fs: FileReader, names: tuple, limit: int) -> tuple[Optiona
         for name in names:
             rel = f"{d}/{name}".lstrip("/")
             text = fs.read(rel)
-            if text is not None and _clean(text):
+            if text is not None and _strip_value(text):
                 return _parse(fs, text, rel, limit), f"cgroup cpuset /{rel}"
     return None, ""
 
 
-def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Optional[frozenset], str]:
+def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Optional[frozenset[int]], str]:
     """The cgroup cpuset of the process: ``cpuset.cpus.effective`` (v2) or
     ``cpuset.effective_cpus`` / ``cpuset.cpus`` (v1) of the deepest cgroup that has one.
     Returns (logical CPU ids, "cgroup cpuset /PATH") or (None, "").
@@ -366,7 +366,7 @@ def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Op
         fs, ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"), limit)
 
 
-def read_cgroup_mems(fs: FileReader) -> tuple[Optional[frozenset], str]:
+def read_cgroup_mems(fs: FileReader) -> tuple[Optional[frozenset[int]], str]:
     """The NUMA nodes the process's cgroup lets it allocate on: ``cpuset.mems.effective``
     (v2) or ``cpuset.effective_mems`` / ``cpuset.mems`` (v1) of the deepest cgroup that has
     one (Documentation/admin-guide/cgroup-v2.rst, "Cpuset Interface Files"). Returns
@@ -393,7 +393,7 @@ def read_cpu_quota(fs: FileReader) -> tuple[Optional[float], str]:
         q = None
         rel = f"{d}/cpu.max".lstrip("/")
         text = fs.read(rel)
-        if text is not None and _clean(text):
+        if text is not None and _strip_value(text):
             try:
                 q = parse_cpu_max(text)
             except ValueError as exc:
@@ -408,7 +408,7 @@ def read_cpu_quota(fs: FileReader) -> tuple[Optional[float], str]:
 def _read_cfs_quota(fs: FileReader, d: str) -> Optional[float]:
     """cgroup v1 ``cpu.cfs_quota_us / cpu.cfs_period_us`` in CPUs; None: no quota."""
     qrel, prel = f"{d}/cpu.cfs_quota_us".lstrip("/"), f"{d}/cpu.cfs_period_us".lstrip("/")
-    quota, period = _clean(fs.read(qrel)), _clean(fs.read(prel))
+    quota, period = _strip_value(fs.read(qrel)), _strip_value(fs.read(prel))
     if not quota or quota == "-1":
         return None
     if _count(quota) is None or not _count(quota):
@@ -469,7 +469,7 @@ def _read_online(fs: "FileReader", text: Optional[str], folders: list[int],
     Raises:
         TopologyError: ``cpu/online`` malformed, or a ``cpuN/online`` holding anything but 0/1.
     """
-    if _clean(text):
+    if _strip_value(text):
         online = _parse(fs, text, f"{CPU_DIR}/online", limit)
         return online, dict.fromkeys(folders, _NO_CPU), online
     cpus = {}
@@ -650,7 +650,7 @@ def _read_package(fs: "FileReader", topo: str, limit: int, fields: dict, found: 
         fields["package_id"] = _number(fs, text, rel)
     if "physical_package_id" in found:
         pcl = fs.read(topo + "/package_cpus_list")
-        if _clean(pcl):
+        if _strip_value(pcl):
             fields["package_cpus"] = _parse(fs, pcl, topo + "/package_cpus_list", limit)
             pkg_done.update(fields["package_cpus"])
 
@@ -667,7 +667,7 @@ def _read_core(fs: "FileReader", topo: str, limit: int, core_done: set[int],
         text = fs.read(f"{topo}/{name}")
         if text is not None:
             found.add(name)
-        if _clean(text):
+        if _strip_value(text):
             sibs = _parse(fs, text, f"{topo}/{name}", limit, mask=mask)
             break
     fields["siblings"] = sibs or None
@@ -694,7 +694,7 @@ def parse_cache_size(text: str) -> Optional[int]:
     """A cache ``size`` file in KiB: ``"32768K"`` -> 32768, ``"1M"`` -> 1024 (the kernel
     writes ``%uK``, Documentation/ABI/testing/sysfs-devices-system-cpu); None when it is
     anything else."""
-    m = _SIZE.fullmatch(_clean(text))
+    m = _SIZE.fullmatch(_strip_value(text))
     if m is None:
         return None
     return int(m.group(1)) << {"": 0, "K": 0, "M": 10, "G": 20}[m.group(2)]
@@ -725,7 +725,7 @@ class _CacheIndexes:
                                           for k in _numbered(self.fs.listdir(base), "index")}
         for k, found in levels.items():
             rel = f"{base}/index{k}"
-            if found == level and _clean(self.fs.read(rel + "/type", strict=False)) in _DATA_CACHES:
+            if found == level and _strip_value(self.fs.read(rel + "/type", strict=False)) in _DATA_CACHES:
                 self.known[level] = k
                 return rel
         return None
@@ -740,7 +740,7 @@ def _shared_cpus(fs: FileReader, rel: str, limit: int) -> Optional[frozenset]:
     for name, mask in names:
         path = f"{rel}/{name}" if name else rel
         text = fs.read(path, strict=False)
-        if not _clean(text):
+        if not _strip_value(text):
             continue
         try:
             return (cpulist.parse_mask if mask else cpulist.parse)(text, limit)
@@ -781,12 +781,13 @@ def _walk_domains(fs: FileReader, order: list, limit: int, label: str, locate, s
             text = fs.read(rel + "/size", strict=False)
             size = None if text is None else parse_cache_size(text)
             if text is not None and size is None:
-                fs.notes.append(f"/{printable(rel)}/size: not a size ({excerpt(_clean(text))}): ignored")
+                fs.notes.append(f"/{printable(rel)}/size: not a size ({excerpt(_strip_value(text))}): ignored")
         out.append((members, size))
     return tuple(out)
 
 
-def read_caches(fs: FileReader, online: frozenset, cpus: dict, limit: int) -> CacheFacts:
+def read_caches(fs: FileReader, online: frozenset[int], cpus: Mapping[int, CpuFacts],
+                limit: int) -> CacheFacts:
     """Which online CPUs share each L3, and each L2 or cluster: one list per domain (see
     :func:`_walk_domains`), the first CPU's cache folder scanned once (:class:`_CacheIndexes`).
 

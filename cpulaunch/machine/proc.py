@@ -81,7 +81,7 @@ class ThreadView:
     tid: int
     name: str
     state: str
-    cpus: frozenset
+    cpus: frozenset[int]
     cpu_seconds: float
 
     @property
@@ -144,19 +144,19 @@ class ProcessView:
     pid: int
     ppid: int
     name: str
-    cmdline: tuple
-    cpus: frozenset
-    threads: tuple
-    libraries: tuple
+    cmdline: tuple[str, ...]
+    cpus: frozenset[int]
+    threads: tuple[ThreadView, ...]
+    libraries: tuple[str, ...]
     numa: Optional[NumaUsage]
     environ: Optional[Mapping[str, str]] = None
-    children: tuple = ()
+    children: tuple[ProcessView, ...] = ()
     state: str = ""
     uncheckable: str = ""
     unreadable: Mapping[str, str] = field(default_factory=dict)
 
     @property
-    def allocators(self) -> tuple:
+    def allocators(self) -> tuple[str, ...]:
         """Registry names of allocators mapped ("tcmalloc", "jemalloc"), in address order."""
         from cpulaunch.machine.libraries import REGISTRY, identify
 
@@ -196,7 +196,7 @@ class ProcessView:
 # --------------------------------------------------------------------------- parsers (pure)
 
 
-def parse_status(text: str) -> dict:
+def parse_status(text: str) -> dict[str, str]:
     """``/proc/PID/status`` -> {key: value}: ``"Cpus_allowed_list:\\t0-3"`` -> {"Cpus_allowed_list": "0-3"}."""
     out = {}
     for line in text.splitlines():
@@ -235,14 +235,14 @@ def parse_stat(text: str) -> ProcStat:
     return ProcStat(rest[0], int(rest[1]), int(rest[6]), int(rest[11]) + int(rest[12]), int(rest[19]))
 
 
-def parse_stat_cpu_ticks(text: str) -> tuple:
+def parse_stat_cpu_ticks(text: str) -> tuple[str, int]:
     """``/proc/PID/task/TID/stat`` -> (state letter, utime + stime in clock ticks); see
     :func:`parse_stat`."""
     st = parse_stat(text)
     return st.state, st.cpu_ticks
 
 
-def parse_maps(text: str) -> tuple:
+def parse_maps(text: str) -> tuple[str, ...]:
     """``/proc/PID/maps`` -> paths of mapped shared objects, each once, in address order.
 
     ``"7f..-7f.. r-xp 00000000 08:01 123 /usr/lib/libjemalloc.so.2"`` -> ``("/usr/lib/libjemalloc.so.2",)``;
@@ -342,7 +342,7 @@ def _cpus_of(st: Mapping[str, str]) -> frozenset:
         return frozenset()
 
 
-def _threads(fs: _ProcFs, pid: int, ticks: int) -> tuple:
+def _read_threads(fs: _ProcFs, pid: int, ticks: int) -> tuple:
     """(every thread's view, main thread first; {file: why} of what could not be read)."""
     out, unreadable = [], {}
     tids = sorted(int(t) for t in fs.fs.listdir(f"proc/{pid}/task") if t.isdigit())
@@ -455,7 +455,7 @@ def _inspect(pid: int, fs: _ProcFs, depth: int, top: bool) -> ProcessView:
         return ProcessView(**head, cmdline=(), threads=(), libraries=(), numa=None, uncheckable=(
             f"a kernel thread ({head['name']}): it has no program, libraries or memory of its own"))
     texts, unreadable = _files(fs, pid)
-    threads, more = _threads(fs, pid, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+    threads, more = _read_threads(fs, pid, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
     unreadable.update(more)
     # A process that exits while we read loses its memory (maps empty) before it turns
     # zombie, but after it is flagged exiting: read again, after everything else.

@@ -18,7 +18,7 @@ a :class:`Topology` by set algebra.
 """
 
 from types import MappingProxyType
-from typing import Mapping, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
@@ -78,13 +78,13 @@ class CpuFacts(NamedTuple):
     core_id: Optional[int] = None  # topology/core_id (display only; not unique)
     #: topology/thread_siblings_list, else the thread_siblings hex mask; None where both are
     #: absent or empty
-    siblings: Optional[frozenset] = None
+    siblings: Optional[frozenset[int]] = None
     node_links: tuple[int, ...] = ()  # cpuN/nodeM entries
     capacity: Optional[int] = None  # cpu_capacity (arm64), a plain number
     max_freq_khz: Optional[int] = None  # cpufreq/cpuinfo_max_freq, kHz
     #: topology/package_cpus_list: every CPU of this CPU's package (kernel >= 5.4); they
     #: take this CPU's package_id where they have none of their own.
-    package_cpus: Optional[frozenset] = None
+    package_cpus: Optional[frozenset[int]] = None
 
 
 class NodeFacts(NamedTuple):
@@ -97,7 +97,7 @@ class NodeFacts(NamedTuple):
         meminfo_read: ``nodeN/meminfo`` was read (a note says so when it had no MemTotal).
     """
 
-    cpus: Optional[frozenset] = None
+    cpus: Optional[frozenset[int]] = None
     mem_total_kb: Optional[int] = None
     meminfo_read: bool = False
 
@@ -117,8 +117,8 @@ class CacheFacts(NamedTuple):
         l2_kind: "cluster" or "L2" (which of the two ``l2`` holds), "" when neither exists.
     """
 
-    l3: tuple = ()
-    l2: tuple = ()
+    l3: tuple[tuple[frozenset[int], Optional[int]], ...] = ()
+    l2: tuple[tuple[frozenset[int], Optional[int]], ...] = ()
     l2_kind: str = ""
 
 
@@ -126,28 +126,28 @@ class HostFacts(NamedTuple):
     """Everything the probe read, parsed where it was read (``probe.read_facts``): the one
     input of :func:`build`. CPU sets hold logical CPU ids, node sets NUMA node ids."""
 
-    online: Optional[frozenset] = None  # cpu/online; None: absent or empty
-    present: Optional[frozenset] = None  # cpu/present
+    online: Optional[frozenset[int]] = None  # cpu/online; None: absent or empty
+    present: Optional[frozenset[int]] = None  # cpu/present
     cpus: Mapping[int, CpuFacts] = _EMPTY
     nodes: Mapping[int, NodeFacts] = _EMPTY
-    has_memory: Optional[frozenset] = None  # node/has_memory
+    has_memory: Optional[frozenset[int]] = None  # node/has_memory
     #: /sys/devices/cpu_atom/cpus where /sys/devices/cpu_core/cpus exists too (Intel's
     #: hybrid PMUs name the E-cores); None otherwise
-    hybrid_atom: Optional[frozenset] = None
-    flags: frozenset = frozenset()  # CPU feature flags of /proc/cpuinfo's first processor
+    hybrid_atom: Optional[frozenset[int]] = None
+    flags: frozenset[str] = frozenset()  # CPU feature flags of /proc/cpuinfo's first processor
     model: str = ""  # its model name
-    allowed: Optional[frozenset] = None  # logical CPUs this process may use; None: all online
+    allowed: Optional[frozenset[int]] = None  # logical CPUs this process may use; None: all online
     allowed_source: str = "all online CPUs"
-    cpuset: Optional[frozenset] = None  # cgroup cpuset of the process (None: unknown)
+    cpuset: Optional[frozenset[int]] = None  # cgroup cpuset of the process (None: unknown)
     quota_cpus: Optional[float] = None  # cgroup CPU quota in CPUs (cpu.max), None: no quota
     quota_source: str = ""
     #: ``lscpu -p=CPU,CORE,SOCKET,NODE`` rows (:func:`parse_lscpu`), the fallback only
-    lscpu: Optional[tuple] = None
+    lscpu: Optional[tuple[tuple[int, Optional[int], Optional[int], Optional[int]], ...]] = None
     source: str = "sysfs"
     cpu_limit: int = cpulist.MAX_IDS  # exclusive bound on CPU ids (:func:`cpu_limit`)
     #: NUMA node ids this process may allocate on (cgroup cpuset.mems, Mems_allowed_list);
     #: None: unknown (all).
-    allowed_mems: Optional[frozenset] = None
+    allowed_mems: Optional[frozenset[int]] = None
     allowed_mems_source: str = ""
     root: str = "/"  # the root the files were read below (for messages)
     notes: tuple[str, ...] = ()  # the probe's own notes (files skipped, unreadable)
@@ -189,7 +189,7 @@ class CacheDomain(NamedTuple):
     """
 
     kind: str
-    cpus: frozenset
+    cpus: frozenset[int]
     size_kb: Optional[int] = None
 
     @property
@@ -208,15 +208,15 @@ class Caches(NamedTuple):
             Kunpeng or Grace clusters; one per core where the L2 is private.
     """
 
-    l3: tuple = ()
-    l2: tuple = ()
+    l3: tuple[CacheDomain, ...] = ()
+    l2: tuple[CacheDomain, ...] = ()
 
 
 class Node(NamedTuple):
     """A NUMA node. ``cpus``: its online logical CPUs (empty for memory-only nodes)."""
 
     id: int
-    cpus: frozenset
+    cpus: frozenset[int]
     has_memory: bool
     mem_total_kb: Optional[int] = None
 
@@ -227,28 +227,28 @@ class Socket(NamedTuple):
 
     index: int
     package_id: Optional[int]
-    cpus: frozenset
+    cpus: frozenset[int]
     nodes: tuple[int, ...]
 
 
 class _TopologyFields(NamedTuple):
     """The fields of :class:`Topology` (documented there)."""
 
-    online: frozenset
-    offline: frozenset
-    allowed: frozenset
+    online: frozenset[int]
+    offline: frozenset[int]
+    allowed: frozenset[int]
     allowed_source: str
     quota_cpus: Optional[float]
     cores: tuple[Core, ...]
     nodes: Mapping[int, Node]
     sockets: tuple[Socket, ...]
-    cpuset: Optional[frozenset] = None
-    flags: frozenset = frozenset()
+    cpuset: Optional[frozenset[int]] = None
+    flags: frozenset[str] = frozenset()
     model: str = ""
     hybrid: bool = False
     source: str = "sysfs"
     notes: tuple[str, ...] = ()
-    allowed_mems: Optional[frozenset] = None
+    allowed_mems: Optional[frozenset[int]] = None
     allowed_mems_source: str = ""
     cpu_limit: int = cpulist.MAX_IDS
     caches: Optional[Caches] = None
@@ -318,11 +318,11 @@ class Topology(_TopologyFields):
         return index.get(cpu)
 
     @property
-    def memory_nodes(self) -> frozenset:
+    def memory_nodes(self) -> frozenset[int]:
         """Ids of nodes that have memory."""
         return frozenset(n.id for n in self.nodes.values() if n.has_memory)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (the ``topology`` member of ``--dry-run --format json``)."""
         return {
             "source": self.source,
@@ -382,7 +382,7 @@ class Topology(_TopologyFields):
 # --------------------------------------------------------------------------- build steps
 
 
-def online_from_folders(facts: HostFacts) -> frozenset:
+def online_from_folders(facts: HostFacts) -> frozenset[int]:
     """Online CPUs from per-CPU folders, where ``cpu/online`` is missing or empty: a CPU
     whose ``cpuN/online`` says 1, or that has none but a ``topology/`` folder (the kernel
     omits cpu0/online when CPU 0 cannot be hot-unplugged)."""

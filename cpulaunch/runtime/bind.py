@@ -35,11 +35,11 @@ class Binding:
         notes: what could not be done and why (e.g. set_mempolicy refused: EPERM).
     """
 
-    cpus: tuple
+    cpus: tuple[int, ...]
     env: Mapping[str, str]
     torch_threads: Optional[int]
     mem_policy: str
-    notes: tuple = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _set_mempolicy(policy: str, nodes: tuple) -> Optional[str]:

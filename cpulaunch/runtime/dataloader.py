@@ -69,7 +69,7 @@ def worker_cpu(worker_id: int, cpus: Iterable[int]) -> int:
     return ordered[worker_id % len(ordered)]
 
 
-def reserved_cpus(environ: Optional[Mapping[str, str]] = None) -> frozenset:
+def reserved_cpus(environ: Optional[Mapping[str, str]] = None) -> frozenset[int]:
     """The CPUs in ``$CPULAUNCH_DATALOADER_CPUS`` (empty when unset or blank).
 
     Args:

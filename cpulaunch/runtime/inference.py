@@ -10,9 +10,10 @@ Paths (``PATHS``):
   the first runs; PyTorch performance tuning guide, "Use oneDNN Graph with TorchScript for
   inference"). bf16 is traced under ``torch.autocast("cpu", torch.bfloat16)`` with the JIT
   autocast pass off (``torch._C._jit_set_autocast_mode(False)``), as the same guide shows;
-  the casts are then part of the traced graph. TorchScript is deprecated in torch 2.13:
-  this path still works there, its DeprecationWarnings are silenced inside this module and
-  the report says so once in ``notes``. The model is traced through a thin wrapper that
+  the casts are then part of the traced graph. TorchScript is deprecated from torch 2.13:
+  this path still works (2.13-2.15), its deprecation warnings (DeprecationWarning in 2.13,
+  FutureWarning from 2.14) are silenced inside this module and the report says so once in
+  ``notes``. The model is traced through a thin wrapper that
   takes the flattened tensor inputs (positional and keyword) and returns the flattened
   tensor outputs (``torch.utils._pytree``), so keyword inputs and outputs that are dicts,
   tuples, lists or namedtuples of tensors (``None`` allowed) work and come back in their
@@ -83,6 +84,11 @@ CONCRETE_PATHS = ("eager", "onednn-graph", "inductor")
 #: Path taken by ``optimize(path=None)`` when ``$CPULAUNCH_INFERENCE_PATH`` is unset or empty.
 DEFAULT_PATH = "auto"
 
+#: Categories of TorchScript's "`torch.jit.X` is deprecated" warnings: DeprecationWarning
+#: in torch 2.13, FutureWarning from 2.14 (shown by Python's default filters); silenced
+#: inside cpulaunch's own calls only (:func:`_quiet_torchscript`).
+TORCHSCRIPT_WARNINGS = (DeprecationWarning, FutureWarning)
+
 #: Data types accepted (also as torch.float32 / torch.bfloat16, "float32", "bfloat16").
 DTYPES = ("fp32", "bf16")
 
@@ -103,7 +109,7 @@ BF16_ERROR_FACTOR = 2.0
 TORCHSCRIPT_NOTE = (
     "onednn-graph is built on TorchScript (torch.jit.trace/freeze), which torch 2.13 "
     "deprecates in favour of torch.compile/torch.export; it still works, and its "
-    "DeprecationWarnings are silenced inside cpulaunch.inference"
+    "deprecation warnings are silenced inside cpulaunch.inference"
 )
 
 #: The start of the note a bf16 report carries on a CPU without bf16 support in oneDNN
@@ -643,11 +649,14 @@ def _compare(out: Any, ref: Any) -> Tuple[float, float]:
 
 @contextlib.contextmanager
 def _quiet_torchscript() -> Iterator[None]:
-    """Silence TorchScript's 2.13 DeprecationWarnings ("`torch.jit.trace` is deprecated",
-    also raised by torch.compile's internals) and nothing else."""
+    """Silence TorchScript's deprecation warnings ("`torch.jit.trace` is deprecated", also
+    raised by torch.compile's internals) and nothing else: a DeprecationWarning in torch
+    2.13 (hidden by Python's default filters), a FutureWarning from 2.14 (shown by them:
+    three lines on the user's stderr per onednn-graph build otherwise)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
-                                category=DeprecationWarning)
+        for category in TORCHSCRIPT_WARNINGS:
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
+                                    category=category)
         yield
 
 

@@ -13,6 +13,12 @@ What comes from where:
 - from this Python environment and this machine, whatever ``root`` is (they are what a
   launch from here would use): libraries found, torch and its OpenMP runtime, oneCCL
   bindings, environment variables;
+- oneCCL (``--ddp --backend ccl``), when oneccl_bindings_for_pytorch is installed: whether
+  it loads with this torch (the launcher's cached child-process verdict,
+  :func:`cpulaunch.machine.host.ccl_binding`), its run time (libfabric and its providers,
+  :func:`cpulaunch.machine.libfinder.find_libfabric`), and whether a ccl collective can
+  start (a one-rank ``init_process_group("ccl")`` and all_reduce in a child with the
+  launcher's oneCCL variables: :func:`cpulaunch.machine.host.ccl_collective_check`);
 - numactl is run only when ``live``, with the launcher's own check
   (:func:`cpulaunch.machine.numactl.check_argv`: ``numactl -C <allowed CPUs> -m
   <their memory nodes> true`` for ``--mem-policy bind``); on a dump it is "not checked:
@@ -24,7 +30,9 @@ Every file is read through the probe's bounded reader
 becomes a ``file-not-read:<path>`` finding naming it, never a hang.
 
 Cost: no torch import, no py-cpuinfo (about 1 s per call here: PLATFORM.md), at most one
-``numactl`` run and the library search; well under 2 s. torch's ``libtorch_cpu.so``
+``numactl`` run and the library search; well under 2 s. With oneCCL's bindings installed,
+two children more: the import check (1.4-10 s here, once per build: cached) and the
+one-rank collective (a few seconds). torch's ``libtorch_cpu.so``
 (~430 MB) is memory-mapped, so only the pages holding its ELF headers and dynamic
 section are read.
 
@@ -68,6 +76,7 @@ __all__ = [
     "IsaStatus",
     "SystemSettings",
     "EnvironmentStatus",
+    "CclStatus",
     "Report",
     "isa_status",
     "diagnose",
@@ -291,6 +300,35 @@ class EnvironmentStatus:
 
 
 @dataclass(frozen=True)
+class CclStatus:
+    """oneCCL, for ``cpulaunch --ddp --backend ccl`` (issue 21; docs/cluster.md).
+
+    Attributes:
+        binding: the folder of oneccl_bindings_for_pytorch, None when not installed.
+        version: its package metadata's version (shown only: it decides nothing).
+        loads: whether ``import torch, oneccl_bindings_for_pytorch`` succeeds in a child
+            (the launcher's verdict, cached per build and torch); None when not installed.
+        why: how the import failed ("" when it loads).
+        libfabric, providers: oneCCL's libfabric and its provider folder, None when missing.
+        collective: whether a one-rank ccl ``init_process_group`` and ``all_reduce`` ran in
+            a child with the launcher's oneCCL variables; None when not tried (the bindings
+            missing or not loading, or libfabric missing).
+        collective_error: why it failed ("" otherwise).
+        env: the oneCCL variables the check ran with (the launcher's, the user's kept).
+    """
+
+    binding: Optional[str]
+    version: Optional[str]
+    loads: Optional[bool]
+    why: str
+    libfabric: Optional[str]
+    providers: Optional[str]
+    collective: Optional[bool] = None
+    collective_error: str = ""
+    env: Mapping[str, str] = None
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything :func:`diagnose` found. Sections are None when their check failed
     (a ``check-failed:<name>`` finding says why).
@@ -311,6 +349,7 @@ class Report:
     isa: Optional[IsaStatus] = None
     settings: Optional[SystemSettings] = None
     environment: Optional[EnvironmentStatus] = None
+    ccl: Optional[CclStatus] = None
 
     @property
     def worst(self) -> str:
@@ -788,6 +827,58 @@ def _environment(environ: Mapping[str, str], findings: list) -> EnvironmentStatu
     return EnvironmentStatus(shown, entries, allocs, omps)
 
 
+# --------------------------------------------------------------------------- oneCCL
+
+
+def _ccl_check_env(environ: Mapping[str, str], fabric) -> dict:
+    """The environment of the one-rank collective: the user's, plus the launcher's oneCCL
+    variables for one rank whose worker shares this process's first allowed CPU (the
+    user's own CCL_*/FI_* values kept, as a launch keeps them)."""
+    from cpulaunch import distributed
+
+    ctx = distributed.RankContext("cpulaunch", 0, 1, 0, 1)
+    planned = distributed.ccl_env(ctx, [(min(os.sched_getaffinity(0)),)], dedicated=False,
+                                  runtime=distributed.ccl_runtime_env(fabric))
+    ours, _ = distributed.ccl_precedence(planned, environ, False)
+    return ours
+
+
+def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
+    """oneCCL's bindings, run time and a one-rank collective (module doc), as findings."""
+    import sys
+
+    from cpulaunch.machine import host, libfinder, libraries
+
+    b = host.ccl_binding(sys.executable, environ, host.cache_dir(environ))
+    if b.path is None:
+        findings.append(Finding("ccl-binding", "info", "oneccl_bindings_for_pytorch is not installed: "
+                                "--ddp uses gloo", fix="docs/cluster.md: the versions that ran together"))
+        return CclStatus(None, None, None, "", None, None)
+    fabric = libfinder.find_libfabric(environ)
+    lib, prov = (str(p) if p else None for p in (fabric.library, fabric.providers))
+    status = CclStatus(b.path, b.version, b.loads, b.why, lib, prov)
+    what = f"oneccl_bindings_for_pytorch {b.version or '?'} ({b.path})"
+    if not b.loads:
+        findings.append(Finding("ccl-binding", "warn", f"{what} does not load with torch {b.torch_version}: {b.why}",
+                                "--backend auto uses gloo; --backend ccl is refused",
+                                "rebuild it against this torch (docs/cluster.md)"))
+        return status
+    findings.append(Finding("ccl-binding", "ok", f"{what} loads with torch {b.torch_version}"))
+    if not fabric.usable and not (environ.get("CCL_OFI_LIBRARY_PATH") and environ.get("FI_PROVIDER_PATH")):
+        findings.append(Finding("ccl-libfabric", "warn", f"oneCCL's libfabric not usable: library {lib or 'missing'}, "
+                                f"providers {prov or 'missing'}", "--backend auto uses gloo",
+                                libraries.REGISTRY["libfabric"].install))
+        return status
+    findings.append(Finding("ccl-libfabric", "ok", f"libfabric {lib}, providers {prov}"))
+    env = _ccl_check_env(environ, fabric)
+    ok, why = host.ccl_collective_check(sys.executable, {**environ, **env})
+    findings.append(Finding("ccl-collective", "ok", "a one-rank ccl all_reduce ran") if ok else Finding(
+        "ccl-collective", "error", f"a one-rank ccl all_reduce failed: {why}",
+        "--backend auto would choose ccl and the ranks would fail at their first collective",
+        "check the oneCCL variables against docs/cluster.md, or use --backend gloo"))
+    return CclStatus(b.path, b.version, True, "", lib, prov, ok, why, env)
+
+
 # --------------------------------------------------------------------------- diagnose
 
 
@@ -870,10 +961,11 @@ def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]]
     libs = _guarded("libraries", findings, _libraries, host, environ, findings) or ()
     torch = _guarded("torch", findings, _torch, findings)
     env = _guarded("environment", findings, _environment, environ, findings)
+    ccl = _guarded("ccl", findings, _ccl, environ, findings)
     findings += _files_not_read((files, host))
     return Report(
         root=str(root), live=live, findings=tuple(findings), topology=summary, numactl=numactl,
-        libraries=libs, torch=torch, isa=isa, settings=settings, environment=env,
+        libraries=libs, torch=torch, isa=isa, settings=settings, environment=env, ccl=ccl,
     )
 
 
@@ -937,6 +1029,12 @@ def to_json(report: Report) -> dict:
             "thp_enabled": s.thp_enabled, "thp_defrag": s.thp_defrag,
             "smt_active": s.smt_active, "smt_control": s.smt_control,
         },
+        "ccl": None if report.ccl is None else {
+            "binding": report.ccl.binding, "version": report.ccl.version, "loads": report.ccl.loads,
+            "why": report.ccl.why or None, "libfabric": report.ccl.libfabric, "providers": report.ccl.providers,
+            "collective": report.ccl.collective, "collective_error": report.ccl.collective_error or None,
+            "env": dict(report.ccl.env) if report.ccl.env else None,
+        },
         "environment": None if e is None else {
             "vars": dict(e.vars), "preload": list(e.preload),
             "preload_allocators": list(e.preload_allocators), "preload_openmp": list(e.preload_openmp),
@@ -974,6 +1072,11 @@ def render_text(report: Report) -> str:
         lines.append(f"  torch: {tr.version or 'not installed'}"
                      + (f", OpenMP {tr.openmp} ({tr.openmp_library})" if tr.openmp else "")
                      + f", oneCCL bindings {tr.oneccl_version or 'not installed'}")
+    c = report.ccl
+    if c is not None and c.binding is not None:
+        lines.append(f"  oneCCL: bindings {c.version or '?'} ({'loads' if c.loads else 'does not load'}), "
+                     f"libfabric {c.libfabric or 'missing'}, providers {c.providers or 'missing'}, collective "
+                     + {True: "ran", False: "failed", None: "not tried"}[c.collective])
     if report.environment is not None and report.environment.vars:
         lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in report.environment.vars.items()))
     lines.append("")

@@ -26,6 +26,14 @@ Rules of :func:`compare` (each a warning):
   since it competes again at the next parallel region. 200 ms, not less: a pool created at
   import and never used spins briefly at start (numpy's OpenBLAS server thread: 40-50 ms
   here); a pool that is used, numpy's included, does compete and is counted.
+- *oneCCL workers* (``--ddp`` with ccl): the threads of the rank's main process pinned to
+  exactly one of the CPUs the plan gave its oneCCL workers (``CPULAUNCH_CCL_WORKER_CPUS``)
+  are reported as its workers (oneCCL pins each worker to one CPU of CCL_WORKER_AFFINITY
+  and starts them at the first collective, so none may be there yet); a worker sharing
+  the rank's CPU by plan (it yields) is not counted as two busy threads stacked on one CPU,
+  nor as oversubscription. A worker
+  outside the rank's CPUs (oneCCL's own default: the machine's last CPUs) is an
+  *affinity* warning.
 - *allocator*: the planned allocator's library is not mapped in the main process; two
   allocators mapped.
 - *OpenMP*: two OpenMP runtimes mapped. With Intel OpenMP planned, torch's own libgomp
@@ -81,6 +89,7 @@ __all__ = [
     "InstanceResult",
     "VerifyReport",
     "compare",
+    "ccl_worker_threads",
     "verify",
     "render_text",
     "report_json",
@@ -131,6 +140,8 @@ class Expected:
         omp_runtime: "gnu" or "intel"; None: unknown.
         label: how warnings name it ("instance 1", "rank 1"); "" -> "instance <index>",
             or "pid <pid>" when the index is unknown too.
+        ccl_workers: logical CPUs planned for its oneCCL workers (``--ddp`` with ccl;
+            empty: none planned, or the user's CCL_WORKER_AFFINITY decides).
     """
 
     index: Optional[int] = None
@@ -141,6 +152,7 @@ class Expected:
     allocator: Optional[str] = None
     omp_runtime: Optional[str] = None
     label: str = ""
+    ccl_workers: tuple = ()
 
     def name(self, pid: int) -> str:
         """How warnings name this instance (see ``label``)."""
@@ -163,6 +175,7 @@ class Expected:
             allocator=allocator,
             omp_runtime=omp_runtime,
             label=getattr(inst, "label", "") or "",
+            ccl_workers=_ccl_workers_of(getattr(inst, "env", {}) or {}),
         )
 
     @classmethod
@@ -201,7 +214,28 @@ class Expected:
             mem_policy=env.get(envvars.MEM_POLICY),
             allocator=allocs[0] if allocs else None,
             omp_runtime="intel" if intel else None,
+            ccl_workers=_ccl_workers_of(env),
         )
+
+
+def _ccl_workers_of(env: Mapping[str, str]) -> tuple:
+    """The oneCCL worker CPUs an instance's environment names (CPULAUNCH_CCL_WORKER_CPUS),
+    sorted; () when absent or unreadable."""
+    try:
+        return tuple(sorted(cpulist.parse(env.get(envvars.CCL_WORKER_CPUS, ""))))
+    except CpulaunchError:
+        return ()
+
+
+def ccl_worker_threads(exp: Expected, view: ProcessView) -> Optional[tuple]:
+    """The threads of ``view``'s main process pinned to exactly one of ``exp``'s oneCCL
+    worker CPUs (pure), as thread ids; None when no worker is planned, or when the
+    process itself may run only on one such CPU (then every thread is pinned there and
+    the workers cannot be told apart)."""
+    workers = frozenset(exp.ccl_workers)
+    if not workers or view.uncheckable or (len(view.cpus) == 1 and view.cpus <= workers):
+        return None
+    return tuple(t.tid for t in view.threads if len(t.cpus) == 1 and t.cpus <= workers)
 
 
 # --------------------------------------------------------------------------- comparing (pure)
@@ -237,12 +271,15 @@ def compare(exp: Expected, view: ProcessView) -> list:
     who = exp.name(view.pid)
     procs = list(view.walk())
     bound = frozenset(exp.bound_cpus) if exp.bound_cpus is not None else None
-    return (_affinity_warnings(who, procs, bound) + _oversubscription_warnings(who, procs, bound or view.cpus)
+    shared = tuple(c for c in exp.ccl_workers if exp.cpus is not None and c in exp.cpus)
+    return (_affinity_warnings(who, procs, bound, exp.ccl_workers)
+            + _oversubscription_warnings(who, procs, bound or view.cpus, shared)
             + _library_warnings(who, exp, view) + _memory_warnings(who, exp, procs))
 
 
-def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset]) -> list:
-    """Threads allowed outside ``bound``; busy threads stacked on one CPU."""
+def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], workers: tuple = ()) -> list:
+    """Threads allowed outside ``bound``; busy threads stacked on one CPU (one thread per
+    planned oneCCL worker CPU in ``workers`` is the worker, there by plan)."""
     fmt = cpulist.format
     out = []
     if bound is not None:
@@ -260,6 +297,9 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset]) -> lis
         for t in p.threads:
             if len(t.cpus) == 1 and p.counts(t):
                 stacked.setdefault(next(iter(t.cpus)), []).append(t.tid)
+    for cpu in workers:
+        if stacked.get(cpu):
+            stacked[cpu].pop()
     for cpu, tids in sorted(stacked.items()):
         if len(tids) > 1 and (bound is None or len(bound) > 1):
             out.append(f"{who}: {len(tids)} busy threads pinned to CPU {cpu} alone "
@@ -267,15 +307,17 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset]) -> lis
     return out
 
 
-def _oversubscription_warnings(who: str, procs: list, cpus: frozenset) -> list:
-    """More busy threads over the instance's processes than ``cpus``."""
+def _oversubscription_warnings(who: str, procs: list, cpus: frozenset, shared: tuple = ()) -> list:
+    """More busy threads over the instance's processes than ``cpus``, plus one oneCCL worker
+    per CPU of ``shared`` (compute CPUs the plan has a worker share, yielding)."""
     busy = sum(1 for p in procs for t in p.threads if p.counts(t))
-    if not cpus or busy <= len(cpus):
+    if not cpus or busy <= len(cpus) + len(shared):
         return []
     total = sum(len(p.threads) for p in procs)
-    return [f"{who}: {busy} busy threads (of {total} threads in {len(procs)} process(es)) on "
-            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}: oversubscribed (set OMP_NUM_THREADS / "
-            "torch.set_num_threads and DataLoader num_workers to fit)"]
+    workers = f" and the oneCCL worker sharing CPU {cpulist.format(shared)}" if shared else ""
+    return [(f"{who}: {busy} busy threads (of {total} threads in {len(procs)} process(es)) on "
+            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}{workers}: oversubscribed (set OMP_NUM_THREADS / "
+            "torch.set_num_threads and DataLoader num_workers to fit)")]
 
 
 def _library_warnings(who: str, exp: Expected, view: ProcessView) -> list:
@@ -509,6 +551,7 @@ def report_json(report: VerifyReport) -> dict:
             "expected": _expected_json(r.expected, r.pid),
             "process": None if r.view is None else _process_json(r.view),
             "share_on_bound_nodes": None if share is None else round(share, 4),
+            **_ccl_json(r),
             "warnings": list(r.warnings),
             "error": r.error or None,
         })
@@ -520,6 +563,30 @@ def report_json(report: VerifyReport) -> dict:
         "instances": out,
         "warnings": list(report.warnings),
     }
+
+
+def _ccl_json(r: InstanceResult) -> dict:
+    """``{"ccl_workers": {"planned": "7", "threads": [tid, ...] or null}}`` for a rank with
+    oneCCL workers planned (``threads`` null: they cannot be told apart); {} otherwise."""
+    e = r.expected
+    if e is None or not e.ccl_workers:
+        return {}
+    tids = ccl_worker_threads(e, r.view) if r.view is not None else None
+    return {"ccl_workers": {"planned": cpulist.format(e.ccl_workers), "threads": None if tids is None else list(tids)}}
+
+
+def _ccl_line(r: InstanceResult) -> Optional[str]:
+    """``  oneCCL workers planned on CPU(s) 7: thread(s) 123 pinned there`` (or why not)."""
+    e = r.expected
+    if e is None or not e.ccl_workers or r.view is None or r.view.uncheckable:
+        return None
+    head = f"  oneCCL workers planned on CPU(s) {cpulist.format(e.ccl_workers)}: "
+    tids = ccl_worker_threads(e, r.view)
+    if tids is None:
+        return head + "every thread of the rank runs there (its only CPU), so they cannot be told apart"
+    if not tids:
+        return head + "no thread pinned there yet (oneCCL starts its workers at the first collective)"
+    return head + f"thread(s) {', '.join(map(str, tids))} pinned there"
 
 
 def _process_line(p: ProcessView) -> str:
@@ -557,6 +624,7 @@ def render_text(report: VerifyReport) -> str:
                      + (f", memory {e.mem_policy} {fmt(e.mem_nodes)}" if e and e.mem_nodes else ""))
         if r.view is not None and not r.view.uncheckable:
             lines += [_process_line(p) for p in r.view.walk()]
+        lines += [line for line in (_ccl_line(r),) if line]
         if r.status is Verdict.OK:
             lines.append("  ok: matches the plan" if e is not None else "  ok: no plan-free check failed")
         lines += [f"  warning: {w}" for w in r.warnings]

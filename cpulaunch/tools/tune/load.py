@@ -61,7 +61,7 @@ class Load:
     steal: float
     seconds: float
     ncpu: int
-    busiest: tuple = ()
+    busiest: tuple[tuple[float, int, str], ...] = ()
 
     @property
     def foreign(self) -> float:
@@ -84,7 +84,7 @@ class Load:
         return 100 * self.steal / self.ncpu
 
 
-def parse_proc_stat(text: str, ticks_per_s: float) -> tuple:
+def parse_proc_stat(text: str, ticks_per_s: float) -> tuple[float, float]:
     """The aggregate ``cpu`` line of /proc/stat (proc(5)) -> ``(busy, steal)`` CPU seconds
     since boot, all CPUs summed; busy = user + nice + system + irq + softirq.
 
@@ -143,7 +143,7 @@ class LoadWindow:
         self._busy, self._steal = _machine_times()
         self._own = _own_cpu()
 
-    def load(self, busiest: Iterable = ()) -> Load:
+    def load(self, busiest: Iterable[tuple[float, int, str]] = ()) -> Load:
         """The foreign load since the window opened; ``busiest`` is passed through."""
         wall = max(1e-6, time.monotonic() - self._wall)
         busy, steal = _machine_times()
@@ -191,7 +191,7 @@ class LoadReading:
     CPU, pid, name)`` of the busiest other processes when known."""
 
     foreign_pct: float
-    busiest: tuple = ()
+    busiest: tuple[tuple[float, int, str], ...] = ()
 
 
 class Meter:

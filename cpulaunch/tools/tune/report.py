@@ -131,7 +131,7 @@ def _table(tuner: Tuner, outcome: Decision) -> list:
     return lines
 
 
-def winner_command(tuner: Tuner, config: Mapping) -> str:
+def winner_command(tuner: Tuner, config: Mapping[str, object]) -> str:
     """``cpulaunch FLAGS -- PROGRAM`` for ``config``, shell-quoted."""
     return shlex.join(["cpulaunch", *config_flags(tuner.space, config), "--", *tuner.s.program])
 

@@ -11,7 +11,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from cpulaunch.tools.tune.space import (
     AXES,
@@ -46,7 +46,7 @@ MAX_FAILURES = 2
 # --------------------------------------------------------------------------- the planner
 
 
-def grid_configs(space: Space) -> list:
+def grid_configs(space: Space) -> list[dict[str, object]]:
     """Every configuration of ``space`` (the product of the axes' values under the
     runtime rules, duplicates dropped), the default first."""
     out, seen = [], set()
@@ -77,7 +77,7 @@ def _axis_variants(space: Space, axis: str) -> list:
     return out
 
 
-def coarse_configs(space: Space) -> list:
+def coarse_configs(space: Space) -> list[dict[str, object]]:
     """The coarse stage: the default, then one axis at a time from it, breadth first
     (each axis's first alternative, then each axis's second, ...), so a budget that cuts
     the list still varies every axis once. Duplicates dropped."""
@@ -92,7 +92,7 @@ def coarse_configs(space: Space) -> list:
 
 
 def fine_configs(space: Space, summaries: Mapping[str, "Summary"], lower_is_better: bool,
-                 limit: int = 2) -> tuple:
+                 limit: int = 2) -> tuple[dict[str, object], list[dict[str, object]]]:
     """The fine stage's new configurations, from the coarse stage's results (pure).
 
     For each axis, its values are ranked by the median of the coarse configuration that
@@ -227,7 +227,7 @@ def _scored(attempts: Sequence[Mapping]) -> Optional[Mapping]:
     return oks[-1] if oks else None
 
 
-def score(records: Iterable[Mapping], stages: Optional[Iterable[str]] = None) -> dict:
+def score(records: Iterable[Mapping[str, Any]], stages: Optional[Iterable[str]] = None) -> dict[str, Summary]:
     """config key -> :class:`Summary` over the slots (``(key, round)``) of ``records``,
     only those of ``stages`` when given; the warm-up never counts."""
     slots = _slot_records(r for r in records if stages is None or r.get("stage") in stages)
@@ -260,11 +260,11 @@ class Stage:
     """
 
     name: str
-    configs: tuple
-    rounds: Mapping[str, tuple]
-    notes: tuple = ()
+    configs: tuple[Mapping[str, object], ...]
+    rounds: Mapping[str, tuple[int, ...]]
+    notes: tuple[str, ...] = ()
 
-    def order(self, seed: int) -> list:
+    def order(self, seed: int) -> list[tuple[Mapping[str, object], int]]:
         """The stage's slots ``(config, round)`` in running order: stage round j runs every
         configuration's j-th round, shuffled with ``Random(f"{seed}/{name}/{j}")``."""
         by_key = {config_key(c): c for c in self.configs}
@@ -294,7 +294,7 @@ def _fit(n_rounds: int, trial_s: float, left_s: float) -> int:
     return int(left_s // (n_rounds * trial_s * SAFETY)) if trial_s > 0 else 10**6
 
 
-def next_stage(space: Space, records: Sequence[Mapping], budget_s: float, rounds: int,
+def next_stage(space: Space, records: Sequence[Mapping[str, Any]], budget_s: float, rounds: int,
                lower_is_better: bool) -> Optional[Stage]:
     """The stage to run now, from the space, the budget and the recorded trials (pure).
 
@@ -424,7 +424,7 @@ class Decision:
         behind: scored trials behind the verdict.
     """
 
-    rows: tuple
+    rows: tuple[tuple[str, Mapping[str, object], Summary], ...]
     recommended: Optional[str]
     verdict: str
     default_key: str
@@ -438,7 +438,8 @@ class Decision:
         return self.recommended is not None and self.busy > 0
 
 
-def decide(space: Space, records: Sequence[Mapping], rounds: int, lower_is_better: bool) -> Decision:
+def decide(space: Space, records: Sequence[Mapping[str, Any]], rounds: int,
+           lower_is_better: bool) -> Decision:
     """Rank the configurations and pick the recommendation (pure).
 
     Among configurations with at least ``rounds`` scored trials, the best median is

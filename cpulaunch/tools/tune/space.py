@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from cpulaunch.errors import CpulaunchError
 
@@ -105,9 +105,9 @@ class InstanceChoice:
     """
 
     label: str
-    flags: tuple
-    toml: tuple
-    cpulists: tuple
+    flags: tuple[str, ...]
+    toml: tuple[str, Union[int, bool]]
+    cpulists: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -127,15 +127,15 @@ class Space:
         notes: axes dropped and why (one line each).
     """
 
-    axes: tuple
-    values: Mapping[str, tuple]
+    axes: tuple[str, ...]
+    values: Mapping[str, tuple[object, ...]]
     default: Mapping[str, object]
     fixed: Mapping[str, object] = field(default_factory=dict)
     instances: Mapping[str, InstanceChoice] = field(default_factory=dict)
-    notes: tuple = ()
+    notes: tuple[str, ...] = ()
 
 
-def parse_axes(text: Optional[str]) -> tuple:
+def parse_axes(text: Optional[str]) -> tuple[str, ...]:
     """``--space`` text -> axes in :data:`AXES` order. ``None``/``"all"`` -> every axis;
     ``"allocator,omp_runtime"`` -> ``("allocator", "omp-runtime")``.
 
@@ -152,7 +152,7 @@ def parse_axes(text: Optional[str]) -> tuple:
     return tuple(a for a in AXES if a in names)
 
 
-def instance_choices(topo) -> list:
+def instance_choices(topo) -> list[InstanceChoice]:
     """The ``instances`` axis on ``topo``: 1 instance, one per socket, one per NUMA node,
     powers of two up to the usable physical cores, and latency mode (4 cores each) when
     at least 4 cores are usable; a choice giving the same plan as an earlier one is
@@ -199,7 +199,7 @@ def instance_choices(topo) -> list:
     return out
 
 
-def available_libraries(environ: Optional[Mapping[str, str]] = None) -> frozenset:
+def available_libraries(environ: Optional[Mapping[str, str]] = None) -> frozenset[str]:
     """Registry names of the preloadable libraries installed here ("tcmalloc", "jemalloc",
     "iomp5"), found as cpulaunch finds them (:func:`cpulaunch.machine.libfinder.find`)."""
     from cpulaunch.machine import libfinder, libraries
@@ -299,13 +299,13 @@ def _fmt_value(v) -> str:
     return str(v)
 
 
-def config_key(config: Mapping) -> str:
+def config_key(config: Mapping[str, object]) -> str:
     """The identity of a configuration: ``"instances=2,allocator=tcmalloc,omp-places=on"``
     (axes in :data:`AXES` order, booleans as on/off). Records are matched on it."""
     return ",".join(f"{a}={_fmt_value(config[a])}" for a in AXES if a in config)
 
 
-def config_flags(space: Space, config: Mapping) -> list:
+def config_flags(space: Space, config: Mapping[str, object]) -> list[str]:
     """cpulaunch's flags for ``config``: ``{"instances": "2", "allocator": "jemalloc",
     "omp-places": True}`` -> ``["--ninstances", "2", "--allocator", "jemalloc",
     "--omp-places"]``. Axes absent from ``config`` add nothing (cpulaunch's defaults)."""
@@ -325,7 +325,7 @@ def config_flags(space: Space, config: Mapping) -> list:
     return flags
 
 
-def config_toml(space: Space, config: Mapping) -> dict:
+def config_toml(space: Space, config: Mapping[str, object]) -> dict[str, object]:
     """The ``[cpulaunch]`` table of best.toml for ``config`` (option name -> value), every
     axis written explicitly: ``{"ninstances": 2, "allocator": "tcmalloc",
     "omp-places": False}``."""

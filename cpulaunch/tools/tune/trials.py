@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from cpulaunch.tools.tune.space import TuneError
 
@@ -59,7 +59,7 @@ _PAIR = re.compile(r"([A-Za-z_][\w.\-]*)=(\S+)")
 # --------------------------------------------------------------------------- metrics
 
 
-def parse_metrics(text: str) -> dict:
+def parse_metrics(text: str) -> dict[Optional[int], dict[str, float]]:
     """``CPULAUNCH_METRIC name=value`` lines of a run's output -> ``{instance: {name: value}}``.
 
     A line is the metric line alone (leading/trailing blanks allowed) or with cpulaunch's
@@ -87,7 +87,8 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
-def attribute_metrics(per_instance: Mapping, ninstances: int) -> dict:
+def attribute_metrics(per_instance: Mapping[Optional[int], Mapping[str, float]],
+                      ninstances: int) -> dict[Optional[int], dict[str, float]]:
     """The metrics of :func:`parse_metrics` that belong to the instances tune started
     (pure): with one instance, only the unprefixed lines (cpulaunch prefixes nothing then,
     so a line reading ``[1] CPULAUNCH_METRIC ...`` is the program's own text, not an
@@ -101,7 +102,8 @@ def attribute_metrics(per_instance: Mapping, ninstances: int) -> dict:
     return {i: dict(v) for i, v in per_instance.items() if i is not None and i < ninstances}
 
 
-def combine_metric(per_instance: Mapping, name: str, ninstances: int, lower_is_better: bool) -> tuple:
+def combine_metric(per_instance: Mapping[Optional[int], Mapping[str, float]], name: str, ninstances: int,
+                   lower_is_better: bool) -> tuple[Optional[float], list[float], Optional[str]]:
     """One trial's figure from its instances' metrics (pure).
 
     Instances run concurrently, so a throughput (higher is better) is summed over them;
@@ -199,7 +201,8 @@ def record_problem(rec) -> Optional[str]:
     return None
 
 
-def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
+def parse_records(text: str, reasons: Optional[list[tuple[int, str]]] = None,
+                  ) -> tuple[list[dict[str, Any]], int]:
     """The trial records of trials.jsonl's text: ``(records, skipped line count)``. A line
     that is not JSON (a write cut short, an edit), nested too deep to parse, or not a
     trial record (:func:`record_problem`) is skipped and counted; blank lines are not.
@@ -227,7 +230,8 @@ def parse_records(text: str, reasons: Optional[list] = None) -> tuple:
     return records, skipped
 
 
-def read_records(path: Path, reasons: Optional[list] = None) -> tuple:
+def read_records(path: Path, reasons: Optional[list[tuple[int, str]]] = None,
+                 ) -> tuple[list[dict[str, Any]], int]:
     """The trials of ``DIR/trials.jsonl``: ``(records, skipped line count)``
     (:func:`read_tune_file`, :func:`parse_records`); ``([], 0)`` when there is no file.
 
@@ -237,7 +241,7 @@ def read_records(path: Path, reasons: Optional[list] = None) -> tuple:
     return parse_records(read_tune_file(path) or "", reasons)
 
 
-def append_record(path: Path, record: Mapping, newline_first: bool = False) -> None:
+def append_record(path: Path, record: Mapping[str, Any], newline_first: bool = False) -> None:
     """Append one record as one line in one write, never through a link, so an
     interruption leaves either the whole line or none of it and a failed write (no space
     left) is cut off again (:func:`cpulaunch.machine.files.append_whole`).

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError, printable
@@ -89,10 +89,10 @@ class TuneSettings:
         dry_run: print the space and the stages' plan, run nothing.
     """
 
-    program: tuple
+    program: tuple[str, ...]
     out: Path
     budget_s: float
-    axes: tuple = AXES
+    axes: tuple[str, ...] = AXES
     lower_is_better: bool = False
     rounds: int = 3
     metric: Optional[str] = None
@@ -255,12 +255,13 @@ class Tuner:
             return max(30.0, left)
         return max(30.0, 3 * max(walls) + 10)
 
-    def argv(self, config: Mapping) -> list:
+    def argv(self, config: Mapping[str, object]) -> list[str]:
         """The trial's command: ``python -m cpulaunch FLAGS --grace-period 2 -- PROGRAM``."""
         return [self.python, "-m", "cpulaunch", *config_flags(self.space, config),
                 "--grace-period", f"{TRIAL_GRACE:g}", "--", *self.s.program]
 
-    def run_trial(self, config: Mapping, stage: str, rnd: int, attempt: int, deadline: float) -> dict:
+    def run_trial(self, config: Mapping[str, object], stage: str, rnd: int, attempt: int,
+                  deadline: float) -> dict[str, Any]:
         """Run one trial and append its record (see docs/tune.md for the fields)."""
         argv = self.argv(config)
         started = _now_iso()

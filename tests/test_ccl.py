@@ -1,0 +1,701 @@
+"""Issue 21: oneCCL under ``cpulaunch --ddp``: the backend choice, oneCCL's environment from
+the plan, the worker cores, libfabric's lookup, the cached verdict of the bindings, and
+what doctor and verify say about it.
+
+Where the bindings are not installed (CI), everything here runs but the real-binding tests
+at the end: the bindings are stand-ins on PYTHONPATH (one that imports with any version
+string, one that aborts the interpreter at import, one that raises ImportError) and
+libfabric is a stand-in too (a copy of a real ELF shared object of this machine, laid out
+as the impi-rt wheel lays libfabric out). The real-binding tests skip with one reason when
+oneccl_bindings_for_pytorch does not load with this torch; they run where it does
+(docs/cluster.md: ``PATH=<venv>/bin:$PATH python -m pytest tests/test_ccl.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, json_records, make_stand_in, plant_fabric, run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cpulaunch import envvars
+from cpulaunch.distributed import (
+    DistributedError,
+    RankContext,
+    ccl_env,
+    ccl_precedence,
+    plan_ranks,
+    select_backend,
+)
+from cpulaunch.machine import host, libfinder, probe
+from cpulaunch.machine import proc as procfs
+from cpulaunch.machine.host import CclBinding
+from cpulaunch.machine.libfinder import Fabric
+from cpulaunch.options import DdpOptions
+from cpulaunch.plan import PlanError, Request
+from cpulaunch.tools import verify
+
+XEON = "hw-32intel64-2p8co2t+8ve"  # 2 sockets x 8 cores x 2 threads: cores 0-15, siblings 16-31
+TORCH = "2.13.0+cpu"
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="the bindings' import check imports torch")
+
+
+# --------------------------------------------------------------------------- the backend choice (pure)
+
+SITE = "/site/oneccl_bindings_for_pytorch"
+WORKS = CclBinding("/py", SITE, "2.8.0+xpu", TORCH, True)
+ABORTS = CclBinding("/py", SITE, TORCH, TORCH, False, "aborts the interpreter at import (SIGABRT)")
+MISSING = CclBinding("/py", None)
+LIB = Path("/p/lib/libfabric/libfabric.so.1")
+FABRIC = Fabric(LIB, LIB.parent / "prov", (LIB.parent,))
+NO_FABRIC = Fabric(None, None, (LIB.parent, Path("/q")))
+NO_PROV = Fabric(LIB, None, (LIB.parent,))
+USER_PATHS = {"CCL_OFI_LIBRARY_PATH": "/mine/libfabric.so.1", "FI_PROVIDER_PATH": "/mine/prov"}
+LOADS = "oneccl_bindings_for_pytorch 2.8.0+xpu loads with torch 2.13.0+cpu"
+NOT_LOADING = (f"oneccl_bindings_for_pytorch 2.13.0+cpu ({SITE}) does not load with torch 2.13.0+cpu: "
+               "aborts the interpreter at import (SIGABRT)")
+NOT_FOUND = "oneCCL's libfabric (libfabric.so.1 with its prov/ folder) was not found (searched /p/lib/libfabric, /q)"
+NO_PROVIDER = ("libfabric /p/lib/libfabric/libfabric.so.1 has no provider folder beside it (prov/lib*-fi.so), "
+               "so oneCCL finds no provider")
+
+
+@pytest.mark.parametrize("requested, binding, fabric, environ, chosen", [
+    ("auto", WORKS, FABRIC, {}, ("ccl", f"backend ccl: {LOADS} (checked in a child process)")),
+    ("ccl", WORKS._replace(cached=True), FABRIC, {}, ("ccl", f"backend ccl (asked for): {LOADS} (cached verdict)")),
+    ("auto", ABORTS, FABRIC, {}, ("gloo", f"backend gloo: {NOT_LOADING}, so oneCCL is not used")),
+    ("auto", MISSING, None, {}, ("gloo", ("backend gloo: oneccl_bindings_for_pytorch is not installed for /py, "
+                                         "so oneCCL is not used"))),
+    ("auto", WORKS, NO_FABRIC, {}, ("gloo", f"backend gloo: {NOT_FOUND}, so oneCCL is not used")),
+    ("auto", WORKS, NO_FABRIC, USER_PATHS, ("ccl", f"backend ccl: {LOADS} (checked in a child process)")),
+    ("auto", WORKS, NO_PROV, {}, ("gloo", f"backend gloo: {NO_PROVIDER}, so oneCCL is not used")),
+    ("auto", WORKS, NO_PROV, {"FI_PROVIDER_PATH": "/mine"}, ("ccl", f"backend ccl: {LOADS} (checked in a child process)")),
+    ("gloo", ABORTS, None, {}, ("gloo", "backend gloo (asked for)")),
+], ids=["works-any-version", "asked-cached", "aborts", "missing", "no-libfabric", "user-paths", "no-provider",
+        "user-provider", "gloo-asked"])
+def test_backend_choice(requested, binding, fabric, environ, chosen):
+    """The version string decides nothing: a working binding that calls itself 2.8.0+xpu is
+    picked, one whose metadata matches torch but aborts at import is not."""
+    assert select_backend(requested, binding, fabric, environ) == chosen
+
+
+GLOO = "or use --backend gloo"
+
+
+@pytest.mark.parametrize("binding, fabric, message", [
+    (MISSING, None, ("--backend ccl: oneccl_bindings_for_pytorch is not installed for /py; build intel/torch-ccl "
+                    f"against this torch (its README; docs/cluster.md names the versions that ran together), {GLOO}")),
+    (ABORTS, FABRIC, f"--backend ccl: {NOT_LOADING}; rebuild it against this torch (docs/cluster.md), {GLOO}"),
+    (WORKS, NO_FABRIC, (f"--backend ccl: {NOT_FOUND}; pip install impi-rt==2021.14.2, or set CCL_OFI_LIBRARY_PATH "
+                       f"and FI_PROVIDER_PATH; {GLOO}")),
+    (WORKS, NO_PROV, (f"--backend ccl: {NO_PROVIDER}; set FI_PROVIDER_PATH to its providers' folder or pip install "
+                     f"impi-rt==2021.14.2; {GLOO}")),
+], ids=["missing", "aborts", "no-libfabric", "no-provider"])
+def test_ccl_that_cannot_work_is_an_error_naming_cause_and_fix(binding, fabric, message):
+    with pytest.raises(DistributedError) as err:
+        select_backend("ccl", binding, fabric, {})
+    assert str(err.value) == message
+
+
+# --------------------------------------------------------------------------- oneCCL's variables (pure)
+
+RUNTIME = {"CCL_OFI_LIBRARY_PATH": str(LIB), "FI_PROVIDER_PATH": str(LIB.parent / "prov")}
+
+
+def test_two_ranks_without_spare_cores_share_their_first_cpu_and_yield():
+    envs = [ccl_env(RankContext("cpulaunch", r, 2, r, 2), [(0,), (1,)], dedicated=False, runtime=RUNTIME)
+            for r in (0, 1)]
+    assert envs[1] == {
+        "CCL_WORKER_COUNT": "1", "CCL_WORKER_AFFINITY": "0,1", "CCL_YIELD": "sched_yield", "CCL_ATL_SHM": "1",
+        "CCL_LOCAL_RANK": "1", "CCL_LOCAL_SIZE": "2", "CCL_PROCESS_LAUNCHER": "none", "CCL_ATL_TRANSPORT": "ofi",
+        envvars.CCL_WORKER_CPUS: "1", **RUNTIME}
+    assert envs[0]["CCL_WORKER_AFFINITY"] == "0,1" and envs[0][envvars.CCL_WORKER_CPUS] == "0"
+
+
+def test_dedicated_workers_do_not_yield_and_mpich_uses_ofi():
+    env = ccl_env(RankContext("mpich", 0, 4, 0, 2), [(6, 7), (14, 15)], dedicated=True)
+    assert env == {"CCL_WORKER_COUNT": "2", "CCL_WORKER_AFFINITY": "6,7,14,15", "CCL_ATL_SHM": "1",
+                   "CCL_LOCAL_RANK": "0", "CCL_LOCAL_SIZE": "2", "CCL_PROCESS_LAUNCHER": "hydra",
+                   "CCL_ATL_TRANSPORT": "ofi", envvars.CCL_WORKER_CPUS: "6,7"}
+
+
+def test_one_rank_per_host_has_no_shm_and_open_mpi_uses_pmix():
+    env = ccl_env(RankContext("openmpi", 3, 4, 0, 1), [(5,)], dedicated=False)
+    assert "CCL_ATL_SHM" not in env and env["CCL_PROCESS_LAUNCHER"] == "pmix" and env["CCL_ATL_TRANSPORT"] == "ofi"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_worker_list_always_one_oneccl_accepts(data):
+    """Whatever the plan: CCL_WORKER_COUNT >= 1 and exactly LOCAL_SIZE x count entries,
+    local rank i's slice being its own first CPUs (oneCCL's rule, docs/cluster.md)."""
+    size = data.draw(st.integers(1, 8))
+    workers = [sorted(data.draw(st.sets(st.integers(0, 255), min_size=1, max_size=4))) for _ in range(size)]
+    local = data.draw(st.integers(0, size - 1))
+    env = ccl_env(RankContext("cpulaunch", local, size, local, size), workers, dedicated=data.draw(st.booleans()))
+    count = int(env["CCL_WORKER_COUNT"])
+    entries = [int(c) for c in env["CCL_WORKER_AFFINITY"].split(",")]
+    assert count == min(len(w) for w in workers) >= 1
+    assert len(entries) == size * count
+    assert [entries[i * count:(i + 1) * count] for i in range(size)] == [w[:count] for w in workers]
+    assert env[envvars.CCL_WORKER_CPUS] == ",".join(map(str, workers[local][:count]))
+
+
+KEPT = "from your environment kept (cpulaunch planned {}); pass --override-env to use cpulaunch's value"
+
+
+def test_users_ccl_values_win_with_a_note():
+    planned = ccl_env(RankContext("cpulaunch", 0, 2, 0, 2), [(0,), (1,)], dedicated=False, runtime=RUNTIME)
+    user = {"CCL_YIELD": "pause", "FI_PROVIDER_PATH": "/mine", "CCL_LOCAL_RANK": "5", "CCL_ATL_SHM": "1"}
+    env, notes = ccl_precedence(planned, user, False)
+    assert env == {k: v for k, v in planned.items() if k not in ("CCL_YIELD", "FI_PROVIDER_PATH")}
+    assert notes == [f"CCL_YIELD=pause {KEPT.format('sched_yield')}",
+                     f"FI_PROVIDER_PATH=/mine {KEPT.format(RUNTIME['FI_PROVIDER_PATH'])}"]
+    assert ccl_precedence(planned, user, True) == (planned, [])
+
+
+def test_users_worker_affinity_keeps_the_count_out_too():
+    """Count and affinity must agree (oneCCL refuses a list of another length): the user's
+    value for one keeps cpulaunch's value of both out, and verify's worker CPUs with them."""
+    planned = ccl_env(RankContext("cpulaunch", 0, 2, 0, 2), [(0,), (1,)], dedicated=False)
+    env, notes = ccl_precedence(planned, {"CCL_WORKER_AFFINITY": "auto"}, False)
+    assert not {"CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY", envvars.CCL_WORKER_CPUS} & set(env)
+    assert env["CCL_YIELD"] == "sched_yield"
+    assert notes == [f"CCL_WORKER_AFFINITY=auto {KEPT.format('0,1')}",
+                     "CCL_WORKER_COUNT not set (cpulaunch planned 1): it must agree with your CCL_WORKER_AFFINITY"]
+
+
+# --------------------------------------------------------------------------- worker cores from the plan
+
+
+@pytest.fixture(scope="module")
+def xeon(sysroots):
+    return probe.probe(sysroots[XEON], core_ids=False)
+
+
+def ranks(topo, *, backend="ccl", asked="auto", count=None, nproc="socket", engine=None, environ=None, **ddp):
+    opts = DdpOptions(nproc_per_node=nproc, backend=asked, ccl_worker_count=count, master_port=29500, **ddp)
+    return plan_ranks(topo, Request(), opts, environ or {}, engine=engine, backend=backend, backend_note="b",
+                      free_port=None, fabric=FABRIC)
+
+
+def test_default_sets_one_core_aside_on_each_ranks_node(xeon):
+    rp = ranks(xeon)
+    assert [(i.cpus, i.ccl_cpus) for i in rp.plan.instances] == [(tuple(range(7)), (7,)), (tuple(range(8, 15)), (15,))]
+    env = rp.instance_env[1]
+    assert {k: v for k, v in env.items() if k.startswith(("CCL_", "FI_", envvars.CCL_WORKER_CPUS))} == {
+        "CCL_WORKER_COUNT": "1", "CCL_WORKER_AFFINITY": "7,15", "CCL_ATL_SHM": "1", "CCL_LOCAL_RANK": "1",
+        "CCL_LOCAL_SIZE": "2", "CCL_PROCESS_LAUNCHER": "none", "CCL_ATL_TRANSPORT": "ofi",
+        envvars.CCL_WORKER_CPUS: "15", **RUNTIME}
+    assert rp.notes == ("b",)
+
+
+SHARED = "each rank's oneCCL worker runs on the rank's first CPU and yields (CCL_YIELD=sched_yield)"
+
+
+@pytest.mark.parametrize("asked, count, note", [
+    ("auto", None, (f"a core for oneCCL's worker (the default) would leave a rank no core for its OpenMP threads, "
+                   f"so no core is set aside; {SHARED}")),
+    ("ccl", None, (f"a core for oneCCL's worker (the default) would leave a rank no core for its OpenMP threads, "
+                  f"so no core is set aside; {SHARED}")),
+    ("auto", 1, (f"--ccl-worker-count 1 (--backend auto) would leave a rank no core for its OpenMP threads, so no "
+                f"core is set aside; {SHARED}")),
+    ("ccl", 0, f"--ccl-worker-count 0: no core set aside; {SHARED}"),
+])
+def test_one_core_ranks_run_with_the_worker_on_their_own_cpu(xeon, asked, count, note):
+    """16 ranks of one core each: no core to set aside; never CCL_WORKER_COUNT=0."""
+    rp = ranks(xeon, asked=asked, count=count, nproc="16")
+    assert [i.ccl_cpus for i in rp.plan.instances] == [()] * 16
+    env = rp.instance_env[3]
+    assert (env["CCL_WORKER_COUNT"], env["CCL_WORKER_AFFINITY"], env["CCL_YIELD"], env[envvars.CCL_WORKER_CPUS]) == (
+        "1", ",".join(map(str, range(16))), "sched_yield", "3")
+    assert note in rp.notes
+
+
+def test_explicit_worker_cores_that_do_not_fit_fail_under_backend_ccl(xeon):
+    with pytest.raises(PlanError, match=r"^--ccl-worker-count 1 take 1 core\(s\) from each instance, but instance 0 "
+                                        r"has only 1 \(CPUs 0\)"):
+        ranks(xeon, asked="ccl", count=1, nproc="16")
+
+
+def test_gloo_sets_nothing_aside(xeon):
+    rp = ranks(xeon, backend="gloo", count=2)
+    assert [i.ccl_cpus for i in rp.plan.instances] == [(), ()]
+    assert not any(k.startswith("CCL_") for env in rp.instance_env.values() for k in env)
+
+
+def test_rank_bound_by_its_engine_lists_its_own_worker_per_local_rank(xeon):
+    """mpirun bound rank 1 to socket 1: it cannot know rank 0's CPUs, so it lists its own
+    worker once per local rank (each rank reads its own slice), never ``auto``."""
+    topo = xeon._replace(allowed=frozenset(range(8, 16)), cpuset=xeon.online)
+    rp = ranks(topo, engine=RankContext("mpich", 1, 2, 1, 2), nproc=None)
+    (inst,) = rp.plan.instances
+    assert (inst.cpus, inst.ccl_cpus) == (tuple(range(8, 15)), (15,))
+    env = rp.instance_env[1]
+    assert (env["CCL_WORKER_AFFINITY"], env["CCL_WORKER_COUNT"], env["CCL_PROCESS_LAUNCHER"],
+            env["CCL_ATL_TRANSPORT"]) == ("15,15", "1", "hydra", "ofi")
+    assert ("CCL_WORKER_AFFINITY: mpich bound each rank itself, so each rank lists its own worker CPU(s) once per "
+            "local rank (oneCCL takes its local rank's slice)") in rp.notes
+
+
+def test_elastic_and_multi_node_ranks_get_oneccl_variables(xeon):
+    elastic = ranks(xeon, rdzv_endpoint="h:1", nnodes="1:2")
+    assert [e["CCL_WORKER_AFFINITY"] for e in elastic.instance_env.values()] == ["7,15", "7,15"]
+    two = ranks(xeon, nnodes="2", node_rank=1, master_addr="10.0.0.1")
+    assert [(e["RANK"], e["CCL_LOCAL_RANK"], e["CCL_LOCAL_SIZE"]) for e in two.instance_env.values()] == [
+        ("2", "0", "2"), ("3", "1", "2")]
+
+
+def test_users_yield_kept_once_with_a_note(xeon):
+    rp = ranks(xeon, environ={"CCL_YIELD": "pause"}, nproc="16")
+    assert not any("CCL_YIELD" in env for env in rp.instance_env.values())
+    assert [n for n in rp.notes if n.startswith("CCL_YIELD")] == [f"CCL_YIELD=pause {KEPT.format('sched_yield')}"]
+
+
+# --------------------------------------------------------------------------- libfabric's lookup
+
+
+def test_libfabric_found_as_impi_rt_lays_it_out(tmp_path):
+    prefix, conda, other = tmp_path / "prefix", tmp_path / "conda", tmp_path / "other"
+    folder = plant_fabric(conda)
+    plant_fabric(other)
+    env = {"CONDA_PREFIX": str(conda), "LD_LIBRARY_PATH": f"{other / 'lib' / 'libfabric'}:"}
+    assert libfinder.find_libfabric(env, str(prefix)) == Fabric(
+        folder / "libfabric.so.1", folder / "prov",
+        (prefix / "lib" / "libfabric", folder, other / "lib" / "libfabric"))
+
+
+def test_libfabric_and_providers_are_elf_checked(tmp_path):
+    plant_fabric(tmp_path / "a", library=b"not a library")
+    b = plant_fabric(tmp_path / "b", provider=b"\x7fELF but short")
+    os.mkfifo(b / "prov" / "libshm-fi.so")  # a FIFO in place of a provider is passed over, never opened
+    found = libfinder.find_libfabric({"I_MPI_ROOT": str(tmp_path / "a"), "CCL_ROOT": str(tmp_path / "b")},
+                                     str(tmp_path / "none"))
+    assert (found.library, found.providers, found.usable) == (b / "libfabric.so.1", None, False)
+
+
+# --------------------------------------------------------------------------- stand-in bindings, end to end
+
+STAND_INS = {
+    # name: (__init__.py, metadata version; None: torch's own)
+    "works": ("", "2.8.0+xpu"),
+    "works-match": ("", None),
+    "aborts": ("import os\nos.abort()\n", None),
+    "import-error": ("raise ImportError('undefined symbol: _ZN3c104Type')\n", None),
+    # Registers "ccl" as the real bindings do at import, with gloo underneath: the ranks'
+    # own path (init_process_group imports the bindings, then uses "ccl") runs in CI.
+    "registers": (("import torch.distributed as dist\n"
+                  "dist.Backend.register_backend('ccl', lambda store, rank, size, timeout: "
+                  "dist.ProcessGroupGloo(store, rank, size, timeout), devices=['cpu'])\n"), "2.8.0+xpu"),
+}
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory):
+    """{name: environment} for each stand-in, sharing one cache folder (each verdict is
+    checked once for the module) and one stand-in libfabric (found through I_MPI_ROOT)."""
+    base = tmp_path_factory.mktemp("ccl")
+    torch_version = host.dist_version("torch") or TORCH
+    plant_fabric(base / "impi")
+    out = {}
+    for name, (body, version) in STAND_INS.items():
+        make_stand_in(base / name, body, version or torch_version)
+        out[name] = {"PYTHONPATH": str(base / name), "XDG_CACHE_HOME": str(base / "cache"),
+                     "I_MPI_ROOT": str(base / "impi")}
+    out["missing"] = {"PYTHONPATH": "", "XDG_CACHE_HOME": str(base / "cache"), "I_MPI_ROOT": str(base / "impi")}
+    out["no-fabric"] = {**out["works"], "I_MPI_ROOT": str(base / "nowhere")}
+    return out
+
+
+def plan_doc(env, *args, sysroot=None, rc=0):
+    where = ("--sysroot", str(sysroot)) if sysroot else ()
+    proc = run_cli(*where, "--ddp", "--dry-run", "--format", "json", "--allocator", "default",
+                   "--master-port", "29500", *args, "x.py", env=env, timeout=180, check_rc=rc)
+    return json.loads(proc.stdout) if rc == 0 else proc
+
+
+def backend_note(doc) -> str:
+    return next(n for n in doc["notes"] if n.startswith("backend "))
+
+
+@needs_torch
+def test_auto_picks_a_working_binding_whatever_its_version(stand_ins, sysroots):
+    """Fails before issue 21: "oneccl_bind_pt 2.8.0+xpu does not match torch" -> gloo."""
+    doc = plan_doc(stand_ins["works"], sysroot=sysroots[XEON])
+    torch_version = host.dist_version("torch")
+    assert doc["ddp"]["backend"] == "ccl"
+    assert backend_note(doc) in (f"backend ccl: oneccl_bindings_for_pytorch 2.8.0+xpu loads with torch {torch_version} "
+                                 f"({how})" for how in ("checked in a child process", "cached verdict"))
+    env = doc["instances"][0]["env"]
+    fabric = libfinder.find_libfabric({"I_MPI_ROOT": stand_ins["works"]["I_MPI_ROOT"]})
+    assert (env["CCL_OFI_LIBRARY_PATH"], env["FI_PROVIDER_PATH"]) == (str(fabric.library), str(fabric.providers))
+    assert (env["CCL_WORKER_AFFINITY"], env["CCL_ATL_SHM"], env["CPULAUNCH_DIST_BACKEND"]) == ("7,15", "1", "ccl")
+
+
+@needs_torch
+def test_auto_never_picks_a_binding_that_aborts_at_import(stand_ins, sysroots):
+    """Its metadata matches torch; fails before issue 21 (picked: the ranks abort)."""
+    doc = plan_doc(stand_ins["aborts"], sysroot=sysroots[XEON])
+    assert doc["ddp"]["backend"] == "gloo"
+    assert "does not load with torch" in backend_note(doc)
+    assert backend_note(doc).endswith(": aborts the interpreter at import (SIGABRT), so oneCCL is not used")
+    assert not any(k.startswith("CCL_") for k in doc["instances"][0]["env"])
+
+
+@needs_torch
+@pytest.mark.parametrize("name, cause", [
+    ("aborts", ("aborts the interpreter at import (SIGABRT); rebuild it against this torch (docs/cluster.md), "
+               "or use --backend gloo")),
+    ("import-error", ("ImportError: undefined symbol: _ZN3c104Type; rebuild it against this torch "
+                     "(docs/cluster.md), or use --backend gloo")),
+])
+def test_backend_ccl_that_does_not_load_is_one_line(stand_ins, sysroots, name, cause):
+    """Fails before issue 21 (the version matches: ccl was planned and the ranks died)."""
+    proc = plan_doc(stand_ins[name], "--backend", "ccl", sysroot=sysroots[XEON], rc=2)
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("cpulaunch: error: --backend ccl: oneccl_bindings_for_pytorch ")
+    assert line.endswith(f"does not load with torch {host.dist_version('torch')}: {cause}")
+
+
+def test_missing_binding(stand_ins, sysroots):
+    if importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None:
+        pytest.skip("oneccl_bindings_for_pytorch is installed in this environment: it cannot be missing")
+    doc = plan_doc(stand_ins["missing"], sysroot=sysroots[XEON])
+    assert backend_note(doc) == (f"backend gloo: oneccl_bindings_for_pytorch is not installed for {sys.executable}, "
+                                 "so oneCCL is not used")
+    proc = plan_doc(stand_ins["missing"], "--backend", "ccl", sysroot=sysroots[XEON], rc=2)
+    assert proc.stderr.startswith("cpulaunch: error: --backend ccl: oneccl_bindings_for_pytorch is not installed")
+    assert len(proc.stderr.splitlines()) == 1
+
+
+@needs_torch
+def test_missing_libfabric(stand_ins, sysroots):
+    """Fails before issue 21 (ccl chosen; the first collective fails: "could not open the library")."""
+    if libfinder.find_libfabric({}).library is not None:
+        pytest.skip(f"a libfabric lies under sys.prefix ({sys.prefix}): it cannot be missing")
+    doc = plan_doc(stand_ins["no-fabric"], sysroot=sysroots[XEON])
+    assert doc["ddp"]["backend"] == "gloo" and "libfabric" in backend_note(doc)
+    proc = plan_doc(stand_ins["no-fabric"], "--backend", "ccl", sysroot=sysroots[XEON], rc=2)
+    (line,) = proc.stderr.splitlines()
+    assert "pip install impi-rt==2021.14.2, or set CCL_OFI_LIBRARY_PATH and FI_PROVIDER_PATH" in line
+
+
+@needs_torch
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_auto_runs_two_ranks_on_this_machine(stand_ins):
+    """``--ddp --nproc-per-node N --backend auto`` with one core per rank (as on the 2-CPU
+    machine of issue 21) picks ccl and plans it. Fails before issue 21 with a binding
+    whose version matches: "--ccl-worker-count 1 take 1 core(s) from each instance"."""
+    cores = len({frozenset(c.cpus) for c in probe.probe("/", core_ids=False).cores
+                 if set(c.cpus) & os.sched_getaffinity(0)})
+    doc = plan_doc(stand_ins["works-match"], "--nproc-per-node", str(cores), "--backend", "auto")
+    assert doc["ddp"]["backend"] == "ccl"
+    envs = [i["env"] for i in doc["instances"]]
+    assert [e["CCL_WORKER_COUNT"] for e in envs] == ["1"] * cores
+    assert {e["CCL_YIELD"] for e in envs} == {"sched_yield"}
+    assert [e["CCL_WORKER_AFFINITY"].split(",")[i] for i, e in enumerate(envs)] == [
+        str(inst["cpus"][0]) for inst in doc["instances"]]
+
+
+RANK_SUM = """
+import os, torch, torch.distributed as dist
+from cpulaunch.distributed import init_process_group
+chosen = init_process_group()
+t = torch.full((4,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+print("rank", dist.get_rank(), chosen, dist.get_backend(), int(t[0]), os.environ["CCL_YIELD"],
+      os.environ["CCL_WORKER_AFFINITY"], flush=True)
+dist.destroy_process_group()
+"""
+
+
+@needs_torch
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_ranks_run_ccl_through_a_stand_in_that_registers_it(stand_ins, tmp_path):
+    """Without the real bindings (CI): ``--backend auto`` picks a binding that imports, and
+    each rank's ``init_process_group`` imports it, which registers "ccl"; the ranks run a
+    real all_reduce on "ccl" with the launcher's oneCCL variables."""
+    prog = tmp_path / "rank.py"
+    prog.write_text(RANK_SUM)
+    env = {**stand_ins["registers"], "PYTHONPATH": f"{stand_ins['registers']['PYTHONPATH']}:{REPO}"}
+    proc = run_cli("--ddp", "--nproc-per-node", "2", "--backend", "auto", "--core-list",
+                   ",".join(map(str, sorted(os.sched_getaffinity(0))[:2])), sys.executable, str(prog),
+                   env=env, timeout=300)
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    lines = sorted(ln.split("rank ", 1)[1] for ln in proc.stdout.splitlines() if "rank " in ln)
+    assert lines == [f"{r} ccl ccl 3 sched_yield {cpus[0]},{cpus[1]}" for r in (0, 1)]
+
+
+@needs_torch
+def test_doctor_runs_the_collective_of_a_binding_that_registers_ccl(stand_ins):
+    code, ccl, found = doctor(stand_ins["registers"])
+    assert (code, ccl["loads"], ccl["collective"], ccl["collective_error"]) == (0, True, True, None)
+    assert found["ccl-collective"]["severity"] == "ok"
+
+
+@needs_torch
+def test_dry_run_shows_the_users_values_kept(stand_ins, sysroots):
+    env = {**stand_ins["works"], "CCL_YIELD": "pause", "CCL_WORKER_AFFINITY": "auto"}
+    doc = plan_doc(env, "--nproc-per-node", "16", sysroot=sysroots[XEON])
+    assert not {"CCL_YIELD", "CCL_WORKER_AFFINITY", "CCL_WORKER_COUNT"} & set(doc["instances"][0]["env"])
+    assert f"CCL_YIELD=pause {KEPT.format('sched_yield')}" in doc["notes"]
+    forced = plan_doc(env, "--nproc-per-node", "16", "--override-env", sysroot=sysroots[XEON])
+    assert forced["instances"][0]["env"]["CCL_YIELD"] == "sched_yield"
+
+
+@needs_torch
+def test_the_ranks_interpreter_is_the_one_checked(stand_ins, sysroots, tmp_path):
+    """``cpulaunch ... python3 train.py``: the ranks run ``python3`` from PATH; a python
+    that does not see the bindings is no ccl run, whatever the launcher's own python sees."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    other = bin_dir / "python3"
+    # The interpreter's own file, not a venv's link to it: the base environment, without
+    # the stand-in (PYTHONPATH) or a venv's real bindings.
+    other.write_text(f"#!/bin/sh\nunset PYTHONPATH\nexec {os.path.realpath(sys.executable)} \"$@\"\n")
+    other.chmod(0o755)
+    env = {**stand_ins["works"], "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    proc = run_cli("--sysroot", str(sysroots[XEON]), "--ddp", "--dry-run", "--format", "json", "python3", "t.py",
+                   env=env, timeout=180)
+    assert backend_note(json.loads(proc.stdout)).startswith(
+        f"backend gloo: oneccl_bindings_for_pytorch is not installed for {other}")
+    assert host.rank_python(["python3", "t.py"], env) == str(other)
+    assert host.rank_python(["t.py"], env) == host.rank_python(["-m", "pkg"], env) == sys.executable
+
+
+# --------------------------------------------------------------------------- the cached verdict
+
+
+def own_stand_in(tmp_path: Path, body: str = "") -> tuple:
+    """(its package folder, the environment): a working stand-in, its own cache folder
+    and a stand-in libfabric."""
+    plant_fabric(tmp_path / "impi")
+    pkg = make_stand_in(tmp_path / "site", body, "2.8.0+xpu")
+    return pkg, {"PYTHONPATH": str(tmp_path / "site"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+                 "I_MPI_ROOT": str(tmp_path / "impi")}
+
+
+@needs_torch
+def test_verdict_checked_once_per_build(tmp_path, sysroots):
+    """The import runs in a child once; a rebuilt binding (another size or mtime) is checked again."""
+    counter = tmp_path / "imports"
+    pkg, env = own_stand_in(tmp_path, f"open({str(counter)!r}, 'a').write('x')\n")
+    for _ in range(2):
+        plan_doc(env, sysroot=sysroots[XEON])
+    assert counter.read_text() == "x"
+    (cached,) = (tmp_path / "cache" / "cpulaunch").glob("ccl-binding-*.json")
+    assert json.loads(cached.read_text())["loads"] is True
+    (pkg / "__init__.py").write_text((pkg / "__init__.py").read_text() + "# rebuilt\n")
+    plan_doc(env, sysroot=sysroots[XEON])
+    assert counter.read_text() == "xx"
+
+
+@needs_torch
+def test_cache_is_never_written_through_a_planted_link(tmp_path, sysroots):
+    _, env = own_stand_in(tmp_path)
+    plan_doc(env, sysroot=sysroots[XEON])
+    (entry,) = (tmp_path / "cache" / "cpulaunch").glob("ccl-binding-*.json")
+    victim = tmp_path / "victim"
+    victim.write_text('{"key": {}, "loads": true, "why": ""}')  # a verdict for another key: not taken
+    entry.unlink()
+    entry.symlink_to(victim)
+    doc = plan_doc(env, sysroot=sysroots[XEON])
+    assert backend_note(doc).endswith("(checked in a child process)")
+    assert victim.read_text() == '{"key": {}, "loads": true, "why": ""}'
+    assert entry.is_file() and not entry.is_symlink()
+
+
+@needs_torch
+def test_an_unusable_cache_folder_costs_only_the_check(tmp_path, sysroots):
+    _, env = own_stand_in(tmp_path)
+    (tmp_path / "file").write_text("")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "file")
+    doc = plan_doc(env, sysroot=sysroots[XEON])
+    assert doc["ddp"]["backend"] == "ccl" and (tmp_path / "file").read_text() == ""
+
+
+def test_cache_folder_follows_xdg():
+    assert host.cache_dir({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == Path("/c/cpulaunch")
+    assert host.cache_dir({"XDG_CACHE_HOME": "rel", "HOME": "/h"}) == Path("/h/.cache/cpulaunch")
+    assert host.cache_dir({}) is None
+
+
+# --------------------------------------------------------------------------- doctor and verify
+
+
+def doctor(env) -> tuple:
+    proc = run_cli("doctor", "--format", "json", env=env, timeout=300, check_rc=None)
+    doc = json.loads(proc.stdout)
+    return proc.returncode, doc["ccl"], {f["id"]: f for f in doc["findings"] if f["id"].startswith("ccl-")}
+
+
+@needs_torch
+def test_doctor_reports_a_binding_that_does_not_load(stand_ins):
+    code, ccl, found = doctor(stand_ins["aborts"])
+    assert (code, ccl["loads"], ccl["why"], ccl["collective"]) == (0, False, "aborts the interpreter at import (SIGABRT)",
+                                                                   None)
+    assert found["ccl-binding"]["severity"] == "warn" and set(found) == {"ccl-binding"}
+
+
+@needs_torch
+def test_doctor_tries_a_collective_and_says_why_it_failed(stand_ins):
+    """The stand-in imports but registers no "ccl" backend: the one-rank all_reduce fails,
+    an error (``--backend auto`` would choose ccl)."""
+    code, ccl, found = doctor(stand_ins["works"])
+    assert (code, ccl["loads"], ccl["collective"]) == (1, True, False)
+    assert found["ccl-collective"]["severity"] == "error"
+    assert "ccl" in found["ccl-collective"]["summary"] and ccl["collective_error"]
+    assert ccl["env"]["CCL_YIELD"] == "sched_yield" and ccl["env"]["CCL_WORKER_COUNT"] == "1"
+
+
+def _thread(tid, cpus, seconds=1.0):
+    return procfs.ThreadView(tid=tid, name="python", state="S", cpus=frozenset(cpus), cpu_seconds=seconds)
+
+
+def _view(cpus, threads):
+    return procfs.ProcessView(pid=10, ppid=1, name="python", cmdline=(), cpus=frozenset(cpus), threads=tuple(threads),
+                              libraries=(), numa=None, environ={})
+
+
+def test_verify_names_the_workers_and_does_not_count_a_planned_shared_cpu_twice():
+    exp = verify.Expected.from_environ({envvars.CPUS: "0-1", envvars.CCL_WORKER_CPUS: "0"})
+    assert exp.ccl_workers == (0,)
+    # Intel OpenMP pins the main thread to CPU 0, where the plan put the worker too.
+    view = _view({0, 1}, [_thread(10, {0}), _thread(11, {1}), _thread(12, {0})])
+    assert verify.ccl_worker_threads(exp, view) == (10, 12)
+    assert verify.compare(exp, view) == []
+    extra = _view({0, 1}, [_thread(10, {0}), _thread(11, {0}), _thread(12, {0})])
+    assert verify.compare(exp, extra) == [
+        "pid 10: 2 busy threads pinned to CPU 0 alone (threads 10, 11): they take turns on one CPU"]
+    crowded = _view({0, 1}, [_thread(t, {0, 1}) for t in (10, 11, 12, 13)])
+    assert verify.compare(exp, crowded) == [
+        ("pid 10: 4 busy threads (of 4 threads in 1 process(es)) on 2 CPU(s) 0-1 and the oneCCL worker sharing "
+        "CPU 0: oversubscribed (set OMP_NUM_THREADS / torch.set_num_threads and DataLoader num_workers to fit)")]
+    assert verify.ccl_worker_threads(exp, _view({0}, [_thread(10, {0})])) is None  # one CPU: cannot tell
+    assert verify.ccl_worker_threads(verify.Expected(), view) is None
+
+
+# --------------------------------------------------------------------------- the real binding
+
+
+@pytest.fixture(scope="module")
+def real_binding():
+    """The installed bindings when they load with this torch and libfabric is found; else
+    the module's real-binding tests skip with the reason."""
+    binding = host.ccl_binding(sys.executable, dict(os.environ), host.cache_dir(os.environ))
+    if binding.path is None:
+        pytest.skip(f"oneccl_bindings_for_pytorch is not installed for {sys.executable} (docs/cluster.md)")
+    if not binding.loads:
+        pytest.skip(f"oneccl_bindings_for_pytorch does not load with this torch: {binding.why}")
+    if not libfinder.find_libfabric().usable:
+        pytest.skip("oneCCL's libfabric and its providers are not found (pip install impi-rt==2021.14.2)")
+    return binding
+
+
+TRAIN = [sys.executable, str(REPO / "examples" / "train_ddp.py"), "--model", "cnn", "--size", "small", "--steps", "3",
+         "--global-batch-size", "8", "--json"]
+two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+
+
+def train_records(proc) -> dict:
+    return {r["rank"]: r for r in json_records(proc.stdout) if "param_sha256" in r}
+
+
+@pytest.mark.slow
+@two_cpus
+def test_real_ccl_training_ends_where_gloo_does(real_binding):
+    runs = {b: run_cli("--ddp", "--nproc-per-node", "2", "--backend", b, *TRAIN, timeout=600)
+            for b in ("ccl", "gloo", "auto")}
+    recs = {b: train_records(p) for b, p in runs.items()}
+    assert {b: sorted((r["rank"], r["backend"]) for r in rs.values()) for b, rs in recs.items()} == {
+        "ccl": [(0, "ccl"), (1, "ccl")], "gloo": [(0, "gloo"), (1, "gloo")], "auto": [(0, "ccl"), (1, "ccl")]}
+    shas = {r["param_sha256"] for rs in recs.values() for r in rs.values()}
+    assert len(shas) == 1  # bitwise equal to gloo's
+
+
+@pytest.mark.slow
+@two_cpus
+def test_real_two_nodes_on_loopback(real_binding):
+    port = host.free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "cpulaunch", "--ddp", "--nnodes", "2", "--node-rank", str(n),
+                               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               "--core-list", str(sorted(os.sched_getaffinity(0))[n]), "--backend", "ccl", *TRAIN],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    recs = [r for out, _ in outs for r in json_records(out) if "param_sha256" in r]
+    assert sorted((r["rank"], r["world_size"], r["backend"]) for r in recs) == [(0, 2, "ccl"), (1, 2, "ccl")]
+    assert len({r["param_sha256"] for r in recs}) == 1
+
+
+@pytest.mark.slow
+def test_real_doctor_starts_a_collective(real_binding):
+    _code, ccl, found = doctor({})
+    assert (ccl["loads"], ccl["collective"]) == (True, True), ccl
+    assert found["ccl-collective"]["severity"] == "ok"
+
+
+RANK_PROGRAM = """
+import os, sys, torch, torch.distributed as dist
+from cpulaunch.distributed import init_process_group
+init_process_group()
+x = torch.ones(1 << 14)
+dist.all_reduce(x)
+print("ready", os.getpid(), flush=True)
+while not sys.stdin.readline() == "":  # until the test closes stdin
+    pass
+dist.destroy_process_group()
+"""
+
+
+def _ready_pid(proc, seconds: float) -> int:
+    """The pid on the rank's ``ready PID`` line (oneCCL writes its CCL_WARN lines to stdout
+    too), waited for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"the rank did not finish its first collective in {seconds:g} s"
+        line = proc.stdout.readline()
+        assert line, f"the rank exited ({proc.wait()}) before its first collective"
+        if line.startswith("ready "):
+            return int(line.split()[1])
+
+
+@pytest.mark.slow
+@two_cpus
+def test_real_verify_sees_the_worker_on_its_own_core(real_binding, tmp_path):
+    """One rank, one core set aside for oneCCL's worker: after the first collective, verify
+    sees a thread pinned to exactly that core."""
+    prog = tmp_path / "rank.py"
+    prog.write_text(RANK_PROGRAM)
+    proc = subprocess.Popen([sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", "1",
+                             "--ccl-worker-count", "1", "--backend", "ccl", "--core-list",
+                             ",".join(map(str, sorted(os.sched_getaffinity(0))[:2])), sys.executable, str(prog)],
+                            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        pid = _ready_pid(proc, 300)
+        out = run_cli("verify", "--format", "json", str(pid), check_rc=None)
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    (inst,) = json.loads(out.stdout)["instances"]
+    worker = sorted(os.sched_getaffinity(0))[1]
+    assert inst["ccl_workers"]["planned"] == str(worker)
+    pinned = {t["tid"] for t in inst["process"]["threads"] if t["cpus"] == str(worker)}
+    assert inst["ccl_workers"]["threads"] and set(inst["ccl_workers"]["threads"]) == pinned
+    assert proc.returncode == 0
