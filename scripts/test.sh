@@ -37,6 +37,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "creating the virtual environment $VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
-# virtme-ng: vng, which boots the live machines (docs/live-machines.md; .ci/run's live step)
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench]' intel-openmp virtme-ng
+# virtme-ng: vng, which boots the live machines (docs/live-machines.md; .ci/run's live step);
+# [users]: Lightning and accelerate, which tests/test_ranks_users.py runs under cpulaunch.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users]' intel-openmp virtme-ng
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
