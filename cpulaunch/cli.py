@@ -252,6 +252,9 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
 @_opt("--ccl-worker-count", type=int, default=None,
       help="--ddp with ccl: cores per rank set aside for oneCCL's workers (default 1 when each rank has a core "
       "to spare; 0: none, the worker shares the rank's first CPU and yields).")
+@_opt("--no-exit-hook", is_flag=True,
+      help="--ddp: do not end a Python rank's process group at exit when the program did not "
+           "(the hook is a sitecustomize first on PYTHONPATH; docs/training.md).")
 @_opt("--iface", default=None, help="--ddp: network interface (GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE).")
 @_opt("--share-host", default=None,
       help="Claim the planned cores host-wide, so other cpulaunch jobs plan on the rest; "

@@ -330,7 +330,8 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
         backend, note = _backend(opts, host, environ)
         ranks = distributed.plan_ranks(topo, opts.request, opts.ddp, environ, engine=host.engine,
                                        backend=backend, backend_note=note, free_port=host.free_port,
-                                       fabric=host.fabric, override_env=opts.override_env)
+                                       fabric=host.fabric, override_env=opts.override_env,
+                                       program=program, python=host.python)
         the_plan = ranks.plan._replace(notes=ranks.notes)
         ddp_info, label, instance_env, run_environ = dict(ranks.info), "rank", ranks.instance_env, ranks.environ
     else:

@@ -7,7 +7,10 @@ called, in the training program.
 Engines and the variables they document:
 
 - torchrun / torch.distributed.run (torchelastic): RANK, WORLD_SIZE, LOCAL_RANK,
-  LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID.
+  LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE,
+  MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT,
+  TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE (the agent's worker env,
+  torch/distributed/elastic/agent/server/local_elastic_agent.py).
 - MPICH and Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
 - Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
   OMPI_COMM_WORLD_LOCAL_SIZE (PMIX_RANK alongside).
@@ -21,6 +24,7 @@ still sets SLURM_* for the job, but its own variables describe the ranks.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +43,12 @@ __all__ = [
     "tasks_on_node",
     "select_backend",
     "rank_env",
+    "elastic_rank_env",
+    "exit_hook_env",
+    "runs_python",
+    "site_hook_dir",
+    "block_node",
+    "DEFAULT_ROLE",
     "rank_request",
     "ccl_env",
     "ccl_runtime_env",
@@ -73,6 +83,9 @@ class RankContext:
         master_addr: host of rank 0, if the engine tells (None: unknown).
         master_port: rendezvous port, if the engine tells.
         notes: how values were derived.
+        node_rank: index of this machine among the job's machines (torchrun's GROUP_RANK,
+            Slurm's SLURM_NODEID), None when the engine does not tell.
+        nnodes: number of machines in the job, None when the engine does not tell.
     """
 
     engine: str
@@ -83,6 +96,8 @@ class RankContext:
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    node_rank: Optional[int] = None
+    nnodes: Optional[int] = None
 
 
 def _get_int(env: Mapping[str, str], *names: str) -> Optional[int]:
@@ -156,6 +171,8 @@ def detect_engine(env: Mapping[str, str]) -> Optional[RankContext]:
             local_world_size=local_size if local_size is not None else 1,
             master_addr=env.get("MASTER_ADDR"),
             master_port=_get_int(env, "MASTER_PORT"),
+            node_rank=_get_int(env, "GROUP_RANK"),
+            nnodes=_get_int(env, "GROUP_WORLD_SIZE"),
         )
     if env.get("OMPI_COMM_WORLD_RANK") is not None:
         return _mpi(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -180,8 +197,35 @@ def _mpi(env, engine, rank_v, size_v, local_v, local_size_v) -> RankContext:
         # Without local variables, assume one machine (the only safe reading).
         local, local_size = rank, world
         notes.append(f"{engine}: {local_v}/{local_size_v} not set; assuming all ranks on this machine")
+    node, nnodes = block_node(rank, world, local, local_size)
+    if node is None:
+        notes.append(f"{engine}: rank {rank} (local {local} of {local_size}) is not placed in blocks of "
+                     f"{local_size} ranks per machine, so this machine's index is unknown: NODE_RANK and "
+                     "GROUP_RANK not set (map ranks by slot, mpirun's default)")
     return RankContext(engine, rank, world, local, local_size, env.get("MASTER_ADDR"),
-                       _get_int(env, "MASTER_PORT"), tuple(notes))
+                       _get_int(env, "MASTER_PORT"), tuple(notes), node, nnodes)
+
+
+def block_node(rank: int, world_size: int, local_rank: int, local_world_size: int) -> tuple:
+    """This machine's index and the number of machines when ranks are placed in blocks of
+    ``local_world_size`` per machine -> ``(node_rank, nnodes)``, else ``(None, None)``.
+
+    MPI launchers tell a rank its place on its machine but not which machine it is on
+    (MPICH/Hydra: MPI_LOCALRANKID; Open MPI's OMPI_COMM_WORLD_NODE_RANK is a rank among
+    the processes of one node, not a node index). With block placement (mpirun's default
+    mapping by slot: node 0 runs ranks 0..L-1, node 1 runs L..2L-1, ...) rank = node x L +
+    local rank, so the node is (rank - local rank) / L; that is also how torchrun numbers
+    ranks, and how Lightning derives a global rank from NODE_RANK. Any other placement
+    (``--map-by node``, uneven hosts) gives no node index. Examples: ``(5, 8, 1, 2)`` ->
+    ``(2, 4)``; ``(3, 8, 0, 2)`` (round robin) -> ``(None, None)``; all ranks on one machine
+    ``(1, 2, 1, 2)`` -> ``(0, 1)``.
+    """
+    if local_world_size < 1 or world_size % local_world_size or not 0 <= local_rank < local_world_size:
+        return None, None
+    first = rank - local_rank
+    if first < 0 or first % local_world_size:
+        return None, None
+    return first // local_world_size, world_size // local_world_size
 
 
 def mpi_env_hint(engine: str, name: str, value: str) -> str:
@@ -216,7 +260,10 @@ def _slurm(env) -> RankContext:
         # shared nodes do not collide (range 20000-29999).
         port = 20000 + job % 10000
         notes.append(f"MASTER_PORT={port}: derived from SLURM_JOB_ID {job}")
-    return RankContext("slurm", rank, world, local, local_size, addr, port, tuple(notes))
+    # SLURM_NODEID: this node's index in the step (srun(1), "OUTPUT ENVIRONMENT VARIABLES").
+    nnodes = _get_int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+    return RankContext("slurm", rank, world, local, local_size, addr, port, tuple(notes),
+                       _get_int(env, "SLURM_NODEID"), nnodes)
 
 
 def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]:
@@ -333,9 +380,28 @@ def iface_env(iface: Optional[str]) -> dict[str, str]:
     return {"GLOO_SOCKET_IFNAME": iface, "CCL_KVS_IFACE": iface, "FI_TCP_IFACE": iface}
 
 
+#: torchrun's name for the one role of a job (``torchrun --role``'s default).
+DEFAULT_ROLE = "default"
+
+
 def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str) -> dict[str, str]:
-    """The variables torch.distributed's env:// rendezvous and DDP programs read."""
-    return {
+    """The variables torch.distributed's env:// rendezvous and DDP programs read: what
+    torchrun gives its workers, as far as a run without torchrun's agent can say it, plus
+    NODE_RANK (Lightning reads NODE_RANK, else GROUP_RANK, else takes node 0).
+
+    torchrun's worker variables (torch/distributed/run.py, "Environment Variables"; the agent's
+    ``_start_workers``): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT; GROUP_RANK and GROUP_WORLD_SIZE (this machine's index and the number of
+    machines, one worker group per machine); ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME (one role,
+    so the global rank, the world size and torchrun's default name). Given only when the
+    engine tells them: GROUP_RANK/NODE_RANK from ``ctx.node_rank``, GROUP_WORLD_SIZE from
+    ``ctx.nnodes``. Never the TORCHELASTIC_* variables: they describe torchelastic's agent (its
+    rendezvous id, its restarts of the worker group, its store), and there is none;
+    TORCHELASTIC_RUN_ID would also make ``torch.distributed.is_torchelastic_launched()``
+    true. Under the user's own torchrun (``ctx.engine == "torchrun"``) the agent's values
+    are left as it set them (a ``--role`` of its own included) and only NODE_RANK is added.
+    """
+    env = {
         "RANK": str(ctx.rank),
         "WORLD_SIZE": str(ctx.world_size),
         "LOCAL_RANK": str(ctx.local_rank),
@@ -344,6 +410,63 @@ def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str)
         "MASTER_PORT": str(master_port),
         envvars.DIST_BACKEND: backend,
     }
+    if ctx.node_rank is not None:
+        env["NODE_RANK"] = str(ctx.node_rank)
+    if ctx.engine == "torchrun":
+        return env
+    env.update({"ROLE_RANK": str(ctx.rank), "ROLE_WORLD_SIZE": str(ctx.world_size), "ROLE_NAME": DEFAULT_ROLE})
+    if ctx.node_rank is not None:
+        env["GROUP_RANK"] = str(ctx.node_rank)
+    if ctx.nnodes is not None:
+        env["GROUP_WORLD_SIZE"] = str(ctx.nnodes)
+    return env
+
+
+def site_hook_dir() -> str:
+    """The folder cpulaunch puts first on every rank's PYTHONPATH: it holds only a
+    ``sitecustomize`` that ends the default process group before the interpreter
+    finalizes, when the program left it alive (:mod:`cpulaunch.runtime.exithook`; issue 24
+    item 8). Computed from this file's path (no file is read)."""
+    return os.path.join(os.path.dirname(__file__), "runtime", "sitehook")
+
+
+def runs_python(argv: Sequence[str], python: str) -> bool:
+    """True when ``argv`` (the resolved program, :func:`cpulaunch.render.resolve_program`)
+    starts a Python interpreter, as far as its first word tells: ``python``, the
+    interpreter cpulaunch runs under (``python``), or a name like ``python3``/``python3.11``
+    (any folder). ``["/usr/bin/python3", "x.py"]`` -> True; ``["sh", "run.sh"]`` -> False;
+    a console script (``lightning``) -> False (its interpreter is in a file, not read here).
+    """
+    if not argv:
+        return False
+    return argv[0] == python or re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) is not None
+
+
+def exit_hook_env(environ: Mapping[str, str]) -> dict:
+    """PYTHONPATH for a rank: :func:`site_hook_dir` first, then the user's own entries
+    unchanged (none added when the user had none: an empty entry would mean the current
+    folder). A PYTHONPATH that already holds the folder (cpulaunch under cpulaunch) is kept
+    as it is. Example: ``{"PYTHONPATH": "/src"}`` -> ``{"PYTHONPATH": "<hook>:/src"}``.
+
+    Why a ``sitecustomize`` and not a wrapper (``python -m cpulaunch.runtime.rank x.py``):
+    it reaches every Python a rank starts, whatever the program is (a shell script, a
+    console script such as ``lightning``), needs no cpulaunch in the rank's interpreter,
+    and leaves the program's argv, ``__main__`` and tracebacks as they are; the
+    ``sitecustomize`` Python would have run (the distribution's, a venv's, the user's) is
+    run after it (docs/training.md, "Ranks that abort at exit").
+    """
+    hook, user = site_hook_dir(), environ.get("PYTHONPATH", "")
+    if hook in user.split(os.pathsep):
+        return {"PYTHONPATH": user}
+    return {"PYTHONPATH": os.pathsep.join([hook, user]) if user else hook}
+
+
+def elastic_rank_env(agent_env: Mapping[str, str]) -> dict:
+    """What the elastic rank entry adds to the variables torchrun's agent gave a worker:
+    NODE_RANK = GROUP_RANK (the agent assigns machines their index at the rendezvous, so
+    the parent cannot render it). Empty when the agent gave no GROUP_RANK."""
+    group = agent_env.get("GROUP_RANK")
+    return {"NODE_RANK": group} if group is not None and group.strip().isdigit() else {}
 
 
 #: oneCCL variables that must agree with each other: a user's value for one keeps cpulaunch's
@@ -556,7 +679,7 @@ def _fmt(ids) -> str:
 
 def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[RankContext],
                backend: str, backend_note: str, free_port: Optional[int], fabric=None,
-               override_env: bool = False) -> RankPlan:
+               override_env: bool = False, program: Sequence[str] = (), python: str = "") -> RankPlan:
     """Plan this machine's DDP ranks and each one's identity variables (pure).
 
     Args:
@@ -571,6 +694,9 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
             ``--master-port`` (torchrun's --standalone does the same).
         fabric: oneCCL's libfabric found on the host (ccl only; :func:`ccl_runtime_env`).
         override_env: ``--override-env``: cpulaunch's CCL_*/FI_* values win over the user's.
+        program, python: the resolved program and the interpreter cpulaunch runs under: a
+            Python program (:func:`runs_python`) gets the exit hook (:func:`exit_hook_env`)
+            unless ``ddp.exit_hook`` is False (``--no-exit-hook``).
 
     With ccl, oneCCL's workers get cores set aside on each rank's own node when they fit
     (:func:`_with_ccl_workers`) and each rank its oneCCL variables (:func:`ccl_env`).
@@ -596,6 +722,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         env = _engine_rank_env(engine, ddp, backend, notes)
         if backend == "ccl":
             env.update(ccl(engine, (node_plan or rank_plan).instances, bound=node_plan is None))
+        env.update(_exit_hook(ddp, program, python, environ, notes))
         info = {"engine": engine.engine, "backend": backend, "rank": engine.rank,
                 "world_size": engine.world_size}
         inst = rank_plan.instances[0]
@@ -614,7 +741,8 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
             if backend == "ccl":
                 env.update(ccl(ctx, node_plan.instances))
             instance_env[inst.index] = env
-        notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE and MASTER_* after it")
+        notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE, GROUP_RANK, ROLE_*, "
+                     "TORCHELASTIC_* and MASTER_* after it; the rank entry adds NODE_RANK=GROUP_RANK")
     else:
         nnodes = int(ddp.nnodes)
         addr = ddp.master_addr or "127.0.0.1"
@@ -625,15 +753,32 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         elif ddp.master_port is None:
             notes.append(f"MASTER_PORT={port}: a port free on this machine when planned (pass --master-port to fix it)")
         for inst in node_plan.instances:
-            ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc)
+            ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc,
+                              node_rank=ddp.node_rank, nnodes=nnodes)
             env = rank_env(ctx, addr, port, backend)
             env.update(iface_env(ddp.iface))
             if backend == "ccl":
                 env.update(ccl(ctx, node_plan.instances))
             instance_env[inst.index] = env
+    hook = _exit_hook(ddp, program, python, environ, notes)
+    for env in instance_env.values():
+        env.update(hook)
     info = {"engine": "torchrun" if ddp.elastic else "cpulaunch", "backend": backend,
             "nproc_per_node": nproc, "nnodes": ddp.nnodes, "node_rank": ddp.node_rank}
     return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info)
+
+
+def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, str], notes: list) -> dict:
+    """The rank's PYTHONPATH with the exit hook, or {} (turned off, or not a Python program:
+    then a note says so, since its ranks may abort at exit)."""
+    if not ddp.exit_hook:
+        return {}
+    if not runs_python(program, python):
+        if program:
+            notes.append(f"no exit hook for {program[0]!r} (not a Python interpreter): if its ranks never call "
+                         "destroy_process_group(), they may abort at exit (docs/training.md)")
+        return {}
+    return exit_hook_env(environ)
 
 
 def _engine_rank_env(ctx: RankContext, ddp, backend: str, notes: list) -> dict:

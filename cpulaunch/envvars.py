@@ -21,10 +21,14 @@ DATALOADER_CPUS = "CPULAUNCH_DATALOADER_CPUS"
 DATALOADER_WORKERS = "CPULAUNCH_DATALOADER_WORKERS"
 #: --reserve-cores: the CPUs set aside for the program's own helper threads.
 RESERVED_CPUS = "CPULAUNCH_RESERVED_CPUS"
-#: What verify compares a running process with when no plan is at hand: the CPUs its
-#: OpenMP threads are bound to, the memory policy and its nodes.
+#: What ``cpulaunch verify PID`` compares a running process with when no plan is at hand,
+#: written by render for every instance: the logical CPUs it is bound to (a cpulist), the
+#: memory policy the launch applied ("bind", "interleave", "preferred", "local", "none")
+#: and its NUMA nodes (a cpulist of node ids; absent when the policy is "none"). The
+#: policy's name is not CPULAUNCH_MEM_POLICY: that is --mem-policy's option variable, and
+#: a cpulaunch started inside an instance would take it as its own --mem-policy.
 BOUND_CPUS = "CPULAUNCH_BOUND_CPUS"
-MEM_POLICY = "CPULAUNCH_MEM_POLICY"
+MEM_POLICY = "CPULAUNCH_PLANNED_MEM_POLICY"
 MEM_NODES = "CPULAUNCH_MEM_NODES"
 #: --inference-path, read by ``cpulaunch.inference.optimize``.
 INFERENCE_PATH = "CPULAUNCH_INFERENCE_PATH"

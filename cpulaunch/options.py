@@ -116,6 +116,8 @@ class DdpOptions(NamedTuple):
         standalone: torchrun's --standalone was given (one machine; checked).
         max_restarts: torchrun's ``--max-restarts``: how many times its agent restarts
             every local rank after one fails (elastic runs only; None: torchrun's 0).
+        exit_hook: a Python rank ends its default process group at exit when the program
+            did not (``--no-exit-hook`` / CPULAUNCH_NO_EXIT_HOOK=1 turn it off; issue 24).
     """
 
     nproc_per_node: Optional[str] = None
@@ -130,6 +132,7 @@ class DdpOptions(NamedTuple):
     iface: Optional[str] = None
     standalone: bool = False
     max_restarts: Optional[int] = None
+    exit_hook: bool = True
 
     @property
     def elastic(self) -> bool:
@@ -367,7 +370,8 @@ def _budgets(v: Mapping) -> dict:
 
 
 _DDP_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
-             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend", "max_restarts")
+             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend", "max_restarts",
+             "no_exit_hook")
 
 
 def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
@@ -394,6 +398,7 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
         iface=v.get("iface"),
         standalone=bool(v.get("standalone")),
         max_restarts=_positive("max-restarts", v.get("max_restarts"), minimum=0),
+        exit_hook=not v.get("no_exit_hook"),
     )
     if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
         raise OptionsError(f"--master-port {opts.master_port}: use a TCP port 1-65535")

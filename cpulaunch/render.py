@@ -224,6 +224,40 @@ def _preload(settings: Settings, notes: list) -> Optional[str]:
     return " ".join(ours) + (" " + user_value if user_value else "")
 
 
+def _applied_memory(inst: Instance, settings: Settings) -> tuple:
+    """``(policy value, node ids)`` the launch really applies: the plan's under numactl;
+    ("none", ()) under --bind affinity or none, which set no memory policy (pages follow
+    the first touch)."""
+    if settings.bind == "numactl":
+        return inst.mem_policy.value, tuple(inst.mem_nodes)
+    return "none", ()
+
+
+def _memory_not_bound_note(plan: Plan, settings: Settings) -> str | None:
+    """Under --bind affinity (asked for, or numactl's fallback) no memory policy is set:
+    the note saying the planned one is not applied and where pages go instead (the kernel's
+    default policy: first touch, mm/mempolicy.c); None when numactl binds or nothing
+    planned a memory policy."""
+    planned = sorted({i.mem_policy.value for i in plan.instances if i.mem_policy.value != "none"})
+    if settings.bind != "affinity" or not planned:
+        return None
+    return ("memory is not bound: CPUs are bound with sched_setaffinity (--bind affinity), which sets "
+            f"no memory policy, so --mem-policy {', '.join(planned)} is not applied and pages follow the "
+            "first touch (each lands on the node of the CPU that first writes it); use --bind numactl "
+            "to bind memory")
+
+
+def _expected_env(bound_cpus: Sequence[int], mem_policy: str, mem_nodes: Sequence[int]) -> dict:
+    """The identity variables ``cpulaunch verify PID`` compares a process with when no plan
+    is at hand (:meth:`cpulaunch.tools.verify.Expected.from_environ`): the logical CPUs it
+    is bound to, the memory policy applied ("bind", "interleave", "preferred", "local",
+    "none") and its NUMA node ids (absent when none)."""
+    env = {envvars.BOUND_CPUS: cpulist.format(bound_cpus), envvars.MEM_POLICY: mem_policy}
+    if mem_nodes:
+        env[envvars.MEM_NODES] = cpulist.format(mem_nodes)
+    return env
+
+
 def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
     """Render every instance of ``plan`` running ``program`` under ``settings`` (pure).
 
@@ -231,6 +265,9 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
         :class:`Rendered` with each instance's env (only what cpulaunch sets) and argv.
     """
     notes: list = list(plan.notes)
+    memory_note = _memory_not_bound_note(plan, settings)
+    if memory_note:
+        notes.append(memory_note)
     preload = _preload(settings, notes)
     kept_note_done: set = set()
     out = []
@@ -262,13 +299,15 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
             prefix, affinity = (), inst.bound_cpus
         else:
             prefix, affinity = (), None
+        mem_policy, mem_nodes = _applied_memory(inst, settings)
+        env.update(_expected_env(inst.bound_cpus, mem_policy, mem_nodes))
         out.append(
             RenderedInstance(
                 index=inst.index,
                 cpus=inst.cpus,
                 bound_cpus=inst.bound_cpus,
-                mem_nodes=inst.mem_nodes if settings.bind == "numactl" else (),
-                mem_policy=inst.mem_policy.value if settings.bind == "numactl" else "none",
+                mem_nodes=mem_nodes,
+                mem_policy=mem_policy,
                 env=dict(sorted(env.items())),
                 argv=tuple(prefix) + tuple(program),
                 prefix=tuple(prefix),

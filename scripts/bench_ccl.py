@@ -227,19 +227,8 @@ def job_argv(variant: str, nproc: int, program: list, runtime: dict, cpus: list)
 def run_job(argv: list) -> tuple[int, str, str]:
     """Run one job; (exit code, stdout, stderr). Stopped with SIGTERM after JOB_TIMEOUT
     (cpulaunch forwards it to its ranks and kills them after its grace period)."""
-    proc = subprocess.Popen(argv, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        err += f"\n(stopped after {JOB_TIMEOUT:.0f} s)"
-    return proc.returncode, out, err
+    code, out, err, _ = benchkit.run_bounded(argv, base_env(), JOB_TIMEOUT)
+    return code, out, err
 
 
 # --------------------------------------------------------------------------- rank program

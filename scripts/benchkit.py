@@ -133,3 +133,21 @@ def time_once(argv: list, env: dict) -> float:
         raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n"
                            f"{proc.stderr.decode(errors='replace')[-2000:]}")
     return dt
+
+
+def run_bounded(argv: list, env: dict, timeout: float, grace: float = 30.0, cwd=None) -> tuple:
+    """Run ``argv`` to its end or to ``timeout`` seconds -> (return code, stdout, stderr,
+    stopped: True when the deadline stopped it). A late run gets SIGTERM (cpulaunch forwards it to its
+    instances and kills them after its grace period), then SIGKILL after ``grace`` seconds."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err, False
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        return proc.returncode, out, err + f"\n(stopped after {timeout:.0f} s)", True

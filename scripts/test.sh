@@ -20,7 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux binutils python3-venv)
+DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux binutils python3-venv
+      qemu-system-x86 linux-image-amd64 busybox-static)  # the last three: the live machines
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for p in "${DEBS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -36,5 +37,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "creating the virtual environment $VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench]' intel-openmp
+# virtme-ng: vng, which boots the live machines (docs/live-machines.md; .ci/run's live step);
+# [users]: Lightning and accelerate, which tests/test_ranks_users.py runs under cpulaunch.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users]' intel-openmp virtme-ng
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

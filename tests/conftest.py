@@ -26,9 +26,14 @@ FACTS = json.loads((FIXTURES / "FACTS.json").read_text())
 @pytest.fixture(scope="session")
 def sysroots(tmp_path_factory) -> dict:
     """{machine folder name: Path of its unpacked root}, for every fixture machine."""
-    base = tmp_path_factory.mktemp("sysroots")
+    return unpack_dumps(MACHINES, tmp_path_factory.mktemp("sysroots"))
+
+
+def unpack_dumps(names, base: Path) -> dict:
+    """{fixture folder name: Path of its unpacked root}: each tests/fixtures/NAME/*.tar.bz2
+    (one top folder acting as ``/``) unpacked below ``base``."""
     roots = {}
-    for name in MACHINES:
+    for name in names:
         (tarball,) = (FIXTURES / name).glob("*.tar.bz2")
         dest = base / name
         dest.mkdir()

@@ -63,7 +63,7 @@ def test_slurm_srun_variables_master_from_nodelist_and_port_from_job():
            "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "cn[007-008]",
            "SLURM_JOB_ID": "123456"}
     ctx = detect_engine(env)
-    assert ctx == RankContext("slurm", 3, 4, 1, 2, "cn007", 20000 + 123456 % 10000, ctx.notes)
+    assert ctx == RankContext("slurm", 3, 4, 1, 2, "cn007", 20000 + 123456 % 10000, ctx.notes, node_rank=1)
     assert any("first host of the Slurm node list" in n for n in ctx.notes)
 
 

@@ -692,6 +692,25 @@ def numactl():
     return path
 
 
+@pytest.mark.parametrize("args, policy", [((), "bind"), (("--mem-policy", "bind"), "bind"),
+                                          (("--mem-policy", "interleave"), "interleave"),
+                                          (("--mem-policy", "preferred"), "preferred")])
+def test_bind_affinity_says_memory_is_not_bound(sysroots, monkeypatch, args, policy):
+    """Issue 23: --bind affinity sets no memory policy; the plan says so in one note naming
+    the --mem-policy that is not applied (given or by default) and where pages go instead,
+    and every instance's memory policy and variables say none."""
+    _clean_env(monkeypatch)
+    doc = plan_json(sysroots[XEON], "--instances-per-socket", "--bind", "affinity", *args)
+    assert doc["notes"] == [(
+        "memory is not bound: CPUs are bound with sched_setaffinity (--bind affinity), which sets no "
+        f"memory policy, so --mem-policy {policy} is not applied and pages follow the first touch (each "
+        "lands on the node of the CPU that first writes it); use --bind numactl to bind memory")]
+    assert [(i["mem_policy"], i["mem_nodes"], i["env"]["CPULAUNCH_PLANNED_MEM_POLICY"]) for i in doc["instances"]] \
+        == [("none", [], "none")] * 2
+    assert all("CPULAUNCH_MEM_NODES" not in i["env"] and i["argv"] == ["true"] for i in doc["instances"])
+    assert not any(n.startswith("memory is not bound") for n in plan_json(sysroots[XEON], *args)["notes"])
+
+
 def test_cli_per_socket_argv_and_env(sysroots, monkeypatch, numactl):
     _clean_env(monkeypatch)
     doc = plan_json(sysroots[XEON], "--instances-per-socket")
@@ -700,10 +719,14 @@ def test_cli_per_socket_argv_and_env(sysroots, monkeypatch, numactl):
     assert a["argv"] == [numactl, "-C", "0-7", "-m", "0", "true"]
     assert b["argv"] == [numactl, "-C", "8-15", "-m", "1", "true"]
     assert a["env"] == {
+        "CPULAUNCH_BOUND_CPUS": "0-7",
         "CPULAUNCH_CPUS": "0-7",
         "CPULAUNCH_INSTANCE_INDEX": "0",
+        "CPULAUNCH_MEM_NODES": "0",
         "CPULAUNCH_NUM_INSTANCES": "2",
+        "CPULAUNCH_PLANNED_MEM_POLICY": "bind",
         "OMP_NUM_THREADS": "8",
+        "PYTHONUNBUFFERED": "1",  # two instances: their output is relayed (issue 24, live output)
     }
     assert b["env"]["CPULAUNCH_INSTANCE_INDEX"] == "1" and b["env"]["CPULAUNCH_CPUS"] == "8-15"
     assert (a["cpus"], a["bound_cpus"], a["mem_nodes"], a["mem_policy"]) == (

@@ -85,9 +85,11 @@ def test_env_per_instance_gnu_tcmalloc():
                  numactl="/usr/bin/numactl")
     r = render(two_instances(), ("python", "x.py"), s)
     assert [i.env for i in r.instances] == [
-        {"CPULAUNCH_CPUS": "0-1", "CPULAUNCH_INSTANCE_INDEX": "0", "CPULAUNCH_NUM_INSTANCES": "2",
+        {"CPULAUNCH_BOUND_CPUS": "0-1", "CPULAUNCH_CPUS": "0-1", "CPULAUNCH_INSTANCE_INDEX": "0",
+         "CPULAUNCH_MEM_NODES": "0", "CPULAUNCH_NUM_INSTANCES": "2", "CPULAUNCH_PLANNED_MEM_POLICY": "bind",
          "LD_PRELOAD": "/lib/libtcmalloc.so.4", "OMP_NUM_THREADS": "2"},
-        {"CPULAUNCH_CPUS": "8-9", "CPULAUNCH_INSTANCE_INDEX": "1", "CPULAUNCH_NUM_INSTANCES": "2",
+        {"CPULAUNCH_BOUND_CPUS": "8-9", "CPULAUNCH_CPUS": "8-9", "CPULAUNCH_INSTANCE_INDEX": "1",
+         "CPULAUNCH_MEM_NODES": "1", "CPULAUNCH_NUM_INSTANCES": "2", "CPULAUNCH_PLANNED_MEM_POLICY": "bind",
          "LD_PRELOAD": "/lib/libtcmalloc.so.4", "OMP_NUM_THREADS": "2"},
     ]
     assert [list(i.argv) for i in r.instances] == [

@@ -278,7 +278,8 @@ def test_memory_bound_by_numactl():
     # The same process judged against a plan that bound it to node 1.
     where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(view.numa.anon_kb_per_node.items()))
     assert verify.compare(Expected(index=0, bound_cpus=(C,), mem_nodes=(1,), mem_policy="bind"), view) == [
-        f"instance 0: pid {pid} runs with memory policy bind:0, planned bind:1 (the memory binding did not apply)",
+        (f"instance 0: pid {pid} runs with memory policy bind:0, planned bind:1 (the memory binding did "
+         f"not apply); {where}"),
         f"instance 0: only 0% of its anonymous memory is on bound node(s) 1 ({where})",
     ]
 
@@ -288,8 +289,10 @@ def test_memory_binding_lost():
     with child(ALLOC) as (pid, _):
         view = procfs.inspect(pid)
     assert view.numa.policy == "default"
+    where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(view.numa.anon_kb_per_node.items()))
     assert verify.compare(Expected(index=4, bound_cpus=tuple(ALLOWED), mem_nodes=(0,), mem_policy="bind"), view) == [
-        f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did not apply)"
+        (f"instance 4: pid {pid} runs with memory policy default, planned bind:0 (the memory binding did "
+         f"not apply); {where}")
     ]
 
 
@@ -380,7 +383,7 @@ def test_expected_from_environ_budgets():
            "CPULAUNCH_INSTANCE_INDEX": "1", "LD_PRELOAD": "/opt/lib/libiomp5.so /usr/lib/libjemalloc.so.2"}
     assert Expected.from_environ(env) == Expected(index=1, bound_cpus=(0, 1, 2, 3, 4, 6, 7), cpus=(0, 1, 2, 3),
                                                   allocator="jemalloc", omp_runtime="intel")
-    assert Expected.from_environ({**env, "CPULAUNCH_BOUND_CPUS": "0-7", "CPULAUNCH_MEM_POLICY": "bind",
+    assert Expected.from_environ({**env, "CPULAUNCH_BOUND_CPUS": "0-7", "CPULAUNCH_PLANNED_MEM_POLICY": "bind",
                                   "CPULAUNCH_MEM_NODES": "1"}) == Expected(
         index=1, bound_cpus=tuple(range(8)), cpus=(0, 1, 2, 3), mem_nodes=(1,), mem_policy="bind",
         allocator="jemalloc", omp_runtime="intel")
@@ -584,3 +587,46 @@ def test_two_instance_run_reports_extra_threads_and_widening(tmp_path):
     # Every thread of instance 0 has exactly its planned CPUs.
     assert {t["cpus"] for t in inst0["process"]["threads"]} == {inst0["expected"]["bound_cpus"]}
     assert inst1["warnings"][0] in proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("numactl") is None or 0 not in _nodes(), reason="needs numactl and node 0")
+def test_verify_pid_flags_memory_policy_the_launch_did_not_plan():
+    """Issue 23: ``cpulaunch verify PID`` without a plan takes the memory policy from the
+    variables the launcher gives every instance. A real instance launched by cpulaunch
+    (planned: bind to node 0) whose program runs under ``numactl --interleave=0`` fails
+    verify (exit 1), naming its memory policy and where its anonymous memory is. Before
+    the launcher wrote the variables, verify had no policy to compare and said ok."""
+    from tests.conftest import REPO, run_cli
+
+    launch = (sys.executable, "-m", "cpulaunch", "--ninstances", "1", "--allocator", "default",
+              "--", "numactl", "--interleave=0")
+    with child(ALLOC, env={"PYTHONPATH": str(REPO)}, prefix=launch) as (pid, _):
+        proc = run_cli("verify", "--format", "json", str(pid), check_rc=None)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    (inst,) = json.loads(proc.stdout)["instances"]
+    assert inst["status"] == "differs"
+    assert (inst["expected"]["mem_policy"], inst["expected"]["mem_nodes"]) == ("bind", "0")
+    anon = inst["process"]["memory"]["anon_kb_per_node"]
+    assert inst["process"]["memory"]["policy"] == "interleave:0" and int(anon["0"]) >= 32 << 10
+    where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(anon.items()))
+    assert inst["warnings"] == [(f"instance 0: pid {pid} runs with memory policy interleave:0, planned "
+                                 f"bind:0 (the memory binding did not apply); {where}")]
+
+
+@pytest.mark.skipif(shutil.which("numactl") is None or 0 not in _nodes(), reason="needs numactl and node 0")
+def test_verify_pid_flags_pages_off_the_planned_nodes():
+    """A process whose variables say bind to node 1 while its pages are on node 0 (bound
+    there by numactl): ``cpulaunch verify PID`` exits 1 naming its policy and the share of
+    its anonymous memory on node 1 (none), with where it is."""
+    from tests.conftest import run_cli
+
+    env = {"CPULAUNCH_CPUS": str(C), "CPULAUNCH_BOUND_CPUS": str(C), "CPULAUNCH_INSTANCE_INDEX": "3",
+           "CPULAUNCH_PLANNED_MEM_POLICY": "bind", "CPULAUNCH_MEM_NODES": "1"}
+    with child(ALLOC, env=env, prefix=("numactl", "-C", str(C), "-m", "0")) as (pid, _):
+        proc = run_cli("verify", str(pid), check_rc=None)
+        view = procfs.inspect(pid)
+    where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(view.numa.anon_kb_per_node.items()))
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert f"  warning: instance 3: only 0% of its anonymous memory is on bound node(s) 1 ({where})\n" in proc.stdout
+    assert (f"  warning: instance 3: pid {pid} runs with memory policy bind:0, planned bind:1 (the memory "
+            f"binding did not apply); {where}\n") in proc.stdout

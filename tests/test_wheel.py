@@ -113,3 +113,19 @@ def test_main_job_runs_from_the_wheel(installed, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = [json.loads(line.split("] ", 1)[-1]) for line in proc.stdout.splitlines() if "{" in line]
     assert recs and all(r["samples_per_s"] > 0 for r in recs), proc.stdout
+
+
+def test_a_rank_gets_the_exit_hook_from_the_wheel(installed):
+    """Issue 24 item 8: the site hook ships in the wheel, and a Python rank started by the
+    installed cpulaunch loads it from the venv (not from a checkout)."""
+    bin_dir, work = installed
+    code = ("import os, sys; print(os.environ['PYTHONPATH']); "
+            "print(sys.modules['_cpulaunch_exithook'].__file__, sys.modules['sitecustomize'].__file__)")
+    proc = _run([bin_dir / "cpulaunch", "--ddp", "--nproc-per-node", "1", "--allocator", "default",
+                 bin_dir / "python", "-c", code], cwd=work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (site,) = (bin_dir.parent / "lib").glob("python*/site-packages")
+    hook = site / "cpulaunch" / "runtime" / "sitehook"
+    path, files = proc.stdout.splitlines()
+    assert path == str(hook)
+    assert files.split() == [str(hook.parent / "exithook.py"), str(hook / "sitecustomize.py")]

@@ -21,6 +21,7 @@ from typing import Mapping, Optional, Sequence
 
 from cpulaunch import envvars
 from cpulaunch import log as _log
+from cpulaunch.distributed import elastic_rank_env
 from cpulaunch.launch.spawn import ProcessSpec
 
 __all__ = ["run_elastic", "main"]
@@ -86,6 +87,7 @@ def main() -> int:
     except (KeyError, ValueError, IndexError, TypeError):
         print("cpulaunch.rank_entry: internal: run by cpulaunch --ddp under torchrun only", file=sys.stderr)
         return 70
+    environ.update(elastic_rank_env(environ))  # NODE_RANK, known only after the rendezvous
     if not status_dir:
         exec_spec(spec, environ)
     outcome = run_group([spec], environ, prefix_output=False, stdin_for=None)

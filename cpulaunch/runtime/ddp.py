@@ -697,6 +697,13 @@ def init_process_group(backend: str | None = None, **kwargs):
     (cpulaunch --ddp sets them for every engine it supports). With "ccl" the
     ``oneccl_bindings_for_pytorch`` module is imported first, which registers the backend.
 
+    It also registers an exit handler (:func:`cpulaunch.runtime.exithook.install`) that
+    destroys the default process group before the interpreter finalizes when the program
+    has not (and did not end with an uncaught exception): without it a gloo rank sometimes
+    aborts at exit with "terminate called without an active exception" (issue 24 item 8;
+    pytorch#190489). Registered after the group exists, it runs before the exit handlers
+    registered earlier; calling ``destroy_process_group()`` yourself stays right.
+
     Returns the backend name used.
 
     Raises:
@@ -718,4 +725,7 @@ def init_process_group(backend: str | None = None, **kwargs):
             ) from exc
     kwargs.setdefault("init_method", "env://")
     dist.init_process_group(backend=backend, **kwargs)
+    from cpulaunch.runtime import exithook
+
+    exithook.install()
     return backend

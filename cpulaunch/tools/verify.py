@@ -185,9 +185,10 @@ class Expected:
 
         CPULAUNCH_INSTANCE_INDEX -> index; CPULAUNCH_BOUND_CPUS, else the union of
         CPULAUNCH_CPUS, CPULAUNCH_RESERVED_CPUS and CPULAUNCH_DATALOADER_CPUS -> bound
-        CPUs; CPULAUNCH_CPUS -> compute CPUs; CPULAUNCH_MEM_POLICY and
-        CPULAUNCH_MEM_NODES when present; LD_PRELOAD -> allocator and, with libiomp5 in
-        it, omp_runtime "intel" (else unknown).
+        CPUs; CPULAUNCH_CPUS -> compute CPUs; CPULAUNCH_PLANNED_MEM_POLICY and
+        CPULAUNCH_MEM_NODES when present (render writes the three for every instance:
+        :mod:`cpulaunch.envvars`); LD_PRELOAD -> allocator and, with libiomp5 in it,
+        omp_runtime "intel" (else unknown).
         """
         if envvars.CPUS not in env:
             return None
@@ -357,15 +358,19 @@ def _memory_warnings(who: str, exp: Expected, procs: list) -> list:
             got = p.numa.policy if p.numa else None
             if got is not None and got != want:
                 out.append(f"{who}: pid {p.pid} runs with memory policy {got}, planned {want} "
-                           "(the memory binding did not apply)")
+                           f"(the memory binding did not apply); {_where(p.numa.anon_kb_per_node)}")
     if exp.mem_policy == "bind" and exp.mem_nodes:
         total = _anon_kb(procs)
         share = NumaUsage(anon_kb_per_node=total).share_on(exp.mem_nodes)
         if share is not None and share < MIN_BOUND_SHARE:
-            where = ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(total.items()))
             out.append(f"{who}: only {share:.0%} of its anonymous memory is on bound node(s) "
-                       f"{cpulist.format(exp.mem_nodes)} ({where})")
+                       f"{cpulist.format(exp.mem_nodes)} ({_where(total)})")
     return out
+
+
+def _where(anon_kb: Mapping[int, int]) -> str:
+    """``"node 0: 1024 kB, node 1: 8 kB"`` (anonymous kB per node), or "no anonymous memory"."""
+    return ", ".join(f"node {n}: {kb} kB" for n, kb in sorted(anon_kb.items())) or "no anonymous memory"
 
 
 def _anon_kb(procs) -> dict:

@@ -1,0 +1,96 @@
+"""End the default process group before the interpreter finalizes, when the program did not.
+
+Why (issue 24 item 8, pytorch#190489): a rank whose program never calls
+``torch.distributed.destroy_process_group()`` (Lightning's DDP strategy does not, nor does
+accelerate's ``PartialState``) sometimes dies after its last step with "terminate called
+without an active exception" (SIGABRT, exit 134). Read from the core dumps of such ranks
+here (torch 2.13, Python 3.11): a gloo worker thread drops its last reference to a finished
+collective (``ProcessGroupGloo::runLoop`` -> ``~AsyncWork``); the work's tensors have Python
+objects, so the release takes the GIL (``TensorImpl::decref_pyobject``); when that happens
+after the main thread has begun to finalize the interpreter, CPython ends the thread
+(``PyThread_exit_thread``) by unwinding it through a ``noexcept`` destructor, and the C++
+runtime calls ``std::terminate()``. It is a race lost rarely (the release follows the
+collective by microseconds), more often on a loaded machine. Destroying the process group
+while the interpreter is fully alive closes the window: ``~ProcessGroupGloo`` releases the
+GIL, lets the workers finish and drop their work, and joins them.
+
+torch's own fix (an atexit handler in init_process_group, pytorch#179291) was abandoned;
+Lightning registers the same handler for NCCL only. This module is the launcher's version:
+
+- :func:`install` registers :func:`end_process_group` with ``atexit`` once. Registered at
+  start-up (cpulaunch's ``sitecustomize`` for the ranks it starts) it runs after every exit
+  handler the program registers itself; registered by
+  :func:`cpulaunch.distributed.init_process_group` it runs before those registered earlier.
+- :func:`end_process_group` destroys the default group only when it is there, was made in
+  this process (not inherited through ``fork``) and the program did not end with an uncaught
+  exception: a rank that fails while others wait in a collective must not wait for them in
+  its exit (torchtitan's ``destroy_process_group`` hang, pytorch/torchtitan#1342); it exits
+  as it did before. A program that ends with ``sys.exit(N)`` cannot be told from one that
+  ended well (atexit does not see the code), so its group is destroyed as torch documents
+  for a normal end.
+
+Only the standard library is imported here, and torch only if the program imported it: the
+module is loaded by file path in every Python process a rank starts, whatever its
+interpreter.
+"""
+
+import atexit
+import os
+import sys
+
+__all__ = ["end_process_group", "install"]
+
+#: This module's state: installed once per process; the group a forked child inherited.
+_STATE = {"installed": False, "inherited": None}
+
+
+def _default_group():
+    """The default process group object, or None (torch.distributed not imported, not
+    initialised, or unavailable). Never imports torch."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None:
+        return None
+    try:
+        return c10d.GroupMember.WORLD
+    except AttributeError:
+        return None
+
+
+def _forked_child() -> None:
+    """``os.register_at_fork`` hook: the child's copy of the parent's group has no worker
+    threads; it is the parent's to end, not the child's."""
+    _STATE["inherited"] = _default_group()
+
+
+def install() -> bool:
+    """Register :func:`end_process_group` to run at exit (once per process; later calls do
+    nothing). Returns True when this call registered it."""
+    if _STATE["installed"]:
+        return False
+    _STATE["installed"] = True
+    atexit.register(end_process_group)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forked_child)
+    return True
+
+
+def end_process_group() -> bool:
+    """Destroy torch.distributed's default process group (and so every group) if the program
+    left it alive; returns True when it did.
+
+    Does nothing when torch.distributed was never imported or initialised, when the group
+    was inherited through ``fork``, or when the program ends with an uncaught exception
+    (``sys.last_value``/``sys.last_exc`` is set before exit handlers run). An error from
+    torch is reported on stderr in one line; the exit code stays the program's.
+    """
+    group = _default_group()
+    if group is None or group is _STATE["inherited"]:
+        return False
+    if getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None:
+        return False
+    try:
+        sys.modules["torch.distributed"].destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 (torch's error, whatever it is; the program's own result stands)
+        sys.stderr.write(f"cpulaunch: could not end the process group at exit: {exc}\n")
+        return False
+    return True
