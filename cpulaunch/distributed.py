@@ -206,7 +206,7 @@ def _mpi(env, engine, rank_v, size_v, local_v, local_size_v) -> RankContext:
                        _get_int(env, "MASTER_PORT"), tuple(notes), node, nnodes)
 
 
-def block_node(rank: int, world_size: int, local_rank: int, local_world_size: int) -> tuple:
+def block_node(rank: int, world_size: int, local_rank: int, local_world_size: int) -> tuple[Optional[int], Optional[int]]:
     """This machine's index and the number of machines when ranks are placed in blocks of
     ``local_world_size`` per machine -> ``(node_rank, nnodes)``, else ``(None, None)``.
 
@@ -442,7 +442,7 @@ def runs_python(argv: Sequence[str], python: str) -> bool:
     return argv[0] == python or re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) is not None
 
 
-def exit_hook_env(environ: Mapping[str, str]) -> dict:
+def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     """PYTHONPATH for a rank: :func:`site_hook_dir` first, then the user's own entries
     unchanged (none added when the user had none: an empty entry would mean the current
     folder). A PYTHONPATH that already holds the folder (cpulaunch under cpulaunch) is kept
@@ -461,7 +461,7 @@ def exit_hook_env(environ: Mapping[str, str]) -> dict:
     return {"PYTHONPATH": os.pathsep.join([hook, user]) if user else hook}
 
 
-def elastic_rank_env(agent_env: Mapping[str, str]) -> dict:
+def elastic_rank_env(agent_env: Mapping[str, str]) -> dict[str, str]:
     """What the elastic rank entry adds to the variables torchrun's agent gave a worker:
     NODE_RANK = GROUP_RANK (the agent assigns machines their index at the rendezvous, so
     the parent cannot render it). Empty when the agent gave no GROUP_RANK."""
