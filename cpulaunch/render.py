@@ -233,7 +233,7 @@ def _applied_memory(inst: Instance, settings: Settings) -> tuple:
     return "none", ()
 
 
-def _memory_not_bound_note(plan: Plan, settings: Settings) -> str | None:
+def _memory_not_bound_note(plan: Plan, settings: Settings) -> Optional[str]:
     """Under --bind affinity (asked for, or numactl's fallback) no memory policy is set:
     the note saying the planned one is not applied and where pages go instead (the kernel's
     default policy: first touch, mm/mempolicy.c); None when numactl binds or nothing
