@@ -95,7 +95,7 @@ class RankContext:
     local_world_size: int
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
-    notes: tuple = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)
     node_rank: Optional[int] = None
     nnodes: Optional[int] = None
 
@@ -108,7 +108,7 @@ def _get_int(env: Mapping[str, str], *names: str) -> Optional[int]:
     return None
 
 
-def expand_hostlist(text: str) -> list:
+def expand_hostlist(text: str) -> list[str]:
     """Expand a Slurm hostlist with python-hostlist (Slurm's own rules; no hand parser):
     ``"node[01-03,07],gpu1"`` -> ``["node01", "node02", "node03", "node07", "gpu1"]``
     (zero padding kept, as ``scontrol show hostnames`` does); ``"rack[1-2]-n[1-2]"`` ->
@@ -206,7 +206,7 @@ def _mpi(env, engine, rank_v, size_v, local_v, local_size_v) -> RankContext:
                        _get_int(env, "MASTER_PORT"), tuple(notes), node, nnodes)
 
 
-def block_node(rank: int, world_size: int, local_rank: int, local_world_size: int) -> tuple:
+def block_node(rank: int, world_size: int, local_rank: int, local_world_size: int) -> tuple[Optional[int], Optional[int]]:
     """This machine's index and the number of machines when ranks are placed in blocks of
     ``local_world_size`` per machine -> ``(node_rank, nnodes)``, else ``(None, None)``.
 
@@ -373,7 +373,7 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
     return req._replace(ninstances=int(spec))
 
 
-def iface_env(iface: Optional[str]) -> dict:
+def iface_env(iface: Optional[str]) -> dict[str, str]:
     """One network interface for every library: gloo, oneCCL's key-value store, libfabric."""
     if not iface:
         return {}
@@ -384,7 +384,7 @@ def iface_env(iface: Optional[str]) -> dict:
 DEFAULT_ROLE = "default"
 
 
-def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str) -> dict:
+def rank_env(ctx: RankContext, master_addr: str, master_port: int, backend: str) -> dict[str, str]:
     """The variables torch.distributed's env:// rendezvous and DDP programs read: what
     torchrun gives its workers, as far as a run without torchrun's agent can say it, plus
     NODE_RANK (Lightning reads NODE_RANK, else GROUP_RANK, else takes node 0).
@@ -442,7 +442,7 @@ def runs_python(argv: Sequence[str], python: str) -> bool:
     return argv[0] == python or re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) is not None
 
 
-def exit_hook_env(environ: Mapping[str, str]) -> dict:
+def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     """PYTHONPATH for a rank: :func:`site_hook_dir` first, then the user's own entries
     unchanged (none added when the user had none: an empty entry would mean the current
     folder). A PYTHONPATH that already holds the folder (cpulaunch under cpulaunch) is kept
@@ -461,7 +461,7 @@ def exit_hook_env(environ: Mapping[str, str]) -> dict:
     return {"PYTHONPATH": os.pathsep.join([hook, user]) if user else hook}
 
 
-def elastic_rank_env(agent_env: Mapping[str, str]) -> dict:
+def elastic_rank_env(agent_env: Mapping[str, str]) -> dict[str, str]:
     """What the elastic rank entry adds to the variables torchrun's agent gave a worker:
     NODE_RANK = GROUP_RANK (the agent assigns machines their index at the rendezvous, so
     the parent cannot render it). Empty when the agent gave no GROUP_RANK."""
@@ -586,7 +586,7 @@ def torchrun_argv(
     entry: Sequence[str],
     *,
     max_restarts: Optional[int] = None,
-) -> list:
+) -> list[str]:
     """The ``python -m torch.distributed.run`` command that starts this node's ranks.
 
     Static rendezvous: ``--nnodes N --node-rank R --master-addr H --master-port P``;
@@ -633,7 +633,7 @@ class RankPlan:
     plan: object
     instance_env: Mapping[int, Mapping[str, str]]
     environ: Mapping[str, str]
-    notes: tuple
+    notes: tuple[str, ...]
     engine: Optional[RankContext]
     backend: str
     elastic: bool

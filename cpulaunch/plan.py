@@ -115,9 +115,9 @@ class Request(NamedTuple):
     throughput_mode: bool = False
     use_logical_cores: bool = False
     use_e_cores: bool = False
-    core_list: Optional[frozenset] = None
-    node_list: Optional[frozenset] = None
-    instance_idx: Optional[tuple] = None
+    core_list: Optional[frozenset[int]] = None
+    node_list: Optional[frozenset[int]] = None
+    instance_idx: Optional[tuple[int, ...]] = None
     mem_policy: MemPolicy = MemPolicy.BIND
     dataloader_workers: int = 0
     reserve_cores: int = 0
@@ -148,16 +148,16 @@ class Instance(NamedTuple):
     """
 
     index: int
-    cpus: tuple
-    cores: tuple
-    nodes: tuple
-    mem_nodes: tuple
+    cpus: tuple[int, ...]
+    cores: tuple[int, ...]
+    nodes: tuple[int, ...]
+    mem_nodes: tuple[int, ...]
     mem_policy: MemPolicy
     threads: int
-    reserved_cpus: tuple = ()
+    reserved_cpus: tuple[int, ...] = ()
     socket: Optional[int] = None
-    ccl_cpus: tuple = ()
-    dataloader_cpus: tuple = ()
+    ccl_cpus: tuple[int, ...] = ()
+    dataloader_cpus: tuple[int, ...] = ()
 
     @property
     def cpulist(self) -> str:
@@ -165,7 +165,7 @@ class Instance(NamedTuple):
         return cpulist.format(self.cpus)
 
     @property
-    def bound_cpus(self) -> tuple:
+    def bound_cpus(self) -> tuple[int, ...]:
         """Every CPU the process is bound to: compute, oneCCL, DataLoader and reserved."""
         return tuple(sorted({*self.cpus, *self.ccl_cpus, *self.dataloader_cpus, *self.reserved_cpus}))
 
@@ -179,9 +179,9 @@ class Plan(NamedTuple):
         notes: things the user should know (fallbacks, idle cores, quota).
     """
 
-    instances: tuple
+    instances: tuple[Instance, ...]
     num_instances: int
-    notes: tuple = ()
+    notes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- usable CPUs
@@ -1279,6 +1279,6 @@ def validate(p: Plan, topo: Topology) -> None:
                 raise InternalError(f"internal: memory node {n} of instance {inst.index} not allowed")
 
 
-def parse_index_list(text: str) -> tuple:
+def parse_index_list(text: str) -> tuple[int, ...]:
     """``"0,2-3"`` -> ``(0, 2, 3)`` (``--instance-idx``), via the one cpulist parser."""
     return tuple(sorted(cpulist.parse(text)))

@@ -22,7 +22,7 @@ Rules and where they come from:
 import sys
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError
@@ -106,26 +106,26 @@ class RenderedInstance(NamedTuple):
     """
 
     index: int
-    cpus: tuple
-    bound_cpus: tuple
-    mem_nodes: tuple
+    cpus: tuple[int, ...]
+    bound_cpus: tuple[int, ...]
+    mem_nodes: tuple[int, ...]
     mem_policy: str
     env: Mapping[str, str]
-    argv: tuple
-    prefix: tuple
-    affinity: Optional[tuple] = None
+    argv: tuple[str, ...]
+    prefix: tuple[str, ...]
+    affinity: Optional[tuple[int, ...]] = None
     label: str = ""
 
 
 class Rendered(NamedTuple):
     """The rendered plan: instances and every note (plan notes first)."""
 
-    instances: tuple
+    instances: tuple[RenderedInstance, ...]
     num_instances: int
-    notes: tuple
+    notes: tuple[str, ...]
 
 
-def resolve_program(args: Sequence[str], no_python: bool = False, python: str = sys.executable) -> tuple:
+def resolve_program(args: Sequence[str], no_python: bool = False, python: str = sys.executable) -> tuple[str, ...]:
     """The program's argv from what followed cpulaunch's options.
 
     ``["x.py", "a"]`` -> ``[python, "x.py", "a"]``; ``["-m", "pkg"]`` -> ``[python, "-m",
@@ -233,7 +233,7 @@ def _applied_memory(inst: Instance, settings: Settings) -> tuple:
     return "none", ()
 
 
-def _memory_not_bound_note(plan: Plan, settings: Settings) -> str | None:
+def _memory_not_bound_note(plan: Plan, settings: Settings) -> Optional[str]:
     """Under --bind affinity (asked for, or numactl's fallback) no memory policy is set:
     the note saying the planned one is not applied and where pages go instead (the kernel's
     default policy: first touch, mm/mempolicy.c); None when numactl binds or nothing
@@ -322,7 +322,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
 # --------------------------------------------------------------------------- text forms
 
 
-def binding_prefix(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> tuple:
+def binding_prefix(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> tuple[str, ...]:
     """The command to put in front of the program for a shell script: the numactl prefix,
     or with ``bind="affinity"`` ``taskset -c <cpus>`` (taskset(1)); empty when unbound."""
     if inst.prefix:
@@ -387,7 +387,7 @@ def bind_lines(rendered: "Rendered", stack: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def instance_dict(inst: RenderedInstance) -> dict:
+def instance_dict(inst: RenderedInstance) -> dict[str, Any]:
     """One instance in the JSON schema of docs/plan-json.md."""
     return {
         "index": inst.index,
@@ -401,7 +401,7 @@ def instance_dict(inst: RenderedInstance) -> dict:
     }
 
 
-def plan_json(rendered: Rendered, topology: dict, extra: Optional[dict] = None) -> str:
+def plan_json(rendered: Rendered, topology: dict[str, Any], extra: Optional[dict[str, Any]] = None) -> str:
     """``--dry-run --format json``: ``{"instances": [...], "notes": [...], "topology": {...}}``,
     laid out by :func:`json_text`."""
     doc = {

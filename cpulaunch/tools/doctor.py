@@ -51,7 +51,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import click
 
@@ -152,20 +152,20 @@ class TopologySummary:
 
     model: str
     sockets: int
-    nodes: tuple
-    memory_nodes: tuple
+    nodes: tuple[int, ...]
+    memory_nodes: tuple[int, ...]
     cores: int
     threads_per_core: int
-    online: frozenset
-    offline: frozenset
-    allowed: frozenset
+    online: frozenset[int]
+    offline: frozenset[int]
+    allowed: frozenset[int]
     allowed_source: str
-    cpuset: Optional[frozenset]
+    cpuset: Optional[frozenset[int]]
     quota_cpus: Optional[float]
     quota_source: str
-    limits: tuple
+    limits: tuple[str, ...]
     hybrid: bool
-    notes: tuple = ()
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class NumactlStatus:
     checked: bool
     usable: Optional[bool]
     reason: str
-    argv: tuple = ()
+    argv: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ class TorchStatus:
 
     version: Optional[str]
     libtorch_cpu: Optional[str]
-    needed: tuple
+    needed: tuple[str, ...]
     openmp: Optional[str]
     openmp_library: Optional[str]
     oneccl_version: Optional[str]
@@ -252,7 +252,7 @@ class IsaStatus:
     """
 
     arch: str
-    present: tuple
+    present: tuple[str, ...]
     bf16_fast: Optional[bool]
     int8_fast: Optional[bool]
     meaning: str
@@ -294,9 +294,9 @@ class EnvironmentStatus:
     """
 
     vars: Mapping[str, str]
-    preload: tuple
-    preload_allocators: tuple
-    preload_openmp: tuple
+    preload: tuple[str, ...]
+    preload_allocators: tuple[str, ...]
+    preload_openmp: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -341,10 +341,10 @@ class Report:
 
     root: str
     live: bool
-    findings: tuple
+    findings: tuple[Finding, ...]
     topology: Optional[TopologySummary] = None
     numactl: Optional[NumactlStatus] = None
-    libraries: tuple = ()
+    libraries: tuple[LibraryStatus, ...] = ()
     torch: Optional[TorchStatus] = None
     isa: Optional[IsaStatus] = None
     settings: Optional[SystemSettings] = None
@@ -633,7 +633,7 @@ def _arch(live: bool, flags: frozenset, model: str) -> str:
     return "unknown"
 
 
-def isa_status(arch: str, flags: frozenset) -> IsaStatus:
+def isa_status(arch: str, flags: frozenset[str]) -> IsaStatus:
     """What the CPU flags mean for PyTorch inference (pure).
 
     Rules (oneDNN's CPU ISA dispatch; Intel's PyTorch CPU optimization guide): bf16 is fast
@@ -980,7 +980,7 @@ def exit_code(report: Report, *, strict: bool = False) -> int:
 # --------------------------------------------------------------------------- output
 
 
-def to_json(report: Report) -> dict:
+def to_json(report: Report) -> dict[str, Any]:
     """The report as JSON-ready data; keys documented in docs/doctor.md (pure).
     CPU and node sets are kernel list strings ("0-3,8"); absent facts are null."""
     fmt = cpulist.format

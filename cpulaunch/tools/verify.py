@@ -64,7 +64,7 @@ import enum
 import os
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import click
 
@@ -145,14 +145,14 @@ class Expected:
     """
 
     index: Optional[int] = None
-    bound_cpus: Optional[tuple] = None
-    cpus: Optional[tuple] = None
-    mem_nodes: tuple = ()
+    bound_cpus: Optional[tuple[int, ...]] = None
+    cpus: Optional[tuple[int, ...]] = None
+    mem_nodes: tuple[int, ...] = ()
     mem_policy: Optional[str] = None
     allocator: Optional[str] = None
     omp_runtime: Optional[str] = None
     label: str = ""
-    ccl_workers: tuple = ()
+    ccl_workers: tuple[int, ...] = ()
 
     def name(self, pid: int) -> str:
         """How warnings name this instance (see ``label``)."""
@@ -228,7 +228,7 @@ def _ccl_workers_of(env: Mapping[str, str]) -> tuple:
         return ()
 
 
-def ccl_worker_threads(exp: Expected, view: ProcessView) -> Optional[tuple]:
+def ccl_worker_threads(exp: Expected, view: ProcessView) -> Optional[tuple[int, ...]]:
     """The threads of ``view``'s main process pinned to exactly one of ``exp``'s oneCCL
     worker CPUs (pure), as thread ids; None when no worker is planned, or when the
     process itself may run only on one such CPU (then every thread is pinned there and
@@ -256,7 +256,7 @@ def _expected_policy(exp: Expected) -> Optional[str]:
     return None
 
 
-def compare(exp: Expected, view: ProcessView) -> list:
+def compare(exp: Expected, view: ProcessView) -> list[str]:
     """What in ``view`` (a process and its descendants) differs from ``exp`` (pure).
 
     Only facts that were read are compared: a process whose ``maps`` is unreadable gets
@@ -403,7 +403,7 @@ class InstanceResult:
     pid: int
     expected: Optional[Expected]
     view: Optional[ProcessView]
-    warnings: tuple
+    warnings: tuple[str, ...]
     error: str = ""
     missing: bool = False
 
@@ -422,10 +422,10 @@ class InstanceResult:
 class VerifyReport:
     """Every instance verified, in the order given."""
 
-    instances: tuple
+    instances: tuple[InstanceResult, ...]
 
     @property
-    def warnings(self) -> tuple:
+    def warnings(self) -> tuple[str, ...]:
         """All warnings (and errors: what could not be checked), instance by instance."""
         return tuple(w for r in self.instances for w in (r.warnings + ((r.error,) if r.error else ())))
 
@@ -478,7 +478,7 @@ def _check(pid: int, exp: Optional[Expected], root) -> InstanceResult:
                           f"{who}: cannot check: {why}" if why else "")
 
 
-def verify(targets: Sequence, root: str | os.PathLike = "/") -> VerifyReport:
+def verify(targets: Sequence[tuple[int, Optional[Expected]]], root: str | os.PathLike = "/") -> VerifyReport:
     """Inspect each process and compare it with its instance's plan.
 
     Args:
@@ -541,7 +541,7 @@ def _expected_json(e: Optional[Expected], pid: int) -> Optional[dict]:
     }
 
 
-def report_json(report: VerifyReport) -> dict:
+def report_json(report: VerifyReport) -> dict[str, Any]:
     """The report as JSON-ready data (what ``verify.json`` holds; docs/doctor.md). Strings
     taken from /proc keep their real value (JSON escapes control characters)."""
     out = []
