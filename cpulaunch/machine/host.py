@@ -13,7 +13,6 @@ oneccl_bindings_for_pytorch"`` whose verdict is cached (:func:`ccl_binding`); li
 are found by looking in folders, not ``ldconfig -p``.
 """
 
-import json
 import os
 import shutil
 import sys
@@ -263,6 +262,7 @@ def _binding_files(folder: Path) -> list:
 
 def _read_verdict(path: Path, key: dict) -> Optional[tuple]:
     """(loads, why) cached at ``path`` for exactly ``key``, else None."""
+    import json  # not on the launch path (issue 12)
     from cpulaunch.machine.files import UnusableFileError, read_regular
 
     try:
@@ -277,6 +277,7 @@ def _read_verdict(path: Path, key: dict) -> Optional[tuple]:
 def _write_verdict(folder: Path, name: str, key: dict, loads: bool, why: str) -> None:
     """Keep a verdict (whole or not at all, never through a planted link); a cache that
     cannot be written costs the next run the check again, nothing more."""
+    import json  # not on the launch path (issue 12)
     from cpulaunch.machine.files import write_file
 
     try:
@@ -343,6 +344,7 @@ def rank_python(program: Sequence[str], environ: Mapping[str, str]) -> str:
 def _locate(python: str, environ: Mapping[str, str]) -> tuple:
     """(package folder or None, bindings' version, torch's version) as ``python`` sees them:
     in this process when it is this interpreter, else from a child (:data:`_CCL_LOCATE`)."""
+    import json  # not on the launch path (issue 12)
     import importlib.util
 
     if python == sys.executable:
@@ -385,6 +387,7 @@ def ccl_binding(python: str, environ: Mapping[str, str], cache: Optional[Path]) 
     Returns:
         :class:`CclBinding` (``path`` None when not installed; then no import is tried).
     """
+    import json  # not on the launch path (issue 12)
     import hashlib
 
     folder, version, torch_version = _locate(python, environ)
