@@ -677,6 +677,19 @@ def _fmt(ids) -> str:
     return cpulist.format(ids)
 
 
+def _master_port(ddp, free_port: Optional[int], nnodes: int, notes: list[str]) -> int:
+    """The rendezvous port of a static run: ``--master-port``; else, on one machine without
+    ``--master-addr``, a port free here now (torchrun's --standalone does the same); else
+    DEFAULT_MASTER_PORT. Appends a note saying which, unless the user gave it."""
+    port = ddp.master_port or (free_port if nnodes == 1 and not ddp.master_addr else None)
+    if port is None:
+        port = DEFAULT_MASTER_PORT
+        notes.append(f"MASTER_PORT={port} (default): jobs sharing a machine need their own --master-port")
+    elif ddp.master_port is None:
+        notes.append(f"MASTER_PORT={port}: a port free on this machine when planned (pass --master-port to fix it)")
+    return port
+
+
 def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[RankContext],
                backend: str, backend_note: str, free_port: Optional[int], fabric=None,
                override_env: bool = False, program: Sequence[str] = (), python: str = "") -> RankPlan:
@@ -746,12 +759,7 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
     else:
         nnodes = int(ddp.nnodes)
         addr = ddp.master_addr or "127.0.0.1"
-        port = ddp.master_port or (free_port if nnodes == 1 and not ddp.master_addr else None)
-        if port is None:
-            port = DEFAULT_MASTER_PORT
-            notes.append(f"MASTER_PORT={port} (default): jobs sharing a machine need their own --master-port")
-        elif ddp.master_port is None:
-            notes.append(f"MASTER_PORT={port}: a port free on this machine when planned (pass --master-port to fix it)")
+        port = _master_port(ddp, free_port, nnodes, notes)
         for inst in node_plan.instances:
             ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc,
                               node_rank=ddp.node_rank, nnodes=nnodes)
