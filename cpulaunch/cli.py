@@ -255,6 +255,10 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
 @_opt("--no-exit-hook", is_flag=True,
       help="--ddp: do not end a Python rank's process group at exit when the program did not "
            "(the hook is a sitecustomize first on PYTHONPATH; docs/training.md).")
+@_opt("--pass-local-rank", is_flag=True,
+      help="--ddp: also pass --local_rank=N to each rank's program after its script, as "
+           "torch.distributed.launch did (LOCAL_RANK is always set).")
+@_opt("--use-env", is_flag=True, hidden=True)
 @_opt("--iface", default=None, help="--ddp: network interface (GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE).")
 @_opt("--share-host", default=None,
       help="Claim the planned cores host-wide, so other cpulaunch jobs plan on the rest; "

@@ -128,8 +128,12 @@ def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
 
 def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",
                      instance_env: Optional[Mapping[int, Mapping[str, str]]] = None,
-                     relayed: bool = False) -> tuple[Settings, list[str]]:
+                     relayed: bool = False,
+                     instance_program: Optional[Mapping[int, tuple[str, ...]]] = None) -> tuple[Settings, list[str]]:
     """Options + host facts -> (:class:`Settings`, notes). Pure.
+
+    ``instance_env``/``instance_program``: per instance index, its identity variables and,
+    where it differs from the shared one, its program (DDP ranks: :class:`cpulaunch.distributed.RankPlan`).
 
     ``relayed``: cpulaunch relays the instances' output (:func:`supervised`), so they get
     :data:`LIVE_OUTPUT_ENV`.
@@ -175,6 +179,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
         extra_env=extra, instance_env=dict(instance_env or {}), omp_places=opts.omp_places, label=label,
         kmp_blocktime=opts.kmp_blocktime, dataloader_workers=opts.request.dataloader_workers,
+        instance_program=dict(instance_program or {}),
     )
     return settings, notes
 
@@ -323,7 +328,7 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
     from cpulaunch.render import render
 
     program = _resolve_program(opts, host.python)
-    ddp_info, label, instance_env, run_environ = None, "instance", {}, environ
+    ddp_info, label, instance_env, run_environ, programs = None, "instance", {}, environ, {}
     if opts.ddp is not None:
         from cpulaunch import distributed
 
@@ -334,11 +339,12 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
                                        program=program, python=host.python)
         the_plan = ranks.plan._replace(notes=ranks.notes)
         ddp_info, label, instance_env, run_environ = dict(ranks.info), "rank", ranks.instance_env, ranks.environ
+        programs = ranks.instance_program
     else:
         the_plan = _plan_plain(opts, topo, host)
     elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
-    settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed)
+    settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed, programs)
     rendered = render(the_plan, program, settings)
     rendered = rendered._replace(notes=rendered.notes + tuple(notes))
     prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,

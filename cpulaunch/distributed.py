@@ -45,6 +45,7 @@ __all__ = [
     "rank_env",
     "elastic_rank_env",
     "exit_hook_env",
+    "with_local_rank",
     "runs_python",
     "site_hook_dir",
     "block_node",
@@ -442,6 +443,54 @@ def runs_python(argv: Sequence[str], python: str) -> bool:
     return argv[0] == python or re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) is not None
 
 
+#: Python's own options that take the next word as their value (``python --help``): the
+#: script is the first word after the interpreter's options, skipping these values.
+_PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
+
+
+def with_local_rank(argv: Sequence[str], python: str, local_rank: int) -> tuple[str, ...]:
+    """``argv`` with ``--local_rank=N`` where ``torch.distributed.launch`` put its local-rank
+    argument: right after the script, before the script's own arguments (torch's
+    ``torch/distributed/run.py`` ``config_from_args``: ``python -u SCRIPT --local-rank=N
+    ARGS``; with ``-m`` after the module; with ``--no-python`` after the program). The
+    underscore spelling is the one programs written for torch < 2.0 parse (the PyTorch
+    training article's ``parser.add_argument('--local_rank', ...)``); torch >= 2.0 passes
+    ``--local-rank``, which those programs refuse (torch's launch.py docstring).
+
+    Pure. The script of a Python command (:func:`runs_python`) is the first word after the
+    interpreter's options (``-u``, ``-O``, ``-W arg``, ``-X opt``, ...); ``-m MOD`` and
+    ``-c CODE`` (or ``-mMOD``) end the options too. A command that is not Python gets it
+    after its first word. Examples (python = ``/usr/bin/python3``)::
+
+        ["/usr/bin/python3", "-u", "train.py", "--lr", "1"], 1
+            -> ["/usr/bin/python3", "-u", "train.py", "--local_rank=1", "--lr", "1"]
+        ["/usr/bin/python3", "-m", "pkg.train", "x"], 0 -> [..., "pkg.train", "--local_rank=0", "x"]
+        ["./train.sh", "x"], 1 -> ["./train.sh", "--local_rank=1", "x"]
+
+    Args:
+        argv: the resolved program (:func:`cpulaunch.render.resolve_program`).
+        python: the interpreter cpulaunch runs under.
+        local_rank: the rank's index on its machine (LOCAL_RANK).
+    """
+    words = list(argv)
+    arg = f"--local_rank={local_rank}"
+    if not words:
+        return (arg,)
+    at = 1
+    if runs_python(words, python):
+        while at < len(words):
+            word = words[at]
+            if word in ("-m", "-c"):
+                at += 2
+                break
+            if word == "-" or not word.startswith("-") or word.startswith(("-m", "-c")) and not word.startswith("--"):
+                at += 1
+                break
+            at += 2 if word in _PYTHON_OPTIONS_WITH_VALUE else 1
+        at = min(at, len(words))
+    return tuple(words[:at] + [arg] + words[at:])
+
+
 def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     """PYTHONPATH for a rank: :func:`site_hook_dir` first, then the user's own entries
     unchanged (none added when the user had none: an empty entry would mean the current
@@ -628,6 +677,8 @@ class RankPlan:
         backend: "gloo" or "ccl".
         elastic: cpulaunch starts torchrun (elastic c10d rendezvous) with the rank entry.
         info: the ``ddp`` object of ``--dry-run --format json``.
+        instance_program: each local rank's program where it differs from the shared one
+            (``--pass-local-rank``: :func:`with_local_rank`); empty otherwise.
     """
 
     plan: object
@@ -638,6 +689,7 @@ class RankPlan:
     backend: str
     elastic: bool
     info: Mapping[str, object]
+    instance_program: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _engine_bound(ctx: RankContext, topo) -> bool:
@@ -739,7 +791,8 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         info = {"engine": engine.engine, "backend": backend, "rank": engine.rank,
                 "world_size": engine.world_size}
         inst = rank_plan.instances[0]
-        return RankPlan(rank_plan, {inst.index: env}, environ, tuple(notes), engine, backend, False, info)
+        programs = _rank_programs(ddp, program, python, [inst.index], notes)
+        return RankPlan(rank_plan, {inst.index: env}, environ, tuple(notes), engine, backend, False, info, programs)
 
     node_plan = _with_ccl_workers(lambda r: plan(topo, rank_request(r, ddp.nproc_per_node, topo)),
                                   req, ddp, backend, notes)
@@ -773,7 +826,19 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         env.update(hook)
     info = {"engine": "torchrun" if ddp.elastic else "cpulaunch", "backend": backend,
             "nproc_per_node": nproc, "nnodes": ddp.nnodes, "node_rank": ddp.node_rank}
-    return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info)
+    programs = _rank_programs(ddp, program, python, sorted(instance_env), notes)
+    return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info, programs)
+
+
+def _rank_programs(ddp, program: Sequence[str], python: str, local_ranks: Sequence[int],
+                   notes: list) -> dict[int, tuple[str, ...]]:
+    """{local rank: its program} under ``--pass-local-rank`` (:func:`with_local_rank`), with a
+    note saying so; {} without it (every rank runs the shared program)."""
+    if not ddp.pass_local_rank:
+        return {}
+    notes.append("--pass-local-rank: each rank's program also gets --local_rank=<its local rank> after its "
+                 "script, as torch.distributed.launch passed it (LOCAL_RANK is set as well)")
+    return {r: with_local_rank(program, python, r) for r in local_ranks}
 
 
 def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, str], notes: list) -> dict:

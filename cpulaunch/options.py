@@ -94,6 +94,8 @@ ALIASES: Mapping[str, str] = {
     "--module": "-m (run_cpu: the program is a Python module)",
     "--standalone": "--ddp on one machine (torchrun)",
     "--nproc-per-node": "(torchrun's spelling; also --nproc_per_node)",
+    "--use-env": "--ddp's default: LOCAL_RANK in the environment, no --local_rank argument "
+                 "(torch.distributed.launch; see --pass-local-rank)",
 }
 
 
@@ -118,6 +120,9 @@ class DdpOptions(NamedTuple):
             every local rank after one fails (elastic runs only; None: torchrun's 0).
         exit_hook: a Python rank ends its default process group at exit when the program
             did not (``--no-exit-hook`` / CPULAUNCH_NO_EXIT_HOOK=1 turn it off; issue 24).
+        pass_local_rank: each rank's program also gets ``--local_rank=N`` (N its local
+            rank) after its script, as ``torch.distributed.launch`` without ``--use-env``
+            passed it (``--pass-local-rank``; :func:`cpulaunch.distributed.with_local_rank`).
     """
 
     nproc_per_node: Optional[str] = None
@@ -133,6 +138,7 @@ class DdpOptions(NamedTuple):
     standalone: bool = False
     max_restarts: Optional[int] = None
     exit_hook: bool = True
+    pass_local_rank: bool = False
 
     @property
     def elastic(self) -> bool:
@@ -371,7 +377,7 @@ def _budgets(v: Mapping) -> dict:
 
 _DDP_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
              "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend", "max_restarts",
-             "no_exit_hook")
+             "no_exit_hook", "pass_local_rank", "use_env")
 
 
 def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
@@ -399,7 +405,11 @@ def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
         standalone=bool(v.get("standalone")),
         max_restarts=_positive("max-restarts", v.get("max_restarts"), minimum=0),
         exit_hook=not v.get("no_exit_hook"),
+        pass_local_rank=bool(v.get("pass_local_rank")),
     )
+    if opts.pass_local_rank and v.get("use_env"):
+        raise OptionsError("--use-env (torch.distributed.launch: pass no --local_rank argument) contradicts "
+                           "--pass-local-rank; drop one of them")
     if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
         raise OptionsError(f"--master-port {opts.master_port}: use a TCP port 1-65535")
     if opts.standalone and (nnodes != "1" or opts.master_addr or opts.rdzv_endpoint):

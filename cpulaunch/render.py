@@ -74,6 +74,8 @@ class Settings(NamedTuple):
         kmp_blocktime: KMP_BLOCKTIME (ms) for runtimes that read it, instead of the
             registry's value (vLLM uses 5; tune searches it).
         dataloader_workers: --dataloader-workers (cores per instance for DataLoader workers).
+        instance_program: per instance index, its program where it is not the shared one
+            (a DDP rank's ``--local_rank=N`` under ``--pass-local-rank``).
     """
 
     omp_runtime: str = "gnu"
@@ -90,6 +92,7 @@ class Settings(NamedTuple):
     label: str = "instance"
     kmp_blocktime: Optional[int] = None
     dataloader_workers: int = 0
+    instance_program: Mapping[int, tuple[str, ...]] = MappingProxyType({})
 
 
 class RenderedInstance(NamedTuple):
@@ -309,7 +312,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
                 mem_nodes=mem_nodes,
                 mem_policy=mem_policy,
                 env=dict(sorted(env.items())),
-                argv=tuple(prefix) + tuple(program),
+                argv=tuple(prefix) + tuple(settings.instance_program.get(inst.index, program)),
                 prefix=tuple(prefix),
                 affinity=affinity,
                 label=f"{settings.label} {inst.index}",

@@ -309,3 +309,67 @@ def test_host_checks_every_engine_variable_before_importing_distributed():
     assert set(companions) == set(host.ENGINE_VARIABLES)
     for var, extra in companions.items():
         assert detect_engine({var: "0", **extra}) is not None, var
+
+
+# --------------------------------------------------------------------------- --pass-local-rank (issue 25)
+
+PY3 = "/usr/bin/python3"
+
+
+@pytest.mark.parametrize("argv,expected", [
+    ([PY3, "-u", "train.py", "--lr", "1"], [PY3, "-u", "train.py", "--local_rank=1", "--lr", "1"]),
+    ([PY3, "train.py"], [PY3, "train.py", "--local_rank=1"]),
+    ([PY3, "-m", "pkg.train", "x"], [PY3, "-m", "pkg.train", "--local_rank=1", "x"]),
+    ([PY3, "-mpkg.train", "x"], [PY3, "-mpkg.train", "--local_rank=1", "x"]),
+    ([PY3, "-c", "import sys", "x"], [PY3, "-c", "import sys", "--local_rank=1", "x"]),
+    ([PY3, "-W", "ignore", "-X", "dev", "-O", "t.py", "a"], [PY3, "-W", "ignore", "-X", "dev", "-O", "t.py",
+                                                              "--local_rank=1", "a"]),
+    (["python3.11", "-", "a"], ["python3.11", "-", "--local_rank=1", "a"]),
+    (["/opt/py/bin/python", "t.py", "--local_rank=7"], ["/opt/py/bin/python", "t.py", "--local_rank=1", "--local_rank=7"]),
+    ([PY3, "-u"], [PY3, "-u", "--local_rank=1"]),
+    (["./train.sh", "x", "y"], ["./train.sh", "--local_rank=1", "x", "y"]),
+    (["lightning", "fit"], ["lightning", "--local_rank=1", "fit"]),
+])
+def test_local_rank_goes_where_torch_distributed_launch_put_it(argv, expected):
+    """Right after the script (module, code), before the script's own arguments, as
+    torch.distributed.run's config_from_args builds ``python -u SCRIPT --local-rank=N ARGS``."""
+    assert distributed.with_local_rank(argv, PY3, 1) == tuple(expected)
+
+
+def test_pass_local_rank_on_every_rank_of_a_plan(sysroots):
+    doc = ddp_json(sysroots[XEON], "--pass-local-rank")
+    assert [i["argv"][-3:] for i in doc["instances"]] == [["python", "train.py", "--local_rank=0"],
+                                                          ["python", "train.py", "--local_rank=1"]]
+    assert [i["env"]["LOCAL_RANK"] for i in doc["instances"]] == ["0", "1"]
+    assert any(n.startswith("--pass-local-rank: each rank's program also gets --local_rank=") for n in doc["notes"])
+    two = ddp_json(sysroots[SNC], "--pass-local-rank", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+                   "10.0.0.1", "--master-port", "29999", "--nproc-per-node", "node")
+    assert [(i["env"]["RANK"], i["argv"][-1]) for i in two["instances"]] == [
+        ("4", "--local_rank=0"), ("5", "--local_rank=1"), ("6", "--local_rank=2"), ("7", "--local_rank=3")]
+
+
+def test_pass_local_rank_under_an_engine_and_elastic(sysroots):
+    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
+             "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "xeon1",
+             "SLURM_JOB_ID": "42"}
+    (inst,) = ddp_json(sysroots[XEON], "--pass-local-rank", env=slurm)["instances"]
+    assert inst["argv"][-3:] == ["python", "train.py", "--local_rank=1"] and inst["cpulist"] == "8-15"
+    elastic = ddp_json(sysroots[XEON], "--pass-local-rank", "--rdzv-endpoint", "h:1", "--nnodes", "1:2")
+    assert [i["argv"][-1] for i in elastic["instances"]] == ["--local_rank=0", "--local_rank=1"]
+
+
+def test_use_env_is_the_default_and_contradicts_pass_local_rank(sysroots):
+    """torch.distributed.launch's --use-env / --use_env (pass LOCAL_RANK only) is what --ddp
+    does anyway: the same argv as without it; with --pass-local-rank it is a user error."""
+    plain = ddp_json(sysroots[XEON], "--master-port", "29999")
+    for spelling in ("--use-env", "--use_env"):
+        doc = ddp_json(sysroots[XEON], "--master-port", "29999", spelling)
+        assert [i["argv"] for i in doc["instances"]] == [i["argv"] for i in plain["instances"]]
+        assert not any("--local_rank" in w for i in doc["instances"] for w in i["argv"])
+    proc = run_cli("--sysroot", str(sysroots[XEON]), "--ddp", "--pass-local-rank", "--use-env", "--dry-run",
+                   "python", "train.py", check_rc=2)
+    assert proc.stderr.strip().splitlines() == [
+        "cpulaunch: error: --use-env (torch.distributed.launch: pass no --local_rank argument) contradicts "
+        "--pass-local-rank; drop one of them"]
+    proc = run_cli("--pass-local-rank", "--dry-run", "python", "train.py", check_rc=2)
+    assert proc.stderr.strip() == "cpulaunch: error: --pass-local-rank applies to --ddp only; add --ddp or drop it"

@@ -169,10 +169,10 @@ def test_exit_code_is_the_worst_verdict():
     """differs (1) outranks cannot-check / gone (3), which outrank ok (0)."""
     view = procfs.ProcessView(pid=1, ppid=0, name="x", cmdline=(), cpus=frozenset({0}), threads=(),
                               libraries=(), numa=None)
-    ok = verify.InstanceResult(1, None, view, ())
-    differs = verify.InstanceResult(1, None, view, ("pid 1: two allocators mapped",))
-    cannot = verify.InstanceResult(1, None, view, (), "pid 1: cannot check: ...")
-    gone = verify.InstanceResult(1, None, None, (), "pid 1: gone: ...")
+    ok = verify.InstanceCheck(1, None, view, ())
+    differs = verify.InstanceCheck(1, None, view, ("pid 1: two allocators mapped",))
+    cannot = verify.InstanceCheck(1, None, view, (), "pid 1: cannot check: ...")
+    gone = verify.InstanceCheck(1, None, None, (), "pid 1: gone: ...")
     assert [r.status for r in (ok, differs, cannot, gone)] == [
         Verdict.OK, Verdict.DIFFERS, Verdict.CANNOT_CHECK, Verdict.GONE]
     code = lambda *rs: verify.VerifyReport(rs).exit_code  # noqa: E731

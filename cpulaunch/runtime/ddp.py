@@ -719,7 +719,8 @@ def init_process_group(backend: str | None = None, **kwargs):
 
     Raises:
         RuntimeError: backend "ccl" asked for but ``oneccl_bindings_for_pytorch`` cannot be
-            imported (install it from Intel's index, or use gloo).
+            imported (Intel's index has builds up to torch 2.8 only: build it against this
+            torch, docs/cluster.md "oneCCL", or use gloo).
     """
     import torch.distributed as dist
 
@@ -732,7 +733,7 @@ def init_process_group(backend: str | None = None, **kwargs):
         except ImportError as exc:  # pragma: no cover - not installable here
             raise RuntimeError(
                 "backend 'ccl' needs oneccl_bindings_for_pytorch, which failed to import "
-                f"({exc}); install it from Intel's index or run with --backend gloo"
+                f"({exc}); build it against this torch (docs/cluster.md, oneCCL) or run with --backend gloo"
             ) from exc
     kwargs.setdefault("init_method", "env://")
     dist.init_process_group(backend=backend, **kwargs)

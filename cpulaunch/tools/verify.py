@@ -86,7 +86,7 @@ __all__ = [
     "EXIT_CODES",
     "Verdict",
     "Expected",
-    "InstanceResult",
+    "InstanceCheck",
     "VerifyReport",
     "compare",
     "ccl_worker_threads",
@@ -102,7 +102,7 @@ MIN_BOUND_SHARE = 0.90
 
 
 class Verdict(str, enum.Enum):
-    """What verify concluded about one instance (``InstanceResult.status``; "status" in
+    """What verify concluded about one instance (``InstanceCheck.status``; "status" in
     verify.json). Rules: module docstring; exit codes: :data:`EXIT_CODES`."""
 
     #: every fact was read and nothing differs from the plan
@@ -386,7 +386,7 @@ def _anon_kb(procs) -> dict:
 
 
 @dataclass(frozen=True)
-class InstanceResult:
+class InstanceCheck:
     """One verified instance: what was expected, what was seen, what differs.
 
     Attributes:
@@ -422,7 +422,7 @@ class InstanceResult:
 class VerifyReport:
     """Every instance verified, in the order given."""
 
-    instances: tuple[InstanceResult, ...]
+    instances: tuple[InstanceCheck, ...]
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -460,21 +460,21 @@ def _cannot_check(view: ProcessView) -> str:
     return "; ".join(parts)
 
 
-def _check(pid: int, exp: Optional[Expected], root) -> InstanceResult:
+def _check(pid: int, exp: Optional[Expected], root) -> InstanceCheck:
     """One instance: inspect, rebuild the expectation when unknown, compare, judge."""
     who = exp.name(pid) if exp is not None else f"pid {pid}"
     try:
         view = inspect(pid, root)
     except NoSuchProcess:
-        return InstanceResult(pid, exp, None, (), f"{who}: gone: no process {pid} (it does not exist or "
+        return InstanceCheck(pid, exp, None, (), f"{who}: gone: no process {pid} (it does not exist or "
                               "has exited)", missing=True)
     except ProcessGone:
-        return InstanceResult(pid, exp, None, (), f"{who}: gone: it exited while verify read it")
+        return InstanceCheck(pid, exp, None, (), f"{who}: gone: it exited while verify read it")
     if exp is None and view.environ is not None:
         exp = Expected.from_environ(view.environ)
         who = exp.name(pid) if exp is not None else who
     why = _cannot_check(view)
-    return InstanceResult(pid, exp, view, tuple(compare(exp or Expected(), view)),
+    return InstanceCheck(pid, exp, view, tuple(compare(exp or Expected(), view)),
                           f"{who}: cannot check: {why}" if why else "")
 
 
@@ -490,7 +490,7 @@ def verify(targets: Sequence[tuple[int, Optional[Expected]]], root: str | os.Pat
         root: ``/`` or a tree holding ``proc``.
 
     Returns:
-        :class:`VerifyReport`, one :class:`InstanceResult` per target with its
+        :class:`VerifyReport`, one :class:`InstanceCheck` per target with its
         :class:`Verdict`; never raises for a process that is gone or unreadable.
     """
     return VerifyReport(tuple(_check(int(pid), exp, root) for pid, exp in targets))
@@ -570,7 +570,7 @@ def report_json(report: VerifyReport) -> dict[str, Any]:
     }
 
 
-def _ccl_json(r: InstanceResult) -> dict:
+def _ccl_json(r: InstanceCheck) -> dict:
     """``{"ccl_workers": {"planned": "7", "threads": [tid, ...] or null}}`` for a rank with
     oneCCL workers planned (``threads`` null: they cannot be told apart); {} otherwise."""
     e = r.expected
@@ -580,7 +580,7 @@ def _ccl_json(r: InstanceResult) -> dict:
     return {"ccl_workers": {"planned": cpulist.format(e.ccl_workers), "threads": None if tids is None else list(tids)}}
 
 
-def _ccl_line(r: InstanceResult) -> Optional[str]:
+def _ccl_line(r: InstanceCheck) -> Optional[str]:
     """``  oneCCL workers planned on CPU(s) 7: thread(s) 123 pinned there`` (or why not)."""
     e = r.expected
     if e is None or not e.ccl_workers or r.view is None or r.view.uncheckable:
