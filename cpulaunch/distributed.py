@@ -949,10 +949,15 @@ def _with_ccl_workers(make, req, ddp, backend: str, notes: list):
 
 def __getattr__(name: str):
     """The documented runtime names (``cpulaunch.distributed.init_process_group``,
-    ``wrap_ddp``) live in :mod:`cpulaunch.runtime.ddp`; loaded on first use, so the launcher,
-    which imports this module, never imports the runtime (nor torch)."""
+    ``wrap_ddp``) live in :mod:`cpulaunch.runtime.ddp`, ``convert_sync_batchnorm`` and
+    ``SyncBatchNorm`` in :mod:`cpulaunch.runtime.syncbn`; loaded on first use, so the
+    launcher, which imports this module, never imports the runtime (nor torch)."""
     if name in ("init_process_group", "wrap_ddp"):
         from cpulaunch.runtime import ddp
 
         return getattr(ddp, name)
+    if name in ("convert_sync_batchnorm", "SyncBatchNorm"):
+        from cpulaunch.runtime import syncbn
+
+        return getattr(syncbn, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

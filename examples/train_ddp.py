@@ -78,12 +78,17 @@ its own).
 
 BatchNorm (``--model cnn``): under DDP each rank's BatchNorm normalises over its local shard
 only, so a 2-rank cnn run is *not* numerically the same as a single process on the global
-batch (statistics over 8 vs 16 samples). ``SyncBatchNorm`` would fix that on GPUs but raises
-"SyncBatchNorm expected input tensor to be on GPU" for CPU tensors in torch 2.13, so it is
-not an option here. ``--freeze-bn`` puts BatchNorm in eval mode (the models' calibrated
-running statistics are used and not updated; the affine weights still train), which makes
-the cnn per-sample and therefore comparable too. The bert model (LayerNorm, no dropout) is
-per-sample as it is.
+batch (statistics over 8 vs 16 samples). torch's ``nn.SyncBatchNorm`` would fix that on GPUs
+but raises "SyncBatchNorm expected input tensor to be on GPU" for CPU tensors (and DDP
+refuses a CPU model holding one). ``--sync-bn`` uses cpulaunch's CPU synchronized BatchNorm
+instead (``wrap_ddp(model, sync_batchnorm=True)``, which calls
+``cpulaunch.distributed.convert_sync_batchnorm`` before wrapping): every BatchNorm layer
+normalises with the statistics of the global batch (one all_gather in its forward, one
+all_reduce in its backward), so the 2-rank run matches the single process on the global
+batch, running statistics included (docs/training.md has the cost). ``--freeze-bn`` puts
+BatchNorm in eval mode (the models' calibrated running statistics are used and not updated;
+the affine weights still train), which makes the cnn per-sample and therefore comparable
+too, without communication. The bert model (LayerNorm, no dropout) is per-sample as it is.
 """
 
 from __future__ import annotations
@@ -144,6 +149,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--freeze-bn", action="store_true",
                    help="BatchNorm in eval mode (running statistics, not updated): makes the "
                         "cnn per-sample, so DDP and single-process runs are comparable")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="cnn under DDP: synchronized BatchNorm (statistics over the global "
+                        "batch of all ranks, cpulaunch.distributed.convert_sync_batchnorm "
+                        "through wrap_ddp(sync_batchnorm=True)); 2 collectives per BatchNorm "
+                        "layer per step")
     p.add_argument("--static-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="DDP static_graph (default: on unless --accum-steps > 1, where it "
                         "cannot be used with no_sync(), pytorch#143580)")
@@ -201,6 +211,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--steps {args.steps}")
     if args.log_every is None:
         args.log_every = max(1, args.steps // 10)
+    if args.sync_bn and args.model != "cnn":
+        p.error(f"--sync-bn applies to --model cnn; {args.model} has no BatchNorm")
+    if args.sync_bn and args.freeze_bn:
+        p.error("--sync-bn and --freeze-bn exclude each other: frozen BatchNorm uses its "
+                "running statistics and has nothing to synchronize; drop one")
     if args.static_graph and args.accum_steps > 1:
         p.error("--static-graph cannot be combined with --accum-steps > 1: DDP's static graph "
                 "breaks under no_sync() in torch 2.13 (pytorch#143580); drop --static-graph")
@@ -677,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
                        comm_hook=opts.comm_hook, powersgd_rank=opts.powersgd_rank,
                        start_powersgd_iter=opts.start_powersgd_iter,
                        local_sgd_period=opts.local_sgd_period, warmup_steps=opts.warmup_steps,
-                       local_group_size=opts.local_group_size)
+                       local_group_size=opts.local_group_size, sync_batchnorm=args.sync_bn)
         train_model: nn.Module = ddp
     else:
         ddp = None
@@ -800,6 +815,8 @@ def main(argv: list[str] | None = None) -> int:
         "accum_steps": args.accum_steps, "threads": torch.get_num_threads(),
         "cpus": sorted(os.sched_getaffinity(0)),  # logical CPU ids this rank may run on
         "bf16": args.bf16, "freeze_bn": args.freeze_bn, "backend": backend,
+        # BatchNorm layers synchronized over the ranks (--sync-bn; only with DDP).
+        "sync_bn": args.sync_bn and ddp is not None,
         "static_graph": static_graph,
         "bucket_view": opts.gradient_as_bucket_view if ddp is not None else None,
         "comm_hook": opts.comm_hook if ddp is not None else None,

@@ -39,9 +39,19 @@ rules: cpulaunch.ddp_wrap.gradient_payload_bytes), mean over the run and in the 
 The machine is sampled before each run and measured during it (benchkit); runs on a busy
 machine are flagged and left out of the medians when quiet ones exist.
 
+The ``sync-bn`` row (cnn only; left out with ``--model bert``) is plain DDP with
+``--sync-bn``: every BatchNorm layer synchronized over the ranks
+(cpulaunch.distributed.convert_sync_batchnorm: one all_gather in its forward, one all_reduce
+in its backward, both blocking), against plain's per-rank BatchNorm; its ratio is the cost
+per step of synchronizing BatchNorm, and its loss differs from plain's because the
+statistics do (it is the single-process loss on the global batch). Its bytes/step counts
+the gradients only, not the BatchNorm collectives ((2C + 1) float64 plus 2C float32 values
+per layer per step, C its channels).
+
     python scripts/bench_ddp.py --options                  # cnn full, 3 rounds, 10 steps
     python scripts/bench_ddp.py --options --quick          # small cnn, 1 round, 3 steps
     python scripts/bench_ddp.py --options --only plain,fp16,powersgd --model bert
+    python scripts/bench_ddp.py --options --only sync-bn   # sync BN vs per-rank BN
 """
 
 from __future__ import annotations
@@ -90,7 +100,11 @@ OPTIONS: dict[str, list[str]] = {
     "post-local-sgd": PLAIN + ["--comm-hook", "post-local-sgd", "--local-sgd-warmup", "2",
                                "--local-sgd-period", "4"],
     "bf16-autocast": PLAIN + ["--bf16"],
+    # cnn only: synchronized BatchNorm vs plain's per-rank BatchNorm (see the docstring).
+    "sync-bn": PLAIN + ["--sync-bn"],
 }
+#: Options that need a model with BatchNorm (--model cnn).
+CNN_ONLY = ("sync-bn",)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -131,6 +145,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--only: unknown option(s) {', '.join(unknown)}; choose from "
                     f"{', '.join(OPTIONS)}")
         names = ["plain"] + [n for n in wanted if n != "plain"]
+        if args.model != "cnn" and set(wanted) & set(CNN_ONLY):
+            p.error(f"--only {','.join(n for n in wanted if n in CNN_ONLY)}: needs --model "
+                    f"cnn ({args.model} has no BatchNorm)")
+    elif args.model != "cnn":
+        names = [n for n in names if n not in CNN_ONLY]
     args.option_names = names
     if args.options and args.steps < 3:
         p.error("--options needs --steps >= 3 (2 plain steps before PowerSGD / local SGD, "

@@ -199,6 +199,45 @@ def test_ddp_matches_single_process(runs, model, ddp, single):
     assert runs[ddp][0][0]["loss"] == pytest.approx(runs[single][0][0]["loss"], abs=1e-4)
 
 
+#: cnn small with BatchNorm training (not frozen): CNN_ARGS without --freeze-bn.
+CNN_BN_ARGS = [a for a in CNN_ARGS if a != "--freeze-bn"]
+
+
+def test_cnn_sync_bn_matches_single_process(tmp_path):
+    """--sync-bn: the 2-rank cnn run, BatchNorm in training mode, equals one process on the
+    global batch (parameters, running statistics, num_batches_tracked, per-step global mean
+    loss), where the same run without --sync-bn does not (each rank normalises its 4 rows).
+
+    Tolerance 1e-5, as for the other runs (module docstring): the runs differ in the order of
+    sums only, now also in the BatchNorm statistics (two 4-row partial results combined vs
+    one 8-row pass). Measured here: parameters 6e-8, running statistics 1e-6 (running_var
+    entries up to ~40), losses 2e-7; without --sync-bn parameters miss by 4e-3 and running
+    statistics by 0.2."""
+    single = run_single(CNN_BN_ARGS + ["--save-params", str(tmp_path / "single.pt")])
+    runs = {flag: run_two_ranks(TORCHRUN_2, CNN_BN_ARGS + flags + [
+                "--save-params", str(tmp_path / f"{flag}.pt")])
+            for flag, flags in (("sync", ["--sync-bn"]), ("plain", []))}
+    want = load(tmp_path / "single.rank0.pt")
+    got = {flag: [load(tmp_path / f"{flag}.rank{r}.pt") for r in (0, 1)] for flag in runs}
+    params = [k for k, v in want.items() if v.is_floating_point() and "running" not in k]
+    moved = max_abs_diff({k: want[k] for k in params},
+                         {k: initial_state("cnn")[k] for k in params})
+    assert moved > MIN_UPDATE
+    sync, plain = got["sync"], got["plain"]
+    assert [s["sync_bn"] for s in runs["sync"]] == [True, True]
+    assert [s["sync_bn"] for s in runs["plain"]] + [single["sync_bn"]] == [False] * 3
+    assert max_abs_diff(sync[0], sync[1]) == 0.0  # running statistics too
+    assert max_abs_diff(sync[0], want) <= ATOL_FP32
+    assert max_abs_diff(plain[0], want) > 1e-2
+    assert max_abs_diff({k: plain[0][k] for k in params}, {k: want[k] for k in params}) > 1e-3
+
+    def global_losses(summaries):  # equal shards: the mean of the ranks' local means
+        return [sum(s["step_losses"][i] for s in summaries) / 2 for i in range(3)]
+    assert global_losses(runs["sync"]) == pytest.approx(single["step_losses"], abs=ATOL_FP32)
+    assert max(abs(a - b) for a, b in zip(global_losses(runs["plain"]),
+                                          single["step_losses"])) > 1e-2
+
+
 @pytest.mark.parametrize("name", ["bert_ddp", "bert_ddp_accum2", "cnn_ddp"])
 def test_ranks_hold_identical_parameters(runs, name):
     summaries, params = runs[name]
@@ -292,6 +331,8 @@ def test_comm_hook_run_reports_hook_bytes_and_one_metric_line():
     (["--comm-hook", "powersgd", "--start-powersgd-iter", "1"],
      "--start-powersgd-iter=1: PowerSGD needs at least 2 plain all-reduce steps first"),
     (["--num-workers", "2"], "--num-workers applies to --data pipeline"),
+    (["--model", "bert", "--sync-bn"], "--sync-bn applies to --model cnn; bert has no BatchNorm"),
+    (["--sync-bn", "--freeze-bn"], "--sync-bn and --freeze-bn exclude each other"),
     (["--data", "pipeline", "--num-workers", "-1"], "--num-workers must be at least 0, got -1"),
 ])
 def test_option_errors_exit_2(args, message):

@@ -538,7 +538,7 @@ def wrap_ddp(model, *, static_graph: Optional[bool] = None, gradient_as_bucket_v
              comm_hook: str = "none", powersgd_rank: Optional[int] = None,
              start_powersgd_iter: Optional[int] = None, local_sgd_period: Optional[int] = None,
              warmup_steps: Optional[int] = None, local_group_size: Optional[int] = None,
-             process_group=None, **ddp_kwargs: Any):
+             process_group=None, sync_batchnorm: bool = False, **ddp_kwargs: Any):
     """Wrap ``model`` in DistributedDataParallel with the options below and torch's own hook.
 
     Collective, like DDP's constructor: every rank calls it with the same arguments, after
@@ -574,6 +574,13 @@ def wrap_ddp(model, *, static_graph: Optional[bool] = None, gradient_as_bucket_v
             local SGD). torch's default (``subgroup=None``, one group per machine) needs CUDA
             and on one machine would all-reduce everything anyway. Must divide world size.
         process_group: the group DDP and the hooks use (None: the default group).
+        sync_batchnorm: first replace every BatchNorm layer of ``model`` with
+            :class:`cpulaunch.runtime.syncbn.SyncBatchNorm`
+            (:func:`cpulaunch.runtime.syncbn.convert_sync_batchnorm`, over
+            ``process_group``): training-mode statistics over the global batch of all
+            ranks, on CPU, at 2 collectives per BatchNorm layer per step (docs/training.md).
+            Default False: each rank normalises by its own shard, as plain DDP does.
+            ``torch.nn.SyncBatchNorm`` itself cannot be used: DDP refuses it on CPU.
         **ddp_kwargs: passed to DDP unchanged (``bucket_cap_mb``, ``find_unused_parameters``,
             ``broadcast_buffers``, ...).
 
@@ -597,6 +604,10 @@ def wrap_ddp(model, *, static_graph: Optional[bool] = None, gradient_as_bucket_v
         local_group_size=local_group_size)
     _check_locally(options, process_group)
 
+    if sync_batchnorm:
+        from cpulaunch.runtime.syncbn import convert_sync_batchnorm
+
+        model = convert_sync_batchnorm(model, process_group)
     cls = _wrapped_class()
     ddp = cls(model, static_graph=options.static_graph,
               gradient_as_bucket_view=options.gradient_as_bucket_view,
