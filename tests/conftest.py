@@ -23,6 +23,18 @@ MACHINES = sorted(p.name for p in FIXTURES.glob("hw-*") if p.is_dir())
 FACTS = json.loads((FIXTURES / "FACTS.json").read_text())
 
 
+def pytest_configure(config):
+    """The programs the tests start run ``python``, ``torchrun`` and ``cpulaunch`` by name, as
+    a user does inside the suite's environment (README: ``. .venv/bin/activate`` first). So
+    the bin folder of the interpreter running the tests goes first on PATH: ``python`` is
+    then that interpreter, with torch, not the first python of the machine's PATH (on a
+    clean machine one without torch: 19 tests failed that way)."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", os.defpath)
+    if path.split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + path
+
+
 @pytest.fixture(scope="session")
 def sysroots(tmp_path_factory) -> dict:
     """{machine folder name: Path of its unpacked root}, for every fixture machine."""

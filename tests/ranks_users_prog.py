@@ -40,6 +40,10 @@ second byte of DIR/flags says whether rank 0 did hold the GIL into finalization 
 up waiting for rank 1 after 60 s (2: a machine too busy for rank 1 to join; 5 s was not
 enough on a loaded 2-CPU machine): only 1 is a test of the race. ``--init cpulaunch``
 initialises with cpulaunch.distributed.init_process_group instead of torch's.
+``--destroyed``: rank 0 calls destroy_process_group() after that last all-reduce while a
+reference cycle still holds the group (issue 25: a DDP model does); the group and its
+worker then outlive the call, and the abort comes all the same unless something collects
+the cycle before finalization (cpulaunch's exit handler runs gc.collect()).
 """
 
 import argparse
@@ -196,13 +200,21 @@ def _flags(path: str):
 _KEEP = []
 
 
-def _last_collective_rank0(signal_dir: str, hold: float) -> None:
+def _last_collective_rank0(signal_dir: str, hold: float, destroyed: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
     flags = _flags(os.path.join(signal_dir, "flags"))
     _KEEP.append(flags)  # unmapping releases the GIL: not before finalization
     dist.all_reduce(torch.ones(1), async_op=True)  # the gloo worker holds the only reference
+    if destroyed:
+        # The program ends the group itself, but a reference cycle still holds it (as a
+        # DistributedDataParallel model does, whose hooks refer back to it): the group and
+        # its worker live on until the collector runs (issue 25).
+        cycle = [dist.group.WORLD]
+        cycle.append(cycle)
+        dist.destroy_process_group()
+        del cycle
     with open(os.path.join(signal_dir, "rank0-in-flight"), "w"):
         pass  # rank 1 may join the all-reduce now
     # From here this thread keeps the GIL (a switch interval of an hour, bytecode only, no
@@ -233,7 +245,7 @@ def run_exit_race(args) -> None:
     rank = dist.get_rank()
     _report("exit-race", global_rank=rank, world_size=dist.get_world_size(), allreduce=_allreduce_ranks(rank))
     if rank == 0:
-        atexit.register(_last_collective_rank0, args.signal_dir, args.hold)
+        atexit.register(_last_collective_rank0, args.signal_dir, args.hold, args.destroyed)
     else:
         flags = _flags(os.path.join(args.signal_dir, "flags"))
         _wait_for(os.path.join(args.signal_dir, "rank0-in-flight"), "rank 0's last all-reduce")
@@ -289,6 +301,9 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=0.05,
                         help="exit-race: seconds rank 0 keeps the GIL before it ends")
     parser.add_argument("--signal-dir", help="exit-race: where rank 0 tells rank 1 to join")
+    parser.add_argument("--destroyed", action="store_true",
+                        help="exit-race: rank 0 destroys the group after its last all-reduce, "
+                             "with a reference cycle still holding it")
     parser.add_argument("--init", choices=("torch", "cpulaunch"), default="torch",
                         help="exit-race, ending: torch.distributed's init_process_group or cpulaunch's")
     parser.add_argument("--end", choices=("normal", "raise", "destroyed", "exit3", "fork"), default="normal",

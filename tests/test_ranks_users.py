@@ -351,12 +351,16 @@ def exit_race_flags(signal_dir: Path) -> list:
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 @pytest.mark.parametrize("off", [[], ["--no-exit-hook"]], ids=["hook", "no-exit-hook"])
-def test_the_exit_time_abort_reproduced_and_gone_under_cpulaunch(tmp_path, off):
+@pytest.mark.parametrize("destroyed", [[], ["--destroyed"]], ids=["left-alive", "destroyed-in-a-cycle"])
+def test_the_exit_time_abort_reproduced_and_gone_under_cpulaunch(tmp_path, off, destroyed):
     """ranks_users_prog.py's exit-race stages the abort of issue 24 item 8 (a gloo worker
     taking the GIL while the interpreter finalizes): rank 0 is killed by SIGABRT every time
-    without the hook (``--no-exit-hook``, and the code before the hook), and ends 0 with it."""
+    without the hook (``--no-exit-hook``, and the code before the hook), and ends 0 with it.
+    ``--destroyed``: the program destroyed the group itself but a reference cycle holds it
+    (issue 25, a DDP model): the same abort without the hook, and with the hook as it was
+    before it collected garbage; 0 with it."""
     proc = run_cli("--ddp", "--nproc-per-node", "2", "--allocator", "default", *off, "python", PROG, "exit-race",
-                   "--signal-dir", str(tmp_path), timeout=180, check_rc=None)
+                   *destroyed, "--signal-dir", str(tmp_path), timeout=180, check_rc=None)
     assert exit_race_flags(tmp_path) == [1, 1], "the race was not staged (rank 1 did not join within 60 s)"
     if off:
         assert proc.returncode == 134 and "terminate called without an active exception" in proc.stderr, (

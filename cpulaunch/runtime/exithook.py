@@ -28,6 +28,12 @@ Lightning registers the same handler for NCCL only. This module is the launcher'
   as it did before. A program that ends with ``sys.exit(N)`` cannot be told from one that
   ended well (atexit does not see the code), so its group is destroyed as torch documents
   for a normal end.
+- Then, in the same cases, it runs ``gc.collect()`` (issue 25): a program that *did* call
+  ``destroy_process_group()`` still aborted the same way, 4 times in 50 runs of
+  examples/article_ddp.py on 2 gloo ranks here, because its ``DistributedDataParallel``
+  model sits in a reference cycle (its hooks refer back to it) and holds the gloo group and
+  the last collectives' work; only the collector frees them, and without this call it does so
+  while the interpreter finalizes. Collected at exit, 0 aborts in 70 runs.
 
 Only the standard library is imported here, and torch only if the program imported it: the
 module is loaded by file path in every Python process a rank starts, whatever its
@@ -35,6 +41,7 @@ interpreter.
 """
 
 import atexit
+import gc
 import os
 import sys
 
@@ -76,21 +83,30 @@ def install() -> bool:
 
 def end_process_group() -> bool:
     """Destroy torch.distributed's default process group (and so every group) if the program
-    left it alive; returns True when it did.
+    left it alive, then collect garbage; returns True when it destroyed the group.
 
-    Does nothing when torch.distributed was never imported or initialised, when the group
-    was inherited through ``fork``, or when the program ends with an uncaught exception
-    (``sys.last_value``/``sys.last_exc`` is set before exit handlers run). An error from
+    Does nothing when torch.distributed was never imported, when the default group was
+    inherited through ``fork`` (a DataLoader worker's copy: the parent's to end), or when
+    the program ends with an uncaught exception (``sys.last_value``/``sys.last_exc`` is set
+    before exit handlers run): a failing rank's
+    groups may have collectives stuck waiting for peers, which destroying them would wait
+    for. Otherwise the group, when there is one, is destroyed, and ``gc.collect()`` releases
+    the groups and collectives only a reference cycle still held (module doc). An error from
     torch is reported on stderr in one line; the exit code stays the program's.
     """
     group = _default_group()
-    if group is None or group is _STATE["inherited"]:
+    if "torch.distributed.distributed_c10d" not in sys.modules:
+        return False
+    if group is not None and group is _STATE["inherited"]:
         return False
     if getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None:
         return False
-    try:
-        sys.modules["torch.distributed"].destroy_process_group()
-    except Exception as exc:  # noqa: BLE001 (torch's error, whatever it is; the program's own result stands)
-        sys.stderr.write(f"cpulaunch: could not end the process group at exit: {exc}\n")
-        return False
-    return True
+    ended = False
+    if group is not None:
+        try:
+            sys.modules["torch.distributed"].destroy_process_group()
+            ended = True
+        except Exception as exc:  # noqa: BLE001 (torch's error, whatever it is; the program's own result stands)
+            sys.stderr.write(f"cpulaunch: could not end the process group at exit: {exc}\n")
+    gc.collect()
+    return ended
