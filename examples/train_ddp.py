@@ -62,6 +62,10 @@ it does on CPU with gloo):
 - optional bf16 autocast (``--bf16``: ``torch.autocast("cpu", dtype=torch.bfloat16)``) around
   the forward pass and the loss. No GradScaler: bfloat16 has float32's exponent range, so
   gradients do not underflow the way float16's do (loss scaling exists for float16).
+  ``--amp`` is the GPU recipe's AMP step in its CPU form
+  (:func:`cpulaunch.runtime.amp.cpu_autocast`): bf16 autocast where the CPU computes in bf16
+  (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo), and elsewhere a one-line refusal (exit
+  2) naming the slowdown measured here (0.09x fp32); ``--bf16`` forces it anyway.
 
 Output: rank 0 prints the loss every ``--log-every`` steps; every rank prints a summary line
 with its samples/s (local samples; compute only for synthetic data, end to end for the
@@ -145,7 +149,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the weights and the synthetic data (default 0)")
     p.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast for the forward pass and the loss")
+                   help="bf16 autocast for the forward pass and the loss, whatever the CPU")
+    p.add_argument("--amp", action="store_true",
+                   help="mixed precision as the GPU recipe's autocast, in its CPU form: bf16 autocast "
+                        "where the CPU has bf16 instructions, refused (exit 2) where it would be emulated")
     p.add_argument("--freeze-bn", action="store_true",
                    help="BatchNorm in eval mode (running statistics, not updated): makes the "
                         "cnn per-sample, so DDP and single-process runs are comparable")
@@ -652,6 +659,15 @@ def main(argv: list[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(f"[rank {rank}/{world_size}] {msg}", file=out, flush=True)
 
+    if args.amp and not args.bf16:
+        from cpulaunch.runtime.amp import amp_refusal
+        from cpulaunch.runtime.inference import host_bf16_support
+
+        refusal = amp_refusal(host_bf16_support())
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+            return 2
+        args.bf16 = True
     per_step = world_size * args.accum_steps
     if args.global_batch_size % per_step:
         print(f"error: --global-batch-size {args.global_batch_size} is not a multiple of "
@@ -814,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         "local_batch_size": args.global_batch_size // world_size,
         "accum_steps": args.accum_steps, "threads": torch.get_num_threads(),
         "cpus": sorted(os.sched_getaffinity(0)),  # logical CPU ids this rank may run on
-        "bf16": args.bf16, "freeze_bn": args.freeze_bn, "backend": backend,
+        "bf16": args.bf16, "amp": args.amp, "freeze_bn": args.freeze_bn, "backend": backend,
         # BatchNorm layers synchronized over the ranks (--sync-bn; only with DDP).
         "sync_bn": args.sync_bn and ddp is not None,
         "static_graph": static_graph,

@@ -515,3 +515,30 @@ def test_worker_count_precedence():
         {"num_workers": 0, "persistent_workers": False}, "--num-workers")
     with pytest.raises(DataloaderEnvError, match="CPULAUNCH_DATALOADER_WORKERS is 'x'"):
         train_ddp.loader_settings(None, {"CPULAUNCH_DATALOADER_WORKERS": "x"})
+
+
+def test_amp_is_bf16_autocast_on_a_bf16_cpu_else_a_one_line_refusal():
+    """--amp by this machine's /proc/cpuinfo (issue 25): on a CPU with avx512_bf16 or amx_bf16
+    the run trains under bf16 autocast (the JSON says bf16 and amp); elsewhere it stops before
+    training with exit 2 and one line naming the measured slowdown. --bf16 forces autocast."""
+    from cpulaunch.runtime.amp import amp_refusal
+    from cpulaunch.runtime.inference import Bf16Support, host_bf16_support
+
+    support = host_bf16_support()
+    flags = Path("/proc/cpuinfo").read_text()
+    assert (support is Bf16Support.NATIVE) == any(
+        line.startswith("flags") and {"avx512_bf16", "amx_bf16"} & set(line.split()) for line in flags.splitlines())
+    args = ["--model", "cnn", "--size", "small", "--steps", "2", "--global-batch-size", "4", "--json"]
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--amp"], env=rank_env(), capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S)
+    if support is Bf16Support.NATIVE:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (summary,) = _json_lines(proc.stdout)
+        assert (summary["bf16"], summary["amp"]) == (True, True)
+    else:
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"error: {amp_refusal(support)}\n")
+    forced = subprocess.run([sys.executable, str(SCRIPT), *args, "--amp", "--bf16"], env=rank_env(),
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    (summary,) = _json_lines(forced.stdout)
+    assert (summary["bf16"], summary["amp"]) == (True, True)
