@@ -18,6 +18,8 @@ def test_runs(): pass
 def test_only_b(): pass
 @pytest.mark.skip(reason="never")
 def test_never(): pass
+@pytest.mark.skip(reason="not run: two machines")
+def test_doc_on_two_machines(): pass
 @pytest.mark.xfail(strict=True)
 def test_known_bug(): assert 0
 '''
@@ -43,13 +45,26 @@ def test_a_test_skipped_in_every_step_fails_ci(tmp_path):
     proc = _check(a, b)
     assert proc.returncode == 1
     assert proc.stdout.splitlines() == [
-        "check_skips: 4 tests in 2 report(s); 1 skipped in every one",
+        "check_skips: 5 tests in 2 report(s); 2 skipped in every one",
+        "  never run: test_sample::test_doc_on_two_machines",
         "  never run: test_sample::test_never"]
 
 
 def test_a_test_run_in_one_step_passes_and_allow_names_the_rest(tmp_path):
     a, b = _report(tmp_path, "a"), _report(tmp_path, "b")
-    assert _check(a).stdout.splitlines()[1:] == ["  never run: test_sample::test_never",
+    assert _check(a).stdout.splitlines()[1:] == ["  never run: test_sample::test_doc_on_two_machines",
+                                                 "  never run: test_sample::test_never",
                                                  "  never run: test_sample::test_only_b"]
-    proc = _check(a, b, "--allow", "test_sample::test_never")
+    proc = _check(a, b, "--allow", "test_sample::test_never", "--allow-reason", "not run: ")
     assert proc.returncode == 0 and proc.stdout.endswith("; 0 skipped in every one\n")
+
+
+def test_allow_reason_needs_the_reason_in_every_report(tmp_path):
+    """--allow-reason PREFIX: skipped everywhere with a reason starting with PREFIX is allowed
+    (the docs' "not run: WHY" commands); a test skipped for another reason is still named."""
+    a, b = _report(tmp_path, "a"), _report(tmp_path, "b")
+    proc = _check(a, b, "--allow-reason", "not run: ")
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[1:] == ["  never run: test_sample::test_never"]
+    assert _check(a, b, "--allow-reason", "not run: three").stdout.splitlines()[1:] == [
+        "  never run: test_sample::test_doc_on_two_machines", "  never run: test_sample::test_never"]
