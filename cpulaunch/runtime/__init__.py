@@ -1,7 +1,7 @@
 """What runs inside the user's program (may import torch, lazily): the inference paths
 (:mod:`.inference`), the DDP wrapper and ``init_process_group`` (:mod:`.ddp`), the
-synchronized BatchNorm for CPU process groups (:mod:`.syncbn`) and the DataLoader helpers
-(:mod:`.dataloader`).
+synchronized BatchNorm for CPU process groups (:mod:`.syncbn`), mixed precision on CPU
+(:mod:`.amp`) and the DataLoader helpers (:mod:`.dataloader`).
 
 Nothing outside this package imports it, but for the documented import paths kept as thin
 aliases (``cpulaunch.inference``, ``cpulaunch.ddp_wrap``, ``cpulaunch.torch_utils``,
