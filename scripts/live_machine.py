@@ -55,6 +55,8 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--save-fixture", action="store_true",
                    help="with --job: write tests/fixtures/live-<machine>*/")
     p.add_argument("--timeout", type=float, default=lg.DEFAULT_TIMEOUT, help="seconds (default %(default)s)")
+    p.add_argument("--boot-timeout", type=float, default=lg.BOOT_TIMEOUT,
+                   help="seconds until the job must have begun (default %(default)s)")
     p.add_argument("--keep", type=Path, help="keep the shared folder (job, results, dumps, logs) here")
     p.add_argument("--resave", type=Path, metavar="DIR",
                    help="no guest: write the fixtures of MACHINE from a folder kept by --job --keep DIR")
@@ -98,8 +100,9 @@ def report(run: lg.GuestRun, verbose: bool) -> int:
                   + (" TIMED OUT" if rec["timed_out"] else ""))
         rc = rec["rc"]
     print(f"live_machine: {run.machine.name}: boot {run.boot_seconds} s, boot+run {run.seconds} s"
-          + ("" if run.done else f"; the job did not finish (timed out: {run.timed_out}); "
-             f"console: {run.workdir / 'console.log'}"), file=sys.stderr)
+          + ("" if run.done else f"; the job did not finish (timed out: {run.timed_out}, before "
+             f"it began: {run.boot_timed_out}); console: {run.workdir / 'console.log'}"),
+          file=sys.stderr)
     return rc if run.done else 1
 
 
@@ -176,7 +179,7 @@ def main(argv: list) -> int:
         steps = lg.job(machine, work, tuple(args.scenario or ()) or None, placement=args.job)
     else:
         steps = command_steps(args)
-    run = lg.boot(machine, steps, work, timeout=args.timeout)
+    run = lg.boot(machine, steps, work, timeout=args.timeout, boot_timeout=args.boot_timeout)
     rc = report(run, verbose=not (args.job or args.scenario))
     if args.job and args.save_fixture and run.done:
         save_fixtures(run)

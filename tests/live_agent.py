@@ -14,8 +14,8 @@ import is paid 20-50x under emulation).
 - ``{"id": ID, "write": PATH, "text": TEXT}``: write TEXT to PATH (a sysfs or cgroup file).
 - ``{"id": ID, "mkdir": PATH}``: create the folder PATH (a cgroup).
 
-RESULTS is rewritten after every step (so a guest that times out still tells what it
-did): ``{"steps": {ID: {"rc", "stdout", "stderr", "seconds", "timed_out"}}, "done": bool,
+RESULTS is written when the job begins (the host's sign that the guest has booted) and
+rewritten after every step (so a guest that times out still tells what it did): ``{"steps": {ID: {"rc", "stdout", "stderr", "seconds", "timed_out"}}, "done": bool,
 "uptime": S}`` (S: the guest's uptime when the job started, i.e. its boot time).
 ``rc`` is the exit code, ``-N`` for signal N, or an errno for write/mkdir steps.
 
@@ -208,6 +208,7 @@ def run(job_path, results_path):
         job = json.load(f)
     uptime = float((read_text("/proc/uptime") or "0").split()[0])
     results = {"steps": {}, "done": False, "uptime": uptime}
+    save(results_path, results)  # the host's sign that the guest booted and the job began
     env = job.get("env") or dict(os.environ)
     for batch in batches(job["steps"]):
         if "argv" in batch[0]:

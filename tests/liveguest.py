@@ -15,7 +15,9 @@ which writes its results to a folder shared read-write.
 - :func:`boot` runs one job in one guest and returns a :class:`GuestRun`: each step's
   exit code, output and time, and the boot and total times. QEMU's PID is recorded by a
   wrapper script (``vng --qemu``) and the process is killed by that PID when the time
-  is up, in a finally, and at interpreter exit (:func:`kill_leftovers`).
+  is up (the whole ``timeout``, or ``boot_timeout`` before the job has begun), in a
+  finally, and at interpreter exit (:func:`kill_leftovers`). The guest's serial console,
+  the kernel's log included, is kept in the shared folder's console.log.
 - :func:`cpulaunch_step`, :func:`launch_step`, :func:`dump_step`: job steps.
 - :func:`pack_dump` turns a dump folder written by the guest into a tarball laid out like
   the hwloc dumps in tests/fixtures (one top folder acting as ``/``).
@@ -55,6 +57,10 @@ KERNEL_ENV = "CPULAUNCH_LIVE_KERNEL"
 #: Seconds a whole guest (boot, job, power-off) may take before it is killed: a guard
 #: against a hung guest, not a budget (a loaded 2-core host stretches the 3-8 minutes).
 DEFAULT_TIMEOUT = 2400.0
+#: Seconds a guest may take from vng's start until its job begins (results.json appears):
+#: a quiet host boots these machines in 18-36 s, a loaded one in about a minute. A guest
+#: that has not begun by then is killed and its console (the kernel's log) kept.
+BOOT_TIMEOUT = 420.0
 
 
 @dataclass(frozen=True)
@@ -390,8 +396,10 @@ class GuestRun:
     """One guest's job: ``steps`` {step id: {"rc", "stdout", "stderr", "seconds",
     "timed_out"}}; ``done`` when the job ran to its end; ``boot_seconds`` (the guest's
     uptime when the job started), ``seconds`` (host wall time from vng's start to its
-    exit); ``console``: vng's and the kernel's output; ``workdir``: the shared folder
-    (dumps/, logs/)."""
+    exit); ``console``: vng's and the kernel's output (console.log: the guest's serial
+    console, kernel messages included); ``workdir``: the shared folder (dumps/, logs/).
+    ``timed_out``: the guest was killed because a time ran out; ``boot_timed_out``: that
+    happened before its job began (a guest that never finished booting)."""
 
     machine: Machine
     steps: dict
@@ -402,6 +410,7 @@ class GuestRun:
     workdir: Path
     rc: int | None = None
     timed_out: bool = False
+    boot_timed_out: bool = False
     #: qemu PIDs killed by their recorded PID (the time ran out, or qemu outlived vng).
     killed: list = field(default_factory=list)
 
@@ -409,7 +418,8 @@ class GuestRun:
         """The record of step ``sid``; AssertionError with the console's end when absent."""
         if sid not in self.steps:
             raise AssertionError(f"{self.machine.name}: step {sid} did not run (done={self.done}, "
-                                 f"timed out={self.timed_out}); console ends:\n{self.console[-3000:]}")
+                                 f"timed out={self.timed_out}, boot timed out={self.boot_timed_out}); "
+                                 f"console ({self.workdir / 'console.log'}) ends:\n{self.console[-3000:]}")
         return self.steps[sid]
 
 
@@ -484,18 +494,23 @@ def vng_argv(machine: Machine, workdir: Path, kernel: str) -> list:
     for path in {str(REPO), sys.prefix}:  # shared already when on the root's file system
         if os.stat(path).st_dev != os.stat("/").st_dev:
             extra.append(f"--rodir={path}")
-    return ["vng", "--run", kernel, "--disable-kvm", *machine.vng_args(),
+    # --verbose: the kernel logs to the serial console (vng's stdout, console.log), so a
+    # guest that hangs before its job leaves its boot log behind.
+    return ["vng", "--run", kernel, "--disable-kvm", "--verbose", *machine.vng_args(),
             "--qemu", str(_write_wrapper(workdir)), f"--rwdir={workdir}", *extra,
             "--exec", shlex.join(run)]
 
 
-def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_TIMEOUT) -> GuestRun:
+def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_TIMEOUT,
+         boot_timeout: float = BOOT_TIMEOUT) -> GuestRun:
     """Boot ``machine``, run ``steps`` in it (tests/live_agent.py), power it off.
 
     Args:
         machine: the layout. steps: job steps (see tests/live_agent.py). workdir: an empty
             or new host folder, shared read-write with the guest at the same path.
         timeout: seconds for everything; then the guest's qemu is killed by its recorded PID.
+        boot_timeout: seconds until the job must have begun (the agent writes results.json
+            first); a guest still booting then is killed the same way (``boot_timed_out``).
     Returns: the :class:`GuestRun` (partial when the time ran out).
     Raises: RuntimeError when :func:`missing` names something missing.
     """
@@ -513,19 +528,37 @@ def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_
         atexit.unregister(kill_leftovers)
         atexit.register(kill_leftovers)
     LIVE_GUESTS[pidfile] = marker
-    t0, timed_out = time.monotonic(), False
+    t0, timed_out, boot_timed_out = time.monotonic(), False, False
     with open(workdir / "console.log", "wb") as log:
         proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.wait(timeout)
+            boot_deadline = t0 + min(boot_timeout, timeout)
+            boot_timed_out = not _wait_for_job(proc, workdir / "results.json", boot_deadline)
+            if not boot_timed_out:
+                proc.wait(max(0.0, t0 + timeout - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
             killed = _stop(proc, pidfile, marker)
-    run = collect(machine, workdir, time.monotonic() - t0, proc.returncode, timed_out)
-    run.killed = killed
+    run = collect(machine, workdir, time.monotonic() - t0, proc.returncode, timed_out or boot_timed_out)
+    run.killed, run.boot_timed_out = killed, boot_timed_out
     return run
+
+
+def _wait_for_job(proc: subprocess.Popen, results: Path, deadline: float) -> bool:
+    """Wait until the guest's job has begun (``results`` exists) or vng has exited (True),
+    or until ``deadline`` (time.monotonic()) has passed with neither (False)."""
+    while not results.exists():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            proc.wait(min(1.0, left))
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+    return True
 
 
 def _stop(proc: subprocess.Popen, pidfile: Path, marker: str) -> list:

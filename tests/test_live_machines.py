@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import liveguest as lg
 import pytest
@@ -398,6 +399,28 @@ def test_timeout_kills_qemu(tmp_path, request):
     assert (tmp_path / "qemu.pids") not in lg.LIVE_GUESTS
 
 
+@LIVE
+def test_boot_timeout_kills_a_guest_that_has_not_begun(tmp_path, request):
+    """A guest whose job has not begun by ``boot_timeout`` is killed long before the job's
+    own timeout, says so, and leaves what its console printed so far in console.log (the
+    whole kernel log of a booted guest: test_guest_has_the_layout)."""
+    reason = live_skip_reason(request.config)
+    if reason:
+        pytest.skip(reason)
+    machine = lg.MACHINES["2s2c"]  # 20 s to boot on a quiet host, longer under load
+    t0 = time.monotonic()
+    run = lg.boot(machine, [{"id": "never", "argv": ["true"], "timeout": 60}], tmp_path,
+                  timeout=600, boot_timeout=8)
+    assert time.monotonic() - t0 < 120
+    assert run.boot_timed_out and run.timed_out and not run.done and run.steps == {}
+    assert not (tmp_path / "results.json").exists()
+    assert run.killed
+    assert lg.recorded_qemus(tmp_path / "qemu.pids", f"path={tmp_path.resolve()},") == []
+    assert run.console.strip() and run.console == (tmp_path / "console.log").read_bytes().decode(errors="replace")
+    with pytest.raises(AssertionError, match="boot timed out=True"):
+        run.step("never")
+
+
 # --------------------------------------------------------------------------- live: layout and plans
 
 
@@ -405,8 +428,11 @@ def test_timeout_kills_qemu(tmp_path, request):
 @pytest.mark.parametrize("name", list(lg.MACHINES))
 def test_guest_has_the_layout(guests, name):
     """The kernel sees the sockets, SMT siblings, nodes, memory-only nodes and distances
-    the harness asked QEMU for."""
+    the harness asked QEMU for; its boot log, kept in console.log, says the same."""
     machine, run = lg.MACHINES[name], guests(name)
+    nodes = len(machine.nodes)  # online nodes, memory-only ones included (kernel/smp.c)
+    assert (f"smp: Brought up {nodes} node{'s' if nodes > 1 else ''}, {machine.ncpus} CPUs"
+            in run.console), run.console[-2000:]
     truth = truth_of(run)
     assert truth.online() == set(range(machine.ncpus))
     for s in range(machine.sockets):
