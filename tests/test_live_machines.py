@@ -316,7 +316,7 @@ def guests(tmp_path_factory, request):
                      else lg.job(machine, work, ("ddp",), placement=False))
             timeout = lg.DEFAULT_TIMEOUT if kind == "placement" else 2 * lg.DEFAULT_TIMEOUT
             run = cache[(name, kind)] = lg.boot(machine, steps, work, timeout=timeout)
-            TIMES.append((name, kind, run.boot_seconds, run.seconds, run.done))
+            TIMES.append((name, kind, run.boot_seconds, run.seconds, run.done, run.attempts))
         return cache[(name, kind)]
 
     yield get
@@ -333,9 +333,11 @@ def report_times(config) -> None:
         return
     with capman.global_and_fixture_disabled():
         reporter.ensure_newline()
-        for name, kind, boot, total, done in TIMES:
+        for name, kind, boot, total, done, attempts in TIMES:
             reporter.write_line(f"live {name} ({kind}): boot {boot} s, boot+run {total} s"
-                                + ("" if done else ", NOT DONE"))
+                                + ("" if done else ", NOT DONE")
+                                + (f", booted {attempts} times (a lost timer interrupt: attempt-1/console.log)"
+                                   if attempts > 1 else ""))
 
 
 def plan_of(run: lg.GuestRun, sid: str) -> dict:
@@ -419,6 +421,31 @@ def test_boot_timeout_kills_a_guest_that_has_not_begun(tmp_path, request):
     assert run.console.strip() and run.console == (tmp_path / "console.log").read_bytes().decode(errors="replace")
     with pytest.raises(AssertionError, match="boot timed out=True"):
         run.step("never")
+
+
+@LIVE
+def test_lost_timer_interrupt_kills_the_guest_and_boots_it_again(tmp_path, request):
+    """When the guest kernel's console says a timer interrupt was lost (lg.LOST_TIMER: QEMU's
+    TCG sometimes never wakes a halted vCPU, and the guest hangs), the guest is killed at
+    once and booted again (lost_timer_retries times), each boot's files kept apart. The
+    kernel prints the words itself here: the job writes them to /dev/kmsg."""
+    reason = live_skip_reason(request.config)
+    if reason:
+        pytest.skip(reason)
+    words = "rcu: rcu_preempt kthread timer wakeup didn't happen for 5252 jiffies! (written by the test)"
+    steps = [{"id": "kmsg", "write": "/dev/kmsg", "text": words + "\n"},
+             {"id": "long", "argv": ["sleep", "600"], "timeout": 700}]
+    t0 = time.monotonic()
+    run = lg.boot(lg.MACHINES["2s2c"], steps, tmp_path, timeout=650, lost_timer_retries=1)
+    assert time.monotonic() - t0 < 500  # two boots, neither waiting for its sleep 600
+    assert run.lost_timer and run.attempts == 2 and not run.done and not run.timed_out
+    assert run.step("kmsg")["rc"] == 0 and "long" not in run.steps
+    first = tmp_path / "attempt-1"
+    assert words in (first / "console.log").read_text(errors="replace")
+    assert list(json.loads((first / "results.json").read_text())["steps"]) == ["kmsg"]
+    assert words in run.console and run.console.count(words) == 1  # the second boot's own console
+    assert lg.recorded_qemus(tmp_path / "qemu.pids", f"path={tmp_path.resolve()},") == []
+    assert not (tmp_path / "attempt-2").exists()
 
 
 # --------------------------------------------------------------------------- live: layout and plans
