@@ -99,12 +99,14 @@ def report(run: lg.GuestRun, verbose: bool) -> int:
             print(f"{sid:28} rc={rec['rc']:<4} {rec['seconds']:7.1f} s"
                   + (" TIMED OUT" if rec["timed_out"] else ""))
         rc = rec["rc"]
-    if run.attempts > 1:
-        print(f"live_machine: {run.machine.name}: booted {run.attempts} times: the kernel lost a timer "
-              f"interrupt (emulator fault; see {run.workdir}/attempt-1/console.log)", file=sys.stderr)
+    for n, fault in enumerate(run.faults, 1):
+        where = run.workdir / (f"attempt-{n}" if n < run.attempts else "") / "console.log"
+        print(f"live_machine: {run.machine.name}: boot {n} of {run.attempts} hit an emulator fault: "
+              f"{fault} (see {where})", file=sys.stderr)
     print(f"live_machine: {run.machine.name}: boot {run.boot_seconds} s, boot+run {run.seconds} s"
           + ("" if run.done else f"; the job did not finish (timed out: {run.timed_out}, before "
-             f"it began: {run.boot_timed_out}, lost timer: {run.lost_timer}); console: {run.workdir / 'console.log'}"),
+             f"it began: {run.boot_timed_out}, emulator fault: {run.fault or 'none'}); "
+             f"console: {run.workdir / 'console.log'}"),
           file=sys.stderr)
     return rc if run.done else 1
 

@@ -17,9 +17,10 @@ which writes its results to a folder shared read-write.
   wrapper script (``vng --qemu``) and the process is killed by that PID when the time
   is up (the whole ``timeout``, or ``boot_timeout`` before the job has begun), in a
   finally, and at interpreter exit (:func:`kill_leftovers`). The guest's serial console,
-  the kernel's log included, is kept in the shared folder's console.log. A guest whose
-  kernel reports a lost timer interrupt (:data:`LOST_TIMER`, an emulator fault) is killed
-  at once and booted again, once.
+  the kernel's log included, is kept in the shared folder's console.log. A guest hit by
+  an emulator fault (its kernel reports a lost timer interrupt, :data:`LOST_TIMER`, or its
+  qemu dies of a signal nobody sent, as a segfault) is killed at once and booted again, up
+  to :data:`FAULT_RETRIES` times.
 - :func:`cpulaunch_step`, :func:`launch_step`, :func:`dump_step`: job steps.
 - :func:`pack_dump` turns a dump folder written by the guest into a tarball laid out like
   the hwloc dumps in tests/fixtures (one top folder acting as ``/``).
@@ -72,8 +73,12 @@ BOOT_TIMEOUT = 420.0
 #: then on the guest limps (udev times out after 5 min) or hangs. It is the emulator's
 #: fault, not the job's: the guest is killed as soon as its console says so.
 LOST_TIMER = re.compile(rb"rcu: \S+ kthread timer wakeup didn't happen")
-#: Fresh boots after a lost timer interrupt (the failed boot's files go to attempt-N/).
-LOST_TIMER_RETRIES = 1
+#: Fresh boots after emulator faults: a lost timer interrupt (:data:`LOST_TIMER`) or a qemu
+#: that died of a signal nobody sent (QEMU 7.2's TCG segfaulted once here, 1 s into a 2s2c
+#: guest's boot, in CI on 2026-11-27; vng then exits 255). Each failed boot's files go to
+#: WORKDIR/attempt-N/. A job step that fails, or a guest whose time runs out, is never
+#: retried.
+FAULT_RETRIES = 2
 
 
 @dataclass(frozen=True)
@@ -412,10 +417,11 @@ class GuestRun:
     exit); ``console``: vng's and the kernel's output (console.log: the guest's serial
     console, kernel messages included); ``workdir``: the shared folder (dumps/, logs/).
     ``timed_out``: the guest was killed because a time ran out; ``boot_timed_out``: that
-    happened before its job began (a guest that never finished booting); ``lost_timer``:
-    it was killed because its kernel reported a lost timer interrupt (:data:`LOST_TIMER`);
-    ``attempts``: boots made (more than 1 after a lost timer; the earlier ones' console,
-    results, dumps and logs are in WORKDIR/attempt-N/)."""
+    happened before its job began (a guest that never finished booting); ``faults``: the
+    emulator fault of each boot that had one, in order ("lost timer interrupt", "qemu
+    killed by SIGSEGV"); ``attempts``: boots made (one more than the faults unless the last
+    boot had one too; the earlier boots' console, results, dumps, logs and qemu exits are in
+    WORKDIR/attempt-N/)."""
 
     machine: Machine
     steps: dict
@@ -427,17 +433,22 @@ class GuestRun:
     rc: int | None = None
     timed_out: bool = False
     boot_timed_out: bool = False
-    lost_timer: bool = False
+    faults: list = field(default_factory=list)
     attempts: int = 1
     #: qemu PIDs killed by their recorded PID (the time ran out, or qemu outlived vng).
     killed: list = field(default_factory=list)
+
+    @property
+    def fault(self) -> str:
+        """The last boot's emulator fault ("" when it had none)."""
+        return self.faults[-1] if len(self.faults) == self.attempts else ""
 
     def step(self, sid: str) -> dict:
         """The record of step ``sid``; AssertionError with the console's end when absent."""
         if sid not in self.steps:
             raise AssertionError(f"{self.machine.name}: step {sid} did not run (done={self.done}, "
                                  f"timed out={self.timed_out}, boot timed out={self.boot_timed_out}, "
-                                 f"lost timer={self.lost_timer}, boots={self.attempts}); "
+                                 f"emulator faults={self.faults}, boots={self.attempts}); "
                                  f"console ({self.workdir / 'console.log'}) ends:\n{self.console[-3000:]}")
         return self.steps[sid]
 
@@ -486,14 +497,39 @@ def kill_leftovers() -> list:
 
 
 def _write_wrapper(workdir: Path) -> Path:
-    """A qemu wrapper that appends its PID (qemu's after exec) to WORKDIR/qemu.pids."""
+    """A qemu wrapper (vng --qemu) that runs qemu as its child with core dumps off, appends
+    qemu's PID to WORKDIR/qemu.pids and, when qemu ends, "PID STATUS" to WORKDIR/qemu.exits
+    (the shell's status: 128+N when signal N ended it; vng itself only says 255). The
+    background qemu keeps the wrapper's stdin (the explicit ``<&0``)."""
     qemu = shutil.which(QEMU)
+    q = {name: shlex.quote(str(workdir / name)) for name in ("qemu.pids", "qemu.exits")}
     wrapper = workdir / "qemu-wrapper.sh"
     wrapper.write_text("#!/bin/sh\n"
-                       f"echo $$ >> {shlex.quote(str(workdir / 'qemu.pids'))}\n"
-                       f"exec {shlex.quote(qemu)} \"$@\"\n")
+                       "ulimit -c 0\n"
+                       f"{shlex.quote(qemu)} \"$@\" <&0 &\n"
+                       "pid=$!\n"
+                       f"echo $pid >> {q['qemu.pids']}\n"
+                       "wait $pid\n"
+                       "status=$?\n"
+                       f"echo \"$pid $status\" >> {q['qemu.exits']}\n"
+                       "exit $status\n")
     wrapper.chmod(0o755)
     return wrapper
+
+
+def qemu_fault(workdir: Path) -> str:
+    """The emulator fault WORKDIR/qemu.exits records: "qemu killed by SIGSEGV" when a qemu
+    of this boot died of a signal (read only after a guest that ended by itself: the
+    harness's own kills end the boot otherwise), or ""."""
+    try:
+        lines = (workdir / "qemu.exits").read_text().split("\n")
+    except OSError:
+        return ""
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 2 and fields[1].isdigit() and 128 < int(fields[1]) < 128 + signal.NSIG:
+            return f"qemu killed by {signal.Signals(int(fields[1]) - 128).name}"
+    return ""
 
 
 def precompile() -> None:
@@ -521,7 +557,7 @@ def vng_argv(machine: Machine, workdir: Path, kernel: str) -> list:
 
 
 def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_TIMEOUT,
-         boot_timeout: float = BOOT_TIMEOUT, lost_timer_retries: int = LOST_TIMER_RETRIES) -> GuestRun:
+         boot_timeout: float = BOOT_TIMEOUT, fault_retries: int = FAULT_RETRIES) -> GuestRun:
     """Boot ``machine``, run ``steps`` in it (tests/live_agent.py), power it off.
 
     Args:
@@ -530,8 +566,8 @@ def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_
         timeout: seconds for everything; then the guest's qemu is killed by its recorded PID.
         boot_timeout: seconds until the job must have begun (the agent writes results.json
             first); a guest still booting then is killed the same way (``boot_timed_out``).
-        lost_timer_retries: fresh boots, each with the whole ``timeout``, after a guest whose
-            kernel reported a lost timer interrupt (:data:`LOST_TIMER`; killed at once).
+        fault_retries: fresh boots at most, each with the whole ``timeout``, after boots hit
+            by an emulator fault (see :data:`FAULT_RETRIES`; a lost timer is killed at once).
     Returns: the :class:`GuestRun` of the last boot (partial when the time ran out).
     Raises: RuntimeError when :func:`missing` names something missing.
     """
@@ -543,19 +579,23 @@ def boot(machine: Machine, steps: list, workdir: Path, timeout: float = DEFAULT_
     (workdir / "job.json").write_text(json.dumps({"env": guest_env(), "cwd": str(REPO),
                                                   "steps": steps}))
     argv = vng_argv(machine, workdir, find_kernel())
-    for attempt in range(1, lost_timer_retries + 2):
+    faults = []
+    for attempt in range(1, fault_retries + 2):
         if attempt > 1:
             _set_aside(workdir, attempt - 1)
-        run = _boot_once(machine, argv, workdir, timeout, boot_timeout)
-        run.attempts = attempt
-        if not run.lost_timer:
+        run, fault = _boot_once(machine, argv, workdir, timeout, boot_timeout)
+        if fault:
+            faults.append(fault)
+        run.attempts, run.faults = attempt, list(faults)
+        if not fault:
             break
     return run
 
 
 def _boot_once(machine: Machine, argv: list, workdir: Path, timeout: float,
-               boot_timeout: float) -> GuestRun:
-    """One boot of ``argv`` with ``workdir`` (see :func:`boot`)."""
+               boot_timeout: float) -> tuple:
+    """One boot of ``argv`` with ``workdir`` (see :func:`boot`): its :class:`GuestRun` and
+    its emulator fault ("" when none)."""
     (workdir / "dumps").mkdir(parents=True, exist_ok=True)
     pidfile, marker = workdir / "qemu.pids", f"path={workdir},"
     if not LIVE_GUESTS:  # registered once a guest is about to start, not at import
@@ -572,8 +612,10 @@ def _boot_once(machine: Machine, argv: list, workdir: Path, timeout: float,
             killed = _stop(proc, pidfile, marker)
     run = collect(machine, workdir, time.monotonic() - t0, proc.returncode,
                   ended in ("timeout", "boot-timeout"))
-    run.killed, run.boot_timed_out, run.lost_timer = killed, ended == "boot-timeout", ended == "lost-timer"
-    return run
+    run.killed, run.boot_timed_out = killed, ended == "boot-timeout"
+    fault = ("lost timer interrupt" if ended == "lost-timer"
+             else qemu_fault(workdir) if ended == "exited" else "")
+    return run, fault
 
 
 def _supervise(proc: subprocess.Popen, workdir: Path, deadline: float, boot_deadline: float) -> str:
@@ -604,7 +646,7 @@ def _set_aside(workdir: Path, attempt: int) -> None:
     """Move what boot ``attempt`` left in ``workdir`` to WORKDIR/attempt-N/."""
     aside = workdir / f"attempt-{attempt}"
     aside.mkdir()
-    for name in ("console.log", "results.json", "dumps", "logs"):
+    for name in ("console.log", "results.json", "dumps", "logs", "qemu.exits"):
         if (workdir / name).exists():
             (workdir / name).rename(aside / name)
 
