@@ -63,7 +63,17 @@ def _allreduce_ranks(rank: int) -> float:
     import torch.distributed as dist
 
     value = torch.tensor([float(rank + 1)])
-    dist.all_reduce(value)
+    # The work is kept for good, so that a gloo worker never ends it. A worker drops its
+    # reference to a finished work after the wait has returned, while holding its work
+    # queue's lock; ending the work there releases the tensor's Python object, which takes
+    # the GIL. During exit-race's staging rank 0's main thread holds the GIL: that worker
+    # would wait for it, the other worker for the lock, the last all-reduce never start, and
+    # rank 0 give up after 60 s (flags [1, 2], about 1 run in 30; gdb: a pt_gloo_runloop
+    # thread in take_gil from ~AsyncAllreduceWork in ProcessGroupGloo::runLoop, the other
+    # waiting for the lock).
+    work = dist.all_reduce(value, async_op=True)
+    work.wait()
+    _KEEP.append(work)
     return float(value.item())
 
 
