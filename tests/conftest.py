@@ -10,6 +10,7 @@ import _ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -60,6 +61,22 @@ def unpack_dumps(names, base: Path) -> dict:
         (top,) = [p for p in dest.iterdir()]
         roots[name] = top
     return roots
+
+
+#: Signals whose disposition or mask a test shell can hand down: nohup ignores SIGHUP, a
+#: script's background job ignores SIGINT and SIGQUIT (POSIX sh), a caller may block any.
+INHERITED = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1,
+             signal.SIGUSR2, signal.SIGCHLD)
+
+
+def default_signals() -> None:
+    """A ``preexec_fn``: the child starts with :data:`INHERITED` at their default dispositions
+    and nothing blocked, as from an interactive shell, whatever the test run itself inherited
+    (pytest under nohup, or started in the background by a script). Tests about how
+    cpulaunch starts its instances or handles a signal start cpulaunch this way."""
+    for sig in INHERITED:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 60, check_rc: int | None = 0):

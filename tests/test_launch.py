@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, default_signals
 
 PY = sys.executable
 NCORES = len(os.sched_getaffinity(0))
@@ -221,7 +221,7 @@ def test_signals_forwarded_and_no_orphans(tmp_path, sig):
         time.sleep(300)
     """)
     proc = subprocess.Popen(cpulaunch("--ninstances", "2", "--bind", "none", child, str(tmp_path)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, preexec_fn=default_signals)
     pids = [wait_for(tmp_path / f"pids{i}").split() for i in (0, 1)]
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)

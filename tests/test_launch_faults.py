@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, default_signals
 from cpulaunch.launch.group import FORWARDED_SIGNALS, ProcessGroup, RELAY_TIMEOUT
 from cpulaunch.launch.spawn import LaunchError, ProcessSpec, exec_spec
 from cpulaunch.launch.supervise import describe_failure, run_group
@@ -136,8 +136,9 @@ def drive(tmp_path: Path, argv: list, timeout=20, **cfg):
     cfg.update(argv=argv, result=str(result))
     # -c: sys.path[0] is the cwd, this checkout (a script's folder would not be, and the
     # cpulaunch imported would be whichever is installed)
+    popen = {"preexec_fn": default_signals, **cfg.pop("popen", {})}  # then cfg's ignore/block
     proc = subprocess.run([PY, "-c", DRIVER, json.dumps(cfg)], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, **cfg.pop("popen", {}))
+                          timeout=timeout, cwd=REPO, **popen)
     return proc, (json.loads(result.read_text()) if result.exists() else None)
 
 
@@ -175,6 +176,7 @@ def test_nohup_keeps_sighup_ignored(tmp_path):
 def test_exec_single_instance_starts_clean(tmp_path):
     """The single-instance exec path through the real CLI."""
     def messy():
+        default_signals()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2, signal.SIGCHLD])
 

@@ -84,7 +84,7 @@ from cpulaunch.tools.tune.tuner import (
     Tuner,
 )
 
-from conftest import REPO, run_cli
+from conftest import REPO, default_signals, run_cli
 from test_launch_faults import tiny_tmpfs  # noqa: F401 - the 64 KiB tmpfs fixture, shared
 
 AMD = "hw-32amd64-4s2n4c-cgroup2"  # 4 sockets, cgroup allows CPUs 0-5 (nodes 0: 0-3, 1: 4-5)
@@ -795,7 +795,8 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path):
     out = tmp_path / "out"
     argv = [*TUNE, "--budget", "3m", "--out", str(out), "--space", "omp-places", "--busy-threshold", "100",
             "--load-sample", "0.05", "--", "python", str(prog)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=default_signals)
     trials = out / "trials.jsonl"
     try:
         _wait_lines(tmp_path / "pids", 4, proc)  # the 4th trial's program has started and blocks
