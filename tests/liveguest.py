@@ -475,8 +475,11 @@ def recorded_qemus(pidfile: Path, marker: str) -> list:
     return alive
 
 
-def kill_qemus(pidfile: Path, marker: str) -> list:
-    """SIGKILL this guest's recorded qemu processes; the PIDs killed."""
+def kill_qemus(pidfile: Path, marker: str, wait: float = 30.0) -> list:
+    """SIGKILL this guest's recorded qemu processes and wait, up to ``wait`` seconds, until
+    none of them is left (a killed qemu takes a moment to give back its guest's memory, and
+    until then its command line still reads; it is not our child, so /proc is watched); the
+    PIDs killed."""
     killed = []
     for pid in recorded_qemus(pidfile, marker):
         try:
@@ -484,6 +487,9 @@ def kill_qemus(pidfile: Path, marker: str) -> list:
             killed.append(pid)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + wait
+    while killed and set(recorded_qemus(pidfile, marker)) & set(killed) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polls an observable state: the process gone
     return killed
 
 
