@@ -255,6 +255,7 @@ def _instance(inst: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    benchkit.exit_on_sigterm()  # scratch folders are removed on SIGTERM too
     args = parse_args(argv)
     env = child_env()
     k = args.workers

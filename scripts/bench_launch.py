@@ -546,6 +546,7 @@ def main_matrix(args, shim) -> int:
 
 
 def main(argv=None) -> int:
+    benchkit.exit_on_sigterm()  # scratch folders are removed on SIGTERM too
     args = parse_args(argv)
     if args.list:
         for c in args.catalog.values():

@@ -105,6 +105,7 @@ def tree_verdicts(over: dict, flag: str = "") -> tuple[dict, float | None]:
 
 
 def main(argv=None) -> int:
+    benchkit.exit_on_sigterm()  # scratch folders are removed on SIGTERM too
     args = parse_args(argv)
     env = benchkit.child_env()
     py = sys.executable

@@ -162,6 +162,7 @@ def summary(xs: list[float]) -> dict:
 
 
 def main(argv=None) -> int:
+    benchkit.exit_on_sigterm()  # scratch folders are removed on SIGTERM too
     args = parse_args(argv)
     env = benchkit.child_env()
     base = Path(bench_probe.bigtree.scratch_dir("cpulaunch-bench-startup-")) if args.trees else None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -151,3 +152,16 @@ def run_bounded(argv: list, env: dict, timeout: float, grace: float = 30.0, cwd=
             proc.kill()
             out, err = proc.communicate()
         return proc.returncode, out, err + f"\n(stopped after {timeout:.0f} s)", True
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``kill PID``, or tests/test_docs_commands.py stopping a long benchmark)
+    end the script the way Ctrl-C does: SystemExit(143) is raised in the main thread, so the
+    script's ``finally`` blocks and exit handlers run, and the scratch folders and guests it
+    made are removed (killed outright, each bench_startup.py run left its 8192-CPU tree in
+    /dev/shm: 83,000 inodes, and this machine's /dev/shm ran out of inodes after 37 such
+    runs). Call it first thing in ``main()``; never at import."""
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)

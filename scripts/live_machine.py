@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # this checkout's cpulaunch and the harness
 
+import benchkit  # noqa: E402  (scripts/, this script's folder)
 import liveguest as lg  # after the sys.path line above
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -161,6 +162,7 @@ def save_fixtures(run: lg.GuestRun) -> None:
 
 
 def main(argv: list) -> int:
+    benchkit.exit_on_sigterm()  # SIGTERM kills the guest and removes its folder too
     args = parse_args(argv)
     if args.list:
         for m in lg.MACHINES.values():

@@ -91,25 +91,27 @@ KINDS = ["content"] * 6 + ["missing", "fifo", "folder", "device", "huge"]
 def fuzz_roots(sysroots):
     """{machine: (root copy, [candidate relative file paths])}, copied once per module."""
     base = Path(bigtree.scratch_dir("cpulaunch-fuzz-"))
-    out = {}
-    for machine in FUZZED:
-        dest = base / machine
-        shutil.copytree(sysroots[machine], dest, symlinks=True)
-        candidates = {k for k in KEY_FILES if (dest / k).is_file()}
-        for dirpath, _dirs, files in os.walk(dest):
-            rel_dir = os.path.relpath(dirpath, dest)
-            for name in files:
-                rel = os.path.join(rel_dir, name)
-                parts = rel.split("/")
-                if name in CGROUP_NAMES:
-                    candidates.add(rel)
-                elif "topology" in parts and parts[4] in FUZZED_CPUS:
-                    candidates.add(rel)  # a few CPUs' topology files (cpuN/topology/*)
-                elif rel.startswith("sys/devices/system/node/node") and name in NODE_FILES:
-                    candidates.add(rel)
-        out[machine] = (dest, sorted(candidates))
-    yield out
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        out = {}
+        for machine in FUZZED:
+            dest = base / machine
+            shutil.copytree(sysroots[machine], dest, symlinks=True)
+            candidates = {k for k in KEY_FILES if (dest / k).is_file()}
+            for dirpath, _dirs, files in os.walk(dest):
+                rel_dir = os.path.relpath(dirpath, dest)
+                for name in files:
+                    rel = os.path.join(rel_dir, name)
+                    parts = rel.split("/")
+                    if name in CGROUP_NAMES:
+                        candidates.add(rel)
+                    elif "topology" in parts and parts[4] in FUZZED_CPUS:
+                        candidates.add(rel)  # a few CPUs' topology files (cpuN/topology/*)
+                    elif rel.startswith("sys/devices/system/node/node") and name in NODE_FILES:
+                        candidates.add(rel)
+            out[machine] = (dest, sorted(candidates))
+        yield out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 class _Saved:
