@@ -51,51 +51,42 @@ def plan_instances(program=("true",), environ: Optional[Mapping[str, str]] = Non
     from cpulaunch import core, options as opts_mod
 
     env = _check_environ(environ)
-    values, given = _parse_options(options)
+    values, words = _parse_options(options)
     values.update(dry_run=True, program=_program(program))
-    opts = opts_mod.from_values(values, given)
+    opts = opts_mod.from_values(values, frozenset(n for n in options if options[n] is not None), words)
     return core.prepare(opts, env).rendered
 
 
-#: Options plan_instances does not take: it is a dry-run of its ``program`` by nature.
-_NOT_KEYWORDS = ("dry_run", "print_env", "show_topology", "program")
-
-
 def _parse_options(options: Mapping) -> tuple:
-    """The keyword options as click's parse would leave them, every value checked against
-    its option's type (``cli.option_kinds``) and then through the option's own click type
-    (a --sysroot that is a file is refused as on the command line); options not given
-    take their defaults: ``{"ninstances": 2}`` -> ``({"ninstances": 2, "bind": "numactl",
-    ...}, frozenset({"ninstances"}))``. CPULAUNCH_* variables are not read.
+    """The keyword options as the command line would leave them, every value checked
+    against its option's type in the option table (:func:`cpulaunch.options.typed_value`);
+    options not given take their defaults: ``{"ninstances": 2}`` -> ``({"ninstances": 2,
+    "bind": "numactl", ...}, Words)``. CPULAUNCH_* variables are not read.
 
     Raises:
         cpulaunch.options.OptionsError: an unknown option or a value of the wrong type.
     """
-    import click
+    import difflib
 
-    from cpulaunch.cli import command, option_kinds
-    from cpulaunch.options import OptionsError, typed_value
+    from cpulaunch import option_table as table
+    from cpulaunch.options import OptionsError, Words, api_spelling, typed_value
 
-    kinds = option_kinds()
+    keywords = table.api_keywords()
     for name in options:
-        if name not in kinds or name in _NOT_KEYWORDS:
-            raise OptionsError(f"plan_instances: unknown option {name!r} (use the CLI's option names, "
-                               "e.g. ninstances=2)")
-    ctx = click.Context(command, info_name="cpulaunch")
-    values = {}
-    for p in command.get_params(ctx):
-        if p.name not in kinds or p.name in _NOT_KEYWORDS:
-            continue
-        value = options.get(p.name)
+        if name not in keywords:
+            near = difflib.get_close_matches(str(name), keywords, n=1)
+            hint = f"did you mean {near[0]}=?" if near else "use the CLI's option names, e.g. ninstances=2"
+            raise OptionsError(f"plan_instances: unknown option {name!r} ({hint})")
+    values: dict = {o.dest: o.default for o in table.OPTIONS if o.dest in keywords}
+    values.update({o.dest: False for o in table.OPTIONS if o.kind.name == "flag"})
+    values.update({a.dest: False if a.kind.name == "flag" else None for a in table.ALIASES})
+    spelled = {}
+    for name, value in options.items():
         if value is None:
-            values[p.name] = p.type_cast_value(ctx, p.get_default(ctx))
             continue
-        value = typed_value(kinds[p.name], value, f"plan_instances: {p.name}")
-        try:
-            values[p.name] = p.type_cast_value(ctx, value)
-        except click.BadParameter as exc:
-            raise OptionsError(f"plan_instances: {p.name}: {exc.format_message()}") from None
-    return values, frozenset(n for n, v in options.items() if v is not None)
+        values[name] = typed_value(table.kind_of(name), value, f"plan_instances: {name}")
+        spelled[name] = api_spelling(name, value)
+    return values, Words(spelled)
 
 
 def _program(program) -> tuple:

@@ -239,9 +239,10 @@ def run_cpu_placement(topo: Topology, req: Request) -> Optional[list[tuple[int, 
     ``use_logical_cores``, every logical CPU (SMT siblings apart), sorted by number and cut
     into runs of ``ncores_per_instance`` from the first (``cores = sorted(cores)``, instance i
     takes ``cores[i*n:(i+1)*n]``). Within this process's allowed CPUs. None where run_cpu
-    has no comparable plan (other modes, core or node lists, budgets, E-cores, or
-    ``ncores_per_instance`` not given). Pure."""
-    if (req.ncores_per_instance is None or req.core_list or req.node_list or topo.hybrid
+    has no comparable plan (other modes, core or node lists, budgets, E-cores,
+    ``ncores_per_instance`` not given or given as one size per instance, which run_cpu's
+    --ncores-per-instance does not take). Pure."""
+    if (not isinstance(req.ncores_per_instance, int) or req.core_list or req.node_list or topo.hybrid
             or req.instances_per_socket or req.instances_per_node or req.latency_mode
             or req.throughput_mode or req.dataloader_workers or req.reserve_cores or req.ccl_workers):
         return None
@@ -262,8 +263,7 @@ def _run_cpu_note(topo: Topology, req: Request, result: Plan, aliases: tuple[str
     if theirs is None or (len(theirs) == result.num_instances
                           and all(theirs[i] == cpus for i, cpus in ours.items())):
         return None
-    words = (f"--ninstances {req.ninstances} " if req.ninstances else "") + \
-        f"--ncores-per-instance {req.ncores_per_instance}" + \
+    words = (f"{req.said('ninstances')} " if req.ninstances else "") + req.said("ncores_per_instance") + \
         (" --use-logical-core" if "--use-logical-core" in aliases else "")
 
     def show(plans) -> str:
@@ -346,7 +346,7 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
     settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed, programs)
     rendered = render(the_plan, program, settings)
-    rendered = rendered._replace(notes=rendered.notes + tuple(notes))
+    rendered = rendered._replace(notes=opts.notes + rendered.notes + tuple(notes))
     prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,
                         rendered=rendered, program=program, ddp_info=ddp_info)
     if elastic:

@@ -332,7 +332,7 @@ def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) 
     return "ccl", f"backend ccl{asked}: {loads.replace('  ', ' ')} ({how})"
 
 
-def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None):
+def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None, said: str = ""):
     """The planner request for this machine's ranks (pure).
 
     Args:
@@ -342,36 +342,33 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
         local_size: ranks the engine started on this machine; with ``spec`` None it
             decides: as many as sockets -> per socket, as many as NUMA nodes -> per node,
             else that many instances.
+        said: how the user gave ``spec`` (``--nproc_per_node 4``), so that the planner's
+            messages name it; default: ``--nproc-per-node SPEC``, or how the engine set it.
 
     Raises:
         DistributedError: a placement mode was given with --ddp, or ``spec`` is invalid.
     """
 
-    modes = [n for n, v in (("--ninstances", req.ninstances), ("--instances-per-socket",
-             req.instances_per_socket), ("--instances-per-node", req.instances_per_node),
-             ("--latency-mode", req.latency_mode), ("--throughput-mode", req.throughput_mode),
-             ("--ncores-per-instance", req.ncores_per_instance)) if v]
-    if modes:
-        raise DistributedError(f"--ddp places one rank per socket; {modes[0]} does not apply "
+    if req.modes() or req.ncores_per_instance:
+        given = req.said((req.modes() or ("ncores_per_instance",))[0])
+        raise DistributedError(f"{given} cannot be combined with --ddp: --ddp places one rank per socket "
                                "(use --nproc-per-node socket|node|N)")
     spec = (spec or "").lower() or None
-    if spec is None and local_size is not None:
+    if spec is not None:
+        said = said or f"--nproc-per-node {spec}"
+    elif local_size is not None:
         sockets = {c.socket for c in topo.cores if set(c.cpus) & topo.allowed}
         nodes = {c.node for c in topo.cores if set(c.cpus) & topo.allowed}
-        if local_size == len(sockets):
-            spec = "socket"
-        elif local_size == len(nodes):
-            spec = "node"
-        else:
-            spec = str(local_size)
-    spec = spec or "socket"
-    if spec == "socket":
-        return req._replace(instances_per_socket=1)
-    if spec == "node":
-        return req._replace(instances_per_node=1)
-    if not spec.isdigit() or int(spec) < 1:
-        raise DistributedError(f"--nproc-per-node {spec!r}: use a positive number, 'socket' or 'node'")
-    return req._replace(ninstances=int(spec))
+        spec = "socket" if local_size == len(sockets) else "node" if local_size == len(nodes) else str(local_size)
+        said = f"{local_size} ranks started on this machine"
+    else:
+        spec, said = "socket", "--ddp (one rank per socket)"
+    name = said.split(" ")[0] if said.startswith("-") else said
+    field = {"socket": "instances_per_socket", "node": "instances_per_node"}.get(spec, "ninstances")
+    if field == "ninstances" and (not spec.isdigit() or int(spec) < 1):
+        raise DistributedError(f"{said}: use a positive number, 'socket' or 'node'")
+    return req._replace(**{field: 1 if field != "ninstances" else int(spec)},
+                        words=req.words + ((field, name, said),))
 
 
 def iface_env(iface: Optional[str]) -> dict[str, str]:
@@ -710,7 +707,8 @@ def _plan_under_engine(topo, req, ddp, ctx: RankContext, notes: list):
                      "exactly those (never wider)")
         inst = one.instances[0]._replace(index=ctx.local_rank)
         return Plan(instances=(inst,), num_instances=ctx.local_world_size, notes=one.notes), None
-    node_plan = plan(topo, rank_request(req, ddp.nproc_per_node, topo, ctx.local_world_size))
+    node_plan = plan(topo, rank_request(req, ddp.nproc_per_node, topo, ctx.local_world_size,
+                                           ddp.said("nproc_per_node") if ddp.nproc_per_node else ""))
     if len(node_plan.instances) != ctx.local_world_size:
         raise DistributedError(
             f"{ctx.engine} started {ctx.local_world_size} rank(s) on this machine, but "
@@ -794,7 +792,8 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         programs = _rank_programs(ddp, program, python, [inst.index], notes)
         return RankPlan(rank_plan, {inst.index: env}, environ, tuple(notes), engine, backend, False, info, programs)
 
-    node_plan = _with_ccl_workers(lambda r: plan(topo, rank_request(r, ddp.nproc_per_node, topo)),
+    node_plan = _with_ccl_workers(lambda r: plan(topo, rank_request(r, ddp.nproc_per_node, topo, said=(
+        ddp.said("nproc_per_node") if ddp.nproc_per_node else ""))),
                                   req, ddp, backend, notes)
     nproc = len(node_plan.instances)
     notes.extend(node_plan.notes)
@@ -934,15 +933,18 @@ def _with_ccl_workers(make, req, ddp, backend: str, notes: list):
     asked = ddp.ccl_worker_count
     shared = "each rank's oneCCL worker runs on the rank's first CPU and yields (CCL_YIELD=sched_yield)"
     if asked == 0:
-        notes.append(f"--ccl-worker-count 0: no core set aside; {shared}")
+        notes.append(f"{ddp.said('ccl_worker_count')}: no core set aside; {shared}")
         return make(req._replace(ccl_workers=0))
+    said = ddp.said("ccl_worker_count")
+    words = req.words + (("ccl_workers", said.split(" ")[0] if said.startswith("-") else said, said),) \
+        if asked else req.words + (("ccl_workers", "--ccl-worker-count", "a core for oneCCL's worker (the default)"),)
     try:
-        return make(req._replace(ccl_workers=asked or 1))
+        return make(req._replace(ccl_workers=asked or 1, words=words))
     except PlanError:
         if asked is not None and ddp.backend == "ccl":
             raise
     result = make(req._replace(ccl_workers=0))
-    what = f"--ccl-worker-count {asked} (--backend auto)" if asked else "a core for oneCCL's worker (the default)"
+    what = f"{ddp.said('ccl_worker_count')} (--backend auto)" if asked else "a core for oneCCL's worker (the default)"
     notes.append(f"{what} would leave a rank no core for its OpenMP threads, so no core is set aside; {shared}")
     return result
 

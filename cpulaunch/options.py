@@ -2,21 +2,25 @@
 
 The shape of torchrun's ``config_from_args`` -> ``LaunchConfig``, without its
 ``os.environ`` changes: :func:`from_values` turns the parsed option values into
-:class:`Options`, checks every combination, and raises :class:`OptionsError` (one line,
-exit code 2) for anything that would otherwise be ignored or misread. Nothing here reads
-the host; the core (``core.py``) takes an :class:`Options` and does the rest.
+:class:`Options`, checks every rule of the option table (:mod:`cpulaunch.option_table`)
+and raises :class:`OptionsError` (one line, exit code 2) for anything that would
+otherwise be ignored or misread. Every message names the options as the user gave them
+(:class:`Words`: ``--nproc_per_node 4``, ``CPULAUNCH_NINSTANCES=x``, ``ninstances = "x" in
+--config best.toml``, ``ninstances=5`` of :func:`cpulaunch.plan_instances`). Nothing here
+reads the host; the core (``core.py``) takes an :class:`Options` and does the rest.
 """
 
-import enum
 import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional, Union
 
 from cpulaunch import cpulist
+from cpulaunch import option_table as table
 from cpulaunch.errors import CpulaunchError
-from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES
+from cpulaunch.machine import libraries
 from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.option_table import BindMode, Format, Kind, Output
 from cpulaunch.plan import Request
 
 __all__ = [
@@ -27,8 +31,9 @@ __all__ = [
     "DdpOptions",
     "LaunchOptions",
     "Options",
+    "Spelling",
+    "Words",
     "from_values",
-    "ALIASES",
     "Kind",
     "typed_value",
     "config_defaults",
@@ -38,65 +43,6 @@ __all__ = [
 
 class OptionsError(CpulaunchError):
     """Options that cannot be used together, or a value out of range."""
-
-
-class BindMode(str, enum.Enum):
-    """How an instance is bound to its CPUs and memory."""
-
-    NUMACTL = "numactl"  #: ``numactl -C CPUS -m NODES program`` (numactl(8)): CPUs and memory
-    AFFINITY = "affinity"  #: sched_setaffinity(2) before exec: CPUs only, memory unbound
-    NONE = "none"  #: no binding (OMP_NUM_THREADS and libraries still set)
-
-
-class Output(str, enum.Enum):
-    """What the invocation produces."""
-
-    RUN = "run"  #: start the program (exec one instance, supervise several)
-    DRY_RUN = "dry-run"  #: print each instance's env and command; run nothing
-    PRINT_ENV = "print-env"  #: print one instance's environment for a shell script
-    SHOW_TOPOLOGY = "show-topology"  #: draw the machine
-
-
-class Format(str, enum.Enum):
-    """Text forms of --dry-run, --print-env and --show-topology (which accepts which is
-    checked in :func:`from_values`)."""
-
-    TEXT = "text"  #: person-readable (--dry-run, --show-topology)
-    SHELL = "shell"  #: ``export NAME='value'`` lines, safe to eval (--print-env)
-    DOTENV = "dotenv"  #: ``NAME='value'`` lines for POSIX ``set -a; . FILE`` (--print-env)
-    JSON = "json"  #: docs/plan-json.md (all three)
-    OMP_BIND = "omp-bind"  #: instances' cpulists joined by ``|`` (vLLM/SGLang bind string)
-    VLLM = "vllm"  #: ``VLLM_CPU_OMP_THREADS_BIND=...`` assignment lines
-    SGLANG = "sglang"  #: ``SGLANG_CPU_OMP_THREADS_BIND=...`` assignment lines
-
-
-_FORMATS_FOR = {
-    Output.DRY_RUN: (Format.TEXT, Format.JSON),
-    Output.PRINT_ENV: (Format.SHELL, Format.DOTENV, Format.JSON, Format.OMP_BIND, Format.VLLM, Format.SGLANG),
-    Output.SHOW_TOPOLOGY: (Format.TEXT, Format.JSON),
-}
-_DEFAULT_FORMAT = {Output.DRY_RUN: Format.TEXT, Output.PRINT_ENV: Format.SHELL, Output.SHOW_TOPOLOGY: Format.TEXT}
-
-#: Spellings of other launchers accepted as aliases (same meaning), listed in --help and
-#: README: run_cpu (torch.backends.xeon.run_cpu / ipexrun) and torchrun. Every option also
-#: takes torchrun's ``--name_with_underscores`` form.
-ALIASES: Mapping[str, str] = {
-    "--use-logical-core": "--use-logical-cores (run_cpu)",
-    "--node-id": "--node-list N (run_cpu: one node)",
-    "--disable-numactl": "--bind affinity (run_cpu)",
-    "--disable-taskset": "with --disable-numactl: --bind none (run_cpu)",
-    "--log-path": "--log-dir (run_cpu)",
-    "--enable-tcmalloc": "--allocator tcmalloc (run_cpu)",
-    "--enable-jemalloc": "--allocator jemalloc (run_cpu)",
-    "--use-default-allocator": "--allocator default (run_cpu)",
-    "--disable-iomp": "--omp-runtime gnu (run_cpu)",
-    "--multi-instance": "--throughput-mode (run_cpu: one instance per node)",
-    "--module": "-m (run_cpu: the program is a Python module)",
-    "--standalone": "--ddp on one machine (torchrun)",
-    "--nproc-per-node": "(torchrun's spelling; also --nproc_per_node)",
-    "--use-env": "--ddp's default: LOCAL_RANK in the environment, no --local_rank argument "
-                 "(torch.distributed.launch; see --pass-local-rank)",
-}
 
 
 class DdpOptions(NamedTuple):
@@ -119,10 +65,11 @@ class DdpOptions(NamedTuple):
         max_restarts: torchrun's ``--max-restarts``: how many times its agent restarts
             every local rank after one fails (elastic runs only; None: torchrun's 0).
         exit_hook: a Python rank ends its default process group at exit when the program
-            did not (``--no-exit-hook`` / CPULAUNCH_NO_EXIT_HOOK=1 turn it off; issue 24).
+            did not (``--no-exit-hook`` / CPULAUNCH_NO_EXIT_HOOK=1 turn it off).
         pass_local_rank: each rank's program also gets ``--local_rank=N`` (N its local
             rank) after its script, as ``torch.distributed.launch`` without ``--use-env``
             passed it (``--pass-local-rank``; :func:`cpulaunch.distributed.with_local_rank`).
+        words: how the user gave the ranks (``--nproc-per-node 4``), for messages.
     """
 
     nproc_per_node: Optional[str] = None
@@ -139,11 +86,19 @@ class DdpOptions(NamedTuple):
     max_restarts: Optional[int] = None
     exit_hook: bool = True
     pass_local_rank: bool = False
+    words: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def elastic(self) -> bool:
         """True with an elastic rendezvous (torchrun's c10d agent starts the ranks)."""
         return bool(self.rdzv_endpoint)
+
+    def said(self, dest: str) -> str:
+        """An option of this value as the user gave it (``"--nproc_per_node 4"``)."""
+        for field, _, said in self.words:
+            if field == dest:
+                return said
+        return f"{table.name_of(dest)} {getattr(self, dest)}"
 
 
 class LaunchOptions(NamedTuple):
@@ -183,18 +138,20 @@ class Options(NamedTuple):
             for --dry-run/--print-env.
         no_python: run ``program`` as it is even if it ends in .py.
         launch: start/supervision options.
-        inference_path: value for CPULAUNCH_INFERENCE_PATH, or None.
+        inference_path: the inference path planned for the program, or None.
         ddp: distributed options, None without --ddp.
         omp_places: set OMP_PLACES/OMP_PROC_BIND for GNU OpenMP.
         kmp_blocktime: KMP_BLOCKTIME in ms for Intel OpenMP (None: the registry's 1 ms).
         verbose: -v count.
         aliases: the other launchers' spellings the user typed (``"--use-logical-core"``),
-            for notes where they plan differently (:data:`ALIASES`).
+            for notes where they plan differently (:data:`cpulaunch.option_table.ALIASES`).
         share_host: ``--share-host``: None (off), "fail" (plan on the cores no other
             cpulaunch job holds, fail naming the holder when they are too few) or "wait"
-            (wait for them instead); docs/placement.md.
+            (wait for them instead).
         lease_dir: the folder of the host-wide leases (``--lease-dir``), None: chosen by
             ``cpulaunch.machine.lease.lease_folder``.
+        notes: what the options themselves say: an option given in a variable or a
+            config file that has no effect with the others (never silent).
     """
 
     output: Output = Output.RUN
@@ -216,138 +173,327 @@ class Options(NamedTuple):
     aliases: tuple[str, ...] = ()
     share_host: Optional[str] = None
     lease_dir: Optional[str] = None
+    notes: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- the user's words
+
+
+class Spelling(NamedTuple):
+    """How the user gave one option, for messages.
+
+    Attributes:
+        source: "flag", "env", "config" or "api" (:data:`cpulaunch.option_table.SOURCES`).
+        name: the option as a message names it: the spelling typed (``--nproc_per_node``),
+            the variable (``CPULAUNCH_NINSTANCES``), the key and file (``ninstances in
+            --config best.toml``) or the keyword (``ninstances``).
+        said: the option with its value as given: ``--nproc_per_node 4``,
+            ``CPULAUNCH_NINSTANCES=x``, ``ninstances = "x" in --config best.toml``,
+            ``ninstances=5``; a flag without a value as typed (``--ddp``).
+    """
+
+    source: str
+    name: str
+    said: str
+
+
+class Words:
+    """How the user gave each option (python name -> :class:`Spelling`); an option not
+    in it is named by its long name (``--ninstances 4``), as a default would be."""
+
+    def __init__(self, spelled: Optional[Mapping[str, Spelling]] = None) -> None:
+        self._spelled = dict(spelled or {})
+
+    def __contains__(self, dest: str) -> bool:
+        return dest in self._spelled
+
+    def source(self, dest: str) -> Optional[str]:
+        """Where the option came from ("flag", "env", "config", "api"), None: not given."""
+        s = self._spelled.get(dest)
+        return s.source if s else None
+
+    def name(self, dest: str) -> str:
+        """The option as the user named it (``--nproc_per_node``, ``CPULAUNCH_X``)."""
+        s = self._spelled.get(dest)
+        return s.name if s else table.name_of(dest)
+
+    def said(self, dest: str, value: Any = None) -> str:
+        """The option with its value as the user gave it; ``value`` is shown for an
+        option the user did not give (a default, or a value derived from another)."""
+        s = self._spelled.get(dest)
+        if s is not None:
+            return s.said
+        if value is None or value is True:
+            return table.name_of(dest)
+        return f"{table.name_of(dest)} {value}"
+
+    def alias(self, target: str, dest: str, name: str) -> "Words":
+        """These words with ``target`` named as its alias ``dest`` was given (``name``:
+        the alias's long name, for one given by default)."""
+        out = Words(self._spelled)
+        out._spelled[target] = self._spelled.get(dest) or Spelling("flag", name, name)
+        return out
+
+    def request_words(self, dests) -> tuple[tuple[str, str, str], ...]:
+        """(field, name, said) of each given option of ``dests`` (for :class:`Request`)."""
+        return tuple((d, self.name(d), self.said(d)) for d in dests if d in self._spelled)
+
+
+def command_line_words(words: Mapping[str, tuple[str, Optional[str]]]) -> dict[str, Spelling]:
+    """Spellings of options typed on the command line: {python name: (spelling typed,
+    value text or None)} -> {python name: :class:`Spelling`} (``("--nproc_per_node",
+    "4")`` -> said ``--nproc_per_node 4``)."""
+    return {dest: Spelling("flag", typed, typed if text is None else f"{typed} {text}")
+            for dest, (typed, text) in words.items()}
+
+
+def env_spelling(variable: str, raw: str) -> Spelling:
+    """The spelling of an option set by its variable: ``CPULAUNCH_NINSTANCES=x``."""
+    from cpulaunch.errors import printable
+
+    return Spelling("env", variable, f"{variable}={printable(raw)}")
+
+
+def config_spelling(key: str, value: Any, where: str) -> Spelling:
+    """The spelling of an option set in a config file: ``ninstances = "x" in --config f``."""
+    return Spelling("config", f"{key} in {where}", f"{key} = {_toml_text(value)} in {where}")
+
+
+def api_spelling(keyword: str, value: Any) -> Spelling:
+    """The spelling of a keyword of :func:`cpulaunch.plan_instances`: ``ninstances=5``."""
+    return Spelling("api", keyword, f"{keyword}={shown(value)}")
+
+
+def _toml_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + shown(value)[1:-1] + '"'
+    return shown(value)
 
 
 # --------------------------------------------------------------------------- building
 
 
-def _parse_list(opt: str, text: Optional[str]) -> Optional[frozenset]:
+class _Check:
+    """The values being built into :class:`Options`, with the user's words, so that each
+    message names what was given. ``notes`` collects rules that only note."""
+
+    def __init__(self, values: Mapping[str, Any], given: frozenset, words: Words) -> None:
+        self.v = dict(values)
+        self.given = set(given)
+        self.words = words
+        self.notes: list = []
+
+    def has(self, dest: str) -> bool:
+        """The user gave ``dest`` (explicitly, with a value that is not off)."""
+        return dest in self.given and self.v.get(dest) not in (None, False)
+
+    def said(self, dest: str) -> str:
+        return self.words.said(dest, self.v.get(dest))
+
+    def typed(self, *dests: str) -> bool:
+        """Every one of ``dests`` was typed on the command line or passed to the API (then
+        a rule that only says "no effect" is an error; in a variable or a config file, a
+        note: a default for runs where it applies)."""
+        return all(self.words.source(d) in (None, "flag", "api") for d in dests)
+
+    def no_effect(self, dests: tuple, message: str) -> None:
+        if self.typed(*dests):
+            raise OptionsError(message)
+        self.notes.append(message)
+
+    def error(self, dest: str, problem: str, fix: str = "") -> OptionsError:
+        return OptionsError(f"{self.said(dest)}: {problem}" + (f"; {fix}" if fix else ""))
+
+
+def _parse_list(c: _Check, dest: str) -> Optional[frozenset]:
+    text = c.v.get(dest)
     if text is None:
         return None
     try:
-        ids = cpulist.parse(text, limit=cpulist.MAX_IDS) if hasattr(cpulist, "MAX_IDS") else cpulist.parse(text)
+        ids = cpulist.parse(str(text))
     except CpulaunchError as exc:
-        raise OptionsError(f"--{opt} {text!r}: {exc}; expected e.g. 0-3,8") from None
+        raise c.error(dest, str(exc), "expected e.g. 0-3,8") from None
     if not ids:
-        raise OptionsError(f"--{opt} {text!r} names nothing; expected e.g. 0-3,8")
+        raise c.error(dest, "names nothing", "expected e.g. 0-3,8")
     return ids
 
 
-def _positive(name: str, value: Optional[int], minimum: int = 1) -> Optional[int]:
-    if value is not None and value < minimum:
-        raise OptionsError(f"--{name} {value}: must be {minimum} or more")
-    return value
+def _check_ranges(c: _Check) -> None:
+    """Every number inside its option's range (:attr:`Kind.minimum`/``maximum``)."""
+    for o in table.OPTIONS:
+        value, k = c.v.get(o.dest), o.kind
+        if value is None or isinstance(value, bool) or k.name not in ("integer", "number"):
+            continue
+        if k.name == "number" and not math.isfinite(value):
+            raise c.error(o.dest, "give a finite number of seconds >= 0")
+        if k.minimum is not None and value < k.minimum or k.maximum is not None and value > k.maximum:
+            if k.maximum is not None:
+                raise c.error(o.dest, f"must be {k.minimum:g}-{k.maximum:g}")
+            raise c.error(o.dest, f"must be {k.minimum:g} or more")
 
 
-def _output(values: Mapping) -> Output:
-    chosen = [o for o, flag in ((Output.SHOW_TOPOLOGY, "show_topology"), (Output.PRINT_ENV, "print_env"),
-                                (Output.DRY_RUN, "dry_run")) if values.get(flag)]
-    if len(chosen) > 1:
-        raise OptionsError(" and ".join("--" + o.value for o in chosen) + " cannot be combined; choose one")
-    return chosen[0] if chosen else Output.RUN
+def _fold_aliases(c: _Check) -> None:
+    """Fold the other launchers' spellings into ours (:data:`~cpulaunch.option_table.ALIASES`);
+    an alias that contradicts the option it stands for, or is given with it, is an error,
+    never a silent pick. Messages about the option then name the alias as typed."""
+    for a in table.ALIASES:
+        if a.dest in (a.target, "disable_taskset") or not c.has(a.dest):
+            continue  # --disable-taskset folds with --disable-numactl, which it needs (a rule)
+        value = c.v[a.dest] if a.value is None else a.value
+        if a.dest == "disable_numactl" and c.v.get("disable_taskset"):
+            value = "none"
+        if c.has(a.target) and (a.value is None or c.v.get(a.target) != value):
+            if a.value is None:
+                raise OptionsError(f"{c.said(a.dest)} and {c.said(a.target)} cannot be combined; "
+                                   f"give {table.name_of(a.target)}")
+            raise OptionsError(f"{c.said(a.dest)} ({a.origin}: {a.meaning}) contradicts {c.said(a.target)}; "
+                               "drop one of them")
+        c.v[a.target] = str(value) if a.target == "node_list" else value
+        c.given.add(a.target)
+        c.words = c.words.alias(a.target, a.dest, a.name)
 
 
-def _format(values: Mapping, output: Output) -> Optional[Format]:
-    text = values.get("fmt")
+def _check_rules(c: _Check) -> None:
+    """The option table's rules (:data:`~cpulaunch.option_table.RULES`), each message
+    naming what was given, as it was given."""
+    for rule in table.RULES:
+        first, rest = rule.dests[0], rule.dests[1:]
+        if rule.kind == "exclusive":
+            given = [d for d in rule.dests if c.has(d)]
+            if len(given) > 1:
+                raise OptionsError(f"{c.said(given[0])} and {c.said(given[1])} cannot be combined; {rule.why}")
+        elif rule.kind == "conflicts" and c.has(first):
+            other = next((d for d in rest if c.has(d)), None)
+            if other is not None:
+                raise OptionsError(f"{c.said(other)} cannot be combined with {c.said(first)}: {rule.why}"
+                                   if first == "ddp" else
+                                   f"{c.said(first)} cannot be combined with {c.said(other)}: {rule.why}")
+        elif rule.kind == "needs" and c.has(first) and not any(c.has(d) for d in rest):
+            c.no_effect((first,), f"{c.said(first)} needs {' or '.join(table.name_of(d) for d in rest)}: {rule.why}")
+    if not c.has("ddp") and not c.has("standalone"):
+        ddp_only = [o.dest for o in table.OPTIONS if o.requires_ddp]
+        ddp_only += [a.dest for a in table.ALIASES if a.target in ddp_only]
+        for dest in ddp_only:
+            if c.has(dest):
+                c.no_effect((dest,), f"{c.said(dest)} applies to --ddp only; add --ddp or drop it")
+
+
+def _output(c: _Check) -> Output:
+    for output, dest in ((Output.SHOW_TOPOLOGY, "show_topology"), (Output.PRINT_ENV, "print_env"),
+                         (Output.DRY_RUN, "dry_run")):
+        if c.v.get(dest):
+            return output
+    return Output.RUN
+
+
+def _format(c: _Check, output: Output) -> Optional[Format]:
+    text = c.v.get("fmt")
     if text is None:
-        return _DEFAULT_FORMAT.get(output)
+        return table.DEFAULT_FORMAT.get(output)
     fmt = Format(text.lower())
     if output is Output.RUN:
-        raise OptionsError(f"--format {fmt.value} applies to --dry-run, --print-env or --show-topology")
-    allowed = _FORMATS_FOR[output]
+        raise OptionsError(f"{c.said('fmt')} applies to --dry-run, --print-env or --show-topology; "
+                           "add one of them or drop it")
+    allowed = table.FORMATS_FOR[output]
     if fmt not in allowed:
-        raise OptionsError(f"--{output.value} --format {fmt.value}: use " + ", ".join(f.value for f in allowed))
+        raise OptionsError(f"{c.said('fmt')} does not apply to --{output.value}: use "
+                           + ", ".join(f.value for f in allowed))
     return fmt
 
 
-def _aliases(values: Mapping, given: frozenset) -> dict:
-    """Fold run_cpu's spellings into ours; an alias that contradicts the option it
-    stands for is an error (never a silent pick)."""
-    v = dict(values)
+def _check_effects(c: _Check, output: Output) -> None:
+    """Options that change nothing with the others given: an error when typed, a note
+    when they come from a variable or a config file (then they are defaults for the runs
+    where they apply); never silent."""
+    if output is Output.SHOW_TOPOLOGY:
+        for o in table.OPTIONS:
+            if c.has(o.dest) and o.dest not in table.TOPOLOGY_OPTIONS:
+                c.no_effect((o.dest,), f"{c.said(o.dest)} has no effect with --show-topology, which draws the "
+                                       "machine only; drop it or use --dry-run")
+        return
+    run_only = [o.dest for o in table.OPTIONS if o.run_only and c.has(o.dest)]
+    if run_only and output is Output.PRINT_ENV:
+        c.no_effect((run_only[0],), f"{c.said(run_only[0])} has no effect with --print-env, which runs "
+                                    "nothing; drop it")
+    elif run_only and output is Output.DRY_RUN:
+        c.notes.append(", ".join(c.said(d) for d in run_only) + (" acts" if len(run_only) == 1 else " act")
+                       + " only when the program runs; --dry-run shows the commands such a run starts")
+    omp = libraries.resolve_choice("openmp", str(c.v.get("omp_runtime") or "auto").lower())
+    bind = str(c.v.get("bind") or "numactl").lower()
+    if c.has("kmp_blocktime") and "KMP_BLOCKTIME" not in libraries.by_choice("openmp", omp).idle_env:
+        c.no_effect(("kmp_blocktime",), f"{c.said('kmp_blocktime')} has no effect with the {omp} OpenMP runtime "
+                    "(only Intel's reads KMP_BLOCKTIME); add --omp-runtime intel or drop it")
+    if c.has("omp_places") and (libraries.by_choice("openmp", omp).pin_style != "omp" or bind == "none"):
+        why = "--bind none binds nothing" if bind == "none" else f"the {omp} OpenMP runtime pins with KMP_AFFINITY"
+        c.no_effect(("omp_places",), f"{c.said('omp_places')} has no effect: {why}; drop it")
+    if c.has("ccl_worker_count") and str(c.v.get("backend") or "auto").lower() == "gloo" and c.has("backend"):
+        c.no_effect(("ccl_worker_count",), f"{c.said('ccl_worker_count')} has no effect with "
+                    f"{c.said('backend')}; drop one")
+    if c.has("equal_sizes") and (c.has("ncores_per_instance") or c.has("latency_mode")):
+        fixed = "ncores_per_instance" if c.has("ncores_per_instance") else "latency_mode"
+        c.no_effect(("equal_sizes",), f"{c.said('equal_sizes')} has no effect with {c.said(fixed)}, which fixes "
+                    "the sizes; drop one")
 
-    def fold(alias: str, option: str, value, label: str):
-        if not v.get(alias):
-            return
-        if option in given and v.get(option) != value:
-            raise OptionsError(f"{label} contradicts --{option.replace('_', '-')} {v.get(option)}; give one")
-        v[option] = value
 
-    fold("use_logical_core", "use_logical_cores", True, "--use-logical-core")
-    bind = "none" if v.get("disable_taskset") and v.get("disable_numactl") else "affinity"
-    if v.get("disable_taskset") and not v.get("disable_numactl"):
-        raise OptionsError("--disable-taskset goes with --disable-numactl (run_cpu); or use --bind none")
-    fold("disable_numactl", "bind", bind, "--disable-numactl")
-    for alias, alloc in (("enable_tcmalloc", "tcmalloc"), ("enable_jemalloc", "jemalloc"),
-                         ("use_default_allocator", "default")):
-        fold(alias, "allocator", alloc, "--" + alias.replace("_", "-"))
-    fold("disable_iomp", "omp_runtime", "gnu", "--disable-iomp")
-    fold("multi_instance", "throughput_mode", True, "--multi-instance")
-    if v.get("node_id") is not None:
-        if v.get("node_list") is not None:
-            raise OptionsError("--node-id and --node-list cannot be combined; give --node-list")
-        v["node_list"] = str(v["node_id"])
-    if v.get("log_path") is not None:
-        if v.get("log_dir") is not None:
-            raise OptionsError("--log-path and --log-dir cannot be combined; give --log-dir")
-        v["log_dir"] = v["log_path"]
-    return v
-
-
-def _request(v: Mapping) -> Request:
+def _request(c: _Check) -> Request:
     from cpulaunch.plan import parse_index_list
 
     instance_idx = None
-    if v.get("instance_idx") is not None:
+    if c.v.get("instance_idx") is not None:
         try:
-            instance_idx = parse_index_list(v["instance_idx"])
+            instance_idx = parse_index_list(str(c.v["instance_idx"]))
         except CpulaunchError as exc:
-            raise OptionsError(f"--instance-idx {v['instance_idx']!r}: {exc}") from None
+            raise c.error("instance_idx", str(exc), "expected e.g. 0,2") from None
         if not instance_idx:
-            raise OptionsError(f"--instance-idx {v['instance_idx']!r} names no instance")
-    count = lambda name: _positive(name.replace("_", "-"), v.get(name))  # noqa: E731
+            raise c.error("instance_idx", "names no instance", "expected e.g. 0,2")
+    fields = set(Request._fields)
     return Request(
-        ninstances=count("ninstances"),
-        instances_per_socket=count("instances_per_socket"),
-        instances_per_node=count("instances_per_node"),
-        instances_per_l3=count("instances_per_l3"),
-        equal_sizes=bool(v.get("equal_sizes")),
-        ncores_per_instance=_core_counts(v.get("ncores_per_instance")),
-        latency_mode=bool(v.get("latency_mode")),
-        throughput_mode=bool(v.get("throughput_mode")),
-        use_logical_cores=bool(v.get("use_logical_cores")),
-        use_e_cores=bool(v.get("use_e_cores")),
-        core_list=_parse_list("core-list", v.get("core_list")),
-        node_list=_parse_list("node-list", v.get("node_list")),
+        ninstances=c.v.get("ninstances"),
+        instances_per_socket=c.v.get("instances_per_socket"),
+        instances_per_node=c.v.get("instances_per_node"),
+        instances_per_l3=c.v.get("instances_per_l3"),
+        equal_sizes=bool(c.v.get("equal_sizes")),
+        ncores_per_instance=_core_counts(c),
+        latency_mode=bool(c.v.get("latency_mode")),
+        throughput_mode=bool(c.v.get("throughput_mode")),
+        use_logical_cores=bool(c.v.get("use_logical_cores")),
+        use_e_cores=bool(c.v.get("use_e_cores")),
+        core_list=_parse_list(c, "core_list"),
+        node_list=_parse_list(c, "node_list"),
         instance_idx=instance_idx,
-        mem_policy=MemPolicy(str(v.get("mem_policy") or "bind").lower()),
-        **_budgets(v),
+        mem_policy=MemPolicy(str(c.v.get("mem_policy") or "bind").lower()),
+        dataloader_workers=c.v.get("dataloader_workers") or 0,
+        reserve_cores=c.v.get("reserve_cores") or 0,
+        words=c.words.request_words(d for d in table.BY_DEST if d in fields),
     )
 
 
-def _core_counts(value) -> "Optional[Union[int, tuple[int, ...]]]":
+def _core_counts(c: _Check) -> "Optional[Union[int, tuple[int, ...]]]":
     """``--ncores-per-instance``: one count (``"8"`` -> 8) or one per instance, run_cpu's
     habit for uneven sub-NUMA clusters (``"43,43,42"`` -> (43, 43, 42)); None when not given.
 
     Raises:
         OptionsError: anything else (``"8,x"``, ``"0"``, ``"4,,4"``).
     """
+    value = c.v.get("ncores_per_instance")
     if value is None:
         return None
-    text = str(value).strip()
-    words = text.split(",")
+    words = str(value).strip().split(",")
     if not all(w.strip().isascii() and w.strip().isdigit() and len(w.strip()) <= 9 for w in words):
-        raise OptionsError(f"--ncores-per-instance {text!r}: expected a number of cores (8) or "
-                           "one per instance, separated by commas (43,43,42)")
+        raise c.error("ncores_per_instance", "expected a number of cores (8) or one per instance, separated by "
+                      "commas (43,43,42)")
     counts = tuple(int(w) for w in words)
     if min(counts) < 1:
-        raise OptionsError(f"--ncores-per-instance {text!r}: each count must be 1 or more")
+        raise c.error("ncores_per_instance", "each count must be 1 or more")
     return counts[0] if len(counts) == 1 else counts
 
 
-def _share_host(v: Mapping) -> Optional[str]:
+def _share_host(c: _Check) -> Optional[str]:
     """``--share-host`` / CPULAUNCH_SHARE_HOST: "fail" (also a bare flag, 1, true, yes,
     on), "wait", or None (off: 0, false, no, off, unset)."""
-    raw = v.get("share_host")
+    raw = c.v.get("share_host")
     if raw is None:
         return None
     word = str(raw).strip().lower()
@@ -357,177 +503,118 @@ def _share_host(v: Mapping) -> Optional[str]:
         return "fail"
     if word == "wait":
         return "wait"
-    raise OptionsError(f"--share-host {raw!r}: use fail (the default: say who holds the cores) or wait")
+    raise c.error("share_host", "use fail (the default: say who holds the cores) or wait")
 
 
-def _budgets(v: Mapping) -> dict:
-    """The core budgets the planner knows about (issue 11), only those it has fields for."""
-    known = set(Request._fields)
-    out = {}
-    for name in ("dataloader_workers", "reserve_cores"):
-        value = v.get(name)
-        if value is not None:
-            _positive(name.replace("_", "-"), value, minimum=0)
-            if name in known:
-                out[name] = value
-            elif value:
-                raise OptionsError(f"--{name.replace('_', '-')} is not supported by this planner yet")
-    return out
-
-
-_DDP_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
-             "rdzv_id", "backend", "ccl_worker_count", "iface", "standalone", "rdzv_backend", "max_restarts",
-             "no_exit_hook", "pass_local_rank", "use_env")
-
-
-def _ddp(v: Mapping, given: frozenset) -> Optional[DdpOptions]:
-    wants = v.get("ddp") or v.get("standalone")
-    stray = [n for n in _DDP_ONLY if n in given and v.get(n) not in (None, False)]
-    if not wants:
-        if stray:
-            raise OptionsError(f"--{stray[0].replace('_', '-')} applies to --ddp only; add --ddp or drop it")
+def _ddp(c: _Check) -> Optional[DdpOptions]:
+    if not (c.v.get("ddp") or c.v.get("standalone")):
         return None
-    nnodes = str(v.get("nnodes") or "1")
-    if v.get("rdzv_backend") not in (None, "c10d"):
-        raise OptionsError(f"--rdzv-backend {v['rdzv_backend']}: only c10d is supported")
+    nnodes = str(c.v.get("nnodes") or "1")
+    if c.has("standalone") and nnodes != "1":
+        raise c.error("nnodes", "--standalone is one machine", "drop one")
     opts = DdpOptions(
-        nproc_per_node=v.get("nproc_per_node"),
+        nproc_per_node=None if c.v.get("nproc_per_node") is None else str(c.v["nproc_per_node"]),
         nnodes=nnodes,
-        node_rank=int(v.get("node_rank") or 0),
-        master_addr=v.get("master_addr"),
-        master_port=v.get("master_port"),
-        rdzv_endpoint=v.get("rdzv_endpoint"),
-        rdzv_id=v.get("rdzv_id"),
-        backend=str(v.get("backend") or "auto").lower(),
-        ccl_worker_count=None if v.get("ccl_worker_count") is None
-        else _positive("ccl-worker-count", v["ccl_worker_count"], minimum=0),
-        iface=v.get("iface"),
-        standalone=bool(v.get("standalone")),
-        max_restarts=_positive("max-restarts", v.get("max_restarts"), minimum=0),
-        exit_hook=not v.get("no_exit_hook"),
-        pass_local_rank=bool(v.get("pass_local_rank")),
+        node_rank=int(c.v.get("node_rank") or 0),
+        master_addr=c.v.get("master_addr"),
+        master_port=c.v.get("master_port"),
+        rdzv_endpoint=c.v.get("rdzv_endpoint"),
+        rdzv_id=c.v.get("rdzv_id"),
+        backend=str(c.v.get("backend") or "auto").lower(),
+        ccl_worker_count=c.v.get("ccl_worker_count"),
+        iface=c.v.get("iface"),
+        standalone=bool(c.v.get("standalone")),
+        max_restarts=c.v.get("max_restarts"),
+        exit_hook=not c.v.get("no_exit_hook"),
+        pass_local_rank=bool(c.v.get("pass_local_rank")),
+        words=c.words.request_words(("nproc_per_node", "ccl_worker_count", "nnodes", "node_rank")),
     )
-    if opts.pass_local_rank and v.get("use_env"):
-        raise OptionsError("--use-env (torch.distributed.launch: pass no --local_rank argument) contradicts "
-                           "--pass-local-rank; drop one of them")
-    if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
-        raise OptionsError(f"--master-port {opts.master_port}: use a TCP port 1-65535")
-    if opts.standalone and (nnodes != "1" or opts.master_addr or opts.rdzv_endpoint):
-        raise OptionsError("--standalone is one machine: drop --nnodes/--master-addr/--rdzv-endpoint")
     if not opts.elastic:
         if not nnodes.isdigit() or int(nnodes) < 1:
-            raise OptionsError(f"--nnodes {nnodes}: a MIN:MAX range needs --rdzv-endpoint HOST:PORT (elastic)")
+            raise c.error("nnodes", "a MIN:MAX range needs --rdzv-endpoint HOST:PORT (elastic)")
         if int(nnodes) > 1 and not opts.master_addr:
-            raise OptionsError("--nnodes > 1 needs --master-addr HOST (rank 0's machine) or --rdzv-endpoint HOST:PORT")
+            raise c.error("nnodes", "several machines need --master-addr HOST (rank 0's machine) or "
+                          "--rdzv-endpoint HOST:PORT")
         if not 0 <= opts.node_rank < int(nnodes):
-            raise OptionsError(f"--node-rank {opts.node_rank} must be between 0 and --nnodes - 1")
-    if opts.max_restarts is not None and not opts.elastic:
-        raise OptionsError("--max-restarts applies to an elastic run (--rdzv-endpoint HOST:PORT), whose "
-                           "ranks torchrun's agent restarts; cpulaunch does not restart a static rendezvous")
-    if opts.elastic and "node_rank" in given and v.get("node_rank"):
-        raise OptionsError("--node-rank applies to a static rendezvous; the elastic one assigns ranks")
-    if v.get("instance_idx") is not None:
-        raise OptionsError("--instance-idx does not apply to --ddp: every local rank runs (use --nproc-per-node)")
+            raise c.error("node_rank", f"must be between 0 and {c.said('nnodes') if c.has('nnodes') else '--nnodes 1'}"
+                          " - 1")
+    elif c.has("node_rank"):
+        raise c.error("node_rank", "applies to a static rendezvous; the elastic one assigns ranks", "drop it")
     return opts
 
 
-def _launch(v: Mapping) -> LaunchOptions:
-    grace = float(v.get("grace_period", 10.0))
-    if not math.isfinite(grace) or grace < 0:
-        raise OptionsError(f"--grace-period {v.get('grace_period')}: give a finite number of seconds >= 0")
-    verify_after = v.get("verify_after")
-    if verify_after is not None and (not math.isfinite(verify_after) or verify_after < 0):
-        raise OptionsError(f"--verify-after {verify_after}: give a finite number of seconds >= 0")
-    if v.get("verify") and verify_after is None:
+def _launch(c: _Check) -> LaunchOptions:
+    verify_after = c.v.get("verify_after")
+    if c.v.get("verify") and verify_after is None:
         verify_after = 5.0
-    log_dir = v.get("log_dir")
+    log_dir = c.v.get("log_dir")
+    grace = c.v.get("grace_period")
     return LaunchOptions(
         log_dir=Path(log_dir) if log_dir else None,
-        keep_going=bool(v.get("keep_going")),
-        grace_period=grace,
-        prefix_output=not v.get("no_prefix"),
-        stdin_instance=v.get("stdin_instance"),
-        verify_after=verify_after,
+        keep_going=bool(c.v.get("keep_going")),
+        grace_period=10.0 if grace is None else float(grace),
+        prefix_output=not c.v.get("no_prefix"),
+        stdin_instance=c.v.get("stdin_instance"),
+        verify_after=None if verify_after is None else float(verify_after),
     )
 
 
-def from_values(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> Options:
+def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
+                words: Optional[Words] = None) -> Options:
     """Build :class:`Options` from parsed option values (pure).
 
     Args:
         values: option name (python identifier, e.g. "ninstances") -> parsed value, as
             click gives them; ``program`` is the tuple of words after cpulaunch's options.
-        given: names the user set explicitly (command line or CPULAUNCH_* variable), so
-            that an alias contradicting an option is caught.
+        given: names the user set explicitly (command line, CPULAUNCH_* variable, config
+            file or API keyword), so that a rule applies and an alias contradicting an
+            option is caught; a value not in it is a default.
+        words: how the user gave each option, for messages (default: the long names).
 
     Raises:
-        OptionsError: a combination that would be ignored or misread, or a bad value.
+        OptionsError: a combination that would be ignored or misread, or a bad value;
+            one line naming the options as the user gave them.
     """
-    v = _aliases(values, given)
-    output = _output(v)
-    fmt = _format(v, output)
-    ddp = _ddp(v, given)
+    c = _Check(values, given, words or Words())
+    _check_ranges(c)
+    _fold_aliases(c)
+    _check_rules(c)
+    output = _output(c)
+    fmt = _format(c, output)
+    _check_effects(c, output)
+    ddp = _ddp(c)
     if output is Output.PRINT_ENV and fmt in (Format.SHELL, Format.DOTENV, Format.JSON):
-        idx = v.get("instance_idx")
-        if idx is not None and ("," in idx or "-" in idx):
-            raise OptionsError(f"--print-env prints one instance; give one index (--instance-idx {idx}), "
-                               "or use --dry-run for several")
-    if ddp is not None and output is Output.PRINT_ENV:
-        raise OptionsError("--print-env does not apply to --ddp (each rank's env needs its rendezvous); "
-                           "use --ddp --dry-run --format json")
-    omp = str(v.get("omp_runtime") or "auto").lower()
-    if omp not in OPENMP_CHOICES:
-        raise OptionsError(f"--omp-runtime {omp}: use one of {', '.join(OPENMP_CHOICES)}")
-    alloc = str(v.get("allocator") or "auto").lower()
-    if alloc not in ALLOCATOR_CHOICES:
-        raise OptionsError(f"--allocator {alloc}: use one of {', '.join(ALLOCATOR_CHOICES)}")
-    launch = _launch(v)
+        idx = c.v.get("instance_idx")
+        if idx is not None and ("," in str(idx) or "-" in str(idx)):
+            raise c.error("instance_idx", "--print-env prints one instance; give one index, or use --dry-run "
+                          "for several")
     return Options(
         output=output,
         fmt=fmt,
-        sysroot=str(v.get("sysroot") or "/"),
-        request=_request(v),
-        omp_runtime=omp,
-        allocator=alloc,
-        bind=BindMode(str(v.get("bind") or "numactl").lower()),
-        override_env=bool(v.get("override_env")),
-        program=tuple(v.get("program") or ()),
-        no_python=bool(v.get("no_python")),
-        launch=launch,
-        inference_path=v.get("inference_path"),
+        sysroot=str(c.v.get("sysroot") or "/"),
+        request=_request(c),
+        omp_runtime=str(c.v.get("omp_runtime") or "auto").lower(),
+        allocator=str(c.v.get("allocator") or "auto").lower(),
+        bind=BindMode(str(c.v.get("bind") or "numactl").lower()),
+        override_env=bool(c.v.get("override_env")),
+        program=tuple(c.v.get("program") or ()),
+        no_python=bool(c.v.get("no_python")),
+        launch=_launch(c),
+        inference_path=c.v.get("inference_path"),
         ddp=ddp,
-        omp_places=bool(v.get("omp_places")),
-        kmp_blocktime=_positive("kmp-blocktime", v.get("kmp_blocktime"), minimum=0),
-        verbose=int(v.get("verbose") or 0),
-        aliases=tuple(a for a in ALIASES if values.get(a[2:].replace("-", "_")) not in (None, False)),
-        share_host=_share_host(v),
-        lease_dir=v.get("lease_dir"),
+        omp_places=bool(c.v.get("omp_places")),
+        kmp_blocktime=c.v.get("kmp_blocktime"),
+        verbose=int(c.v.get("verbose") or 0),
+        aliases=tuple(a.name for a in table.ALIASES if values.get(a.dest) not in (None, False)),
+        share_host=_share_host(c),
+        lease_dir=c.v.get("lease_dir"),
+        notes=tuple(c.notes),
     )
 
 
-#: Options a config file may not set (they choose what the invocation does, not how), and
-#: the parameters that are not settings at all (they act, or name the file itself).
-_NOT_CONFIGURABLE = {"program", "dry_run", "print_env", "show_topology", "fmt", "sysroot", "verbose",
-                     "help", "version", "config"}
 #: Largest config file read (tune's best.toml is under 1 KiB; a pyproject.toml rarely
 #: reaches 20 KiB). A bigger one is refused, never cut short.
 CONFIG_MAX_BYTES = 1 << 20
-
-
-class Kind(NamedTuple):
-    """The values one option takes, from its click declaration (``cli.option_kinds``).
-
-    Attributes:
-        name: "flag" (a bool), "count" (an int >= 0), "integer" (an int; never a bool or a
-            float), "number" (an int or a float, never a bool; seconds), "choice" (one of
-            ``choices``, any case, as on the command line), "string" (a str; an int is taken
-            as its digits, so ``node-list = 1`` and ``nproc_per_node=2`` work), "path" (a str
-            or os.PathLike naming a file or folder).
-        choices: the allowed strings of a "choice".
-    """
-
-    name: str
-    choices: tuple[str, ...] = ()
 
 
 _EXPECTED = {"flag": "true or false (a bool)", "count": "a whole number >= 0", "integer": "an integer (e.g. 4)",
@@ -635,21 +722,20 @@ def _settings_table(doc: dict, path: str, where: str) -> dict:
     return doc["cpulaunch"] if isinstance(doc.get("cpulaunch"), dict) else doc
 
 
-def config_defaults(data: bytes, path: str, kinds: Mapping[str, Kind],
-                    label: str = "--config") -> dict[str, Any]:
-    """Defaults from a TOML config file (pure over its bytes).
+def config_settings(data: bytes, path: str, label: str = "--config") -> dict[str, tuple[Any, Spelling]]:
+    """Defaults from a TOML config file (pure over its bytes): {python name: (value,
+    :class:`Spelling`)}.
 
     Keys are cpulaunch's option names (``ninstances``, ``allocator``, ``omp-runtime`` or
-    ``omp_runtime``); a ``pyproject.toml`` is read from its ``[tool.cpulaunch]`` table,
-    any other file from its top level (``[cpulaunch]`` too, as tune's best.toml writes).
-    Other tables (tune's ``[measured]``) are information and skipped. Each value must
-    have its option's type exactly (:func:`typed_value`): ``ninstances = 2.5`` is an error,
-    never 2.
+    ``omp_runtime``; the keys :func:`cpulaunch.option_table.config_keys` lists); a
+    ``pyproject.toml`` is read from its ``[tool.cpulaunch]`` table, any other file from its
+    top level (``[cpulaunch]`` too, as tune's best.toml writes). Other tables (tune's
+    ``[measured]``) are information and skipped. Each value must have its option's type
+    exactly (:func:`typed_value`): ``ninstances = 2.5`` is an error, never 2.
 
     Args:
         data: the file's bytes (at most :data:`CONFIG_MAX_BYTES`, read by the caller).
         path: the file's name, for messages and to recognise a pyproject.toml.
-        kinds: python option name -> :class:`Kind` of every option (``cli.option_kinds``).
         label: how the file was given: "--config" or "CPULAUNCH_CONFIG".
 
     Raises:
@@ -659,15 +745,21 @@ def config_defaults(data: bytes, path: str, kinds: Mapping[str, Kind],
     from cpulaunch.errors import printable
 
     where = f"{label} {printable(path)}"
+    keys = set(table.config_keys())
     out: dict = {}
     for key, value in _settings_table(_toml(data, where), path, where).items():
         name = key.replace("-", "_")
-        kind = None if name in _NOT_CONFIGURABLE else kinds.get(name)
-        if kind is None:
+        if name not in keys:
             if isinstance(value, dict):
                 continue  # other tables (tune's [measured]) are information
             raise OptionsError(f"{where}: {shown(key)} is not a cpulaunch setting; see cpulaunch --help")
         if name in out:
             raise OptionsError(f"{where}: {key} is given twice (as - and _ spellings); keep one")
-        out[name] = typed_value(kind, value, f"{where}: {key}")
+        out[name] = (typed_value(table.kind_of(name), value, f"{where}: {key}"),
+                     config_spelling(printable(key), value, where))
     return out
+
+
+def config_defaults(data: bytes, path: str, label: str = "--config") -> dict[str, Any]:
+    """{python name: value} of :func:`config_settings`."""
+    return {name: value for name, (value, _) in config_settings(data, path, label).items()}

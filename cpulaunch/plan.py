@@ -67,6 +67,13 @@ __all__ = [
     "LATENCY_CORES",
 ]
 
+#: The placement modes, at most one of which a request gives (``--ninstances``,
+#: ``--instances-per-socket``, ...): the option table's list.
+PLACEMENT_MODES = ("ninstances", "instances_per_socket", "instances_per_node", "instances_per_l3",
+                   "latency_mode", "throughput_mode")
+#: Fields whose option is not spelled like the field.
+_OPTION_NAMES = {"ccl_workers": "--ccl-worker-count"}
+
 #: Cores per instance in latency mode (as torch.backends.xeon.run_cpu and ipexrun do).
 LATENCY_CORES = 4
 
@@ -102,9 +109,12 @@ class Request(NamedTuple):
         ccl_workers: physical cores per instance set aside for oneCCL workers
             (``--ccl-worker-count`` under ``--ddp --backend ccl``).
         equal_sizes: sizes within one core inside each domain (``--equal-sizes``):
-            the rules before issue 22 (balanced instances that may share an L3, leave
-            cores idle in per-socket/per-node modes or span nodes with ``ninstances``),
-            instead of sizes that follow the nodes and cache domains.
+            balanced instances that may share an L3, leave cores idle in
+            per-socket/per-node modes or span nodes with ``ninstances``, instead of sizes
+            that follow the nodes and cache domains.
+        words: how the user gave the fields, for messages: (field, name, said) triples,
+            e.g. ``("ninstances", "--nproc-per-node", "--nproc-per-node 4")`` when
+            ``--ddp --nproc-per-node 4`` asked for 4 ranks (:meth:`said`, :meth:`name`).
     """
 
     ninstances: Optional[int] = None
@@ -124,6 +134,33 @@ class Request(NamedTuple):
     ccl_workers: int = 0
     instances_per_l3: Optional[int] = None
     equal_sizes: bool = False
+    words: tuple[tuple[str, str, str], ...] = ()
+
+    def name(self, field: str) -> str:
+        """The option behind ``field`` as the user named it (``--nproc-per-node``), else
+        its long name (``"ninstances"`` -> ``--ninstances``)."""
+        for f, name, _ in self.words:
+            if f == field:
+                return name
+        return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
+
+    def said(self, field: str) -> str:
+        """``field`` with its value as the user gave it (``--nproc-per-node 4``), else
+        its long name and value (``--ninstances 4``; a flag alone)."""
+        for f, _, said in self.words:
+            if f == field:
+                return said
+        value = getattr(self, field)
+        if field == "ncores_per_instance":
+            value = ",".join(map(str, _sizes_of(self) or ()))
+        elif isinstance(value, (frozenset, tuple)):
+            value = cpulist.format(value)
+        return self.name(field) if isinstance(value, bool) else f"{self.name(field)} {value}"
+
+    def modes(self) -> tuple[str, ...]:
+        """The placement modes given (field names, in :data:`PLACEMENT_MODES`' order):
+        ``Request(ninstances=2).modes()`` -> ``("ninstances",)``. At most one is valid."""
+        return tuple(m for m in PLACEMENT_MODES if getattr(self, m))
 
 
 class Instance(NamedTuple):
@@ -191,52 +228,55 @@ def _usable_cpus(topo: Topology, req: Request) -> frozenset:
     """Online & allowed CPUs, narrowed by --core-list / --node-list (rule 1)."""
     usable = topo.online & topo.allowed
     if req.core_list is not None:
-        _check_core_list(topo, req.core_list)
+        _check_core_list(topo, req)
         usable &= req.core_list
     if req.node_list is not None:
-        usable &= _node_list_cpus(topo, req.node_list)
+        usable &= _node_list_cpus(topo, req)
     if not usable:
-        raise PlanError(
-            f"no usable CPU: online {cpulist.format(topo.online)}, allowed "
-            f"{cpulist.format(topo.allowed)} (from {topo.allowed_source}); widen --core-list/--node-list"
-        )
+        lists = [req.said(f) for f in ("core_list", "node_list") if getattr(req, f) is not None]
+        where = f"online {cpulist.format(topo.online)}, allowed {cpulist.format(topo.allowed)} (from " \
+                f"{topo.allowed_source})"
+        raise PlanError(f"{' and '.join(lists)} leave no usable CPU ({where}); widen them" if lists else
+                        f"no usable CPU: {where}")
     return usable
 
 
-def _check_core_list(topo: Topology, core_list: frozenset) -> None:
+def _check_core_list(topo: Topology, req: Request) -> None:
+    core_list = req.core_list
     offline = core_list - topo.online
     if offline:
         known = "offline" if offline & topo.offline else "not present"
         raise PlanError(
-            f"--core-list names CPUs {cpulist.format(offline)} that are {known} "
+            f"{req.said('core_list')} names CPUs {cpulist.format(offline)} that are {known} "
             f"(online CPUs: {cpulist.format(topo.online)}); fix the list"
         )
     outside = core_list - topo.allowed
     if outside:
         raise PlanError(
-            f"--core-list names CPUs {cpulist.format(outside)} that this process may not "
+            f"{req.said('core_list')} names CPUs {cpulist.format(outside)} that this process may not "
             f"use (allowed: {cpulist.format(topo.allowed)}, from {topo.allowed_source}); "
             "pick CPUs inside the allowed set"
         )
 
 
-def _node_list_cpus(topo: Topology, node_list: frozenset) -> frozenset:
+def _node_list_cpus(topo: Topology, req: Request) -> frozenset:
+    node_list = req.node_list
     unknown = node_list - set(topo.nodes)
     if unknown:
         raise PlanError(
-            f"--node-list names NUMA nodes {cpulist.format(unknown)} that do not exist "
+            f"{req.said('node_list')} names NUMA nodes {cpulist.format(unknown)} that do not exist "
             f"(nodes: {cpulist.format(topo.nodes)}); fix the list"
         )
     cpuless = {n for n in node_list if not topo.nodes[n].cpus}
     if cpuless:
         raise PlanError(
-            f"--node-list names NUMA nodes {cpulist.format(cpuless)} that have no CPUs "
+            f"{req.said('node_list')} names NUMA nodes {cpulist.format(cpuless)} that have no CPUs "
             "(memory-only nodes); list nodes with CPUs"
         )
     node_cpus = frozenset().union(*(topo.nodes[n].cpus for n in node_list))
     if not node_cpus & topo.allowed:
         raise PlanError(
-            f"--node-list {cpulist.format(node_list)}: none of its CPUs "
+            f"{req.said('node_list')}: none of its CPUs "
             f"({cpulist.format(node_cpus)}) may be used by this process (allowed: "
             f"{cpulist.format(topo.allowed)}, from {topo.allowed_source})"
         )
@@ -320,42 +360,28 @@ class _Domain(NamedTuple):
     equal: bool = False
 
 
-_COUNT_OPTIONS = (
-    ("--ninstances", "ninstances"),
-    ("--instances-per-socket", "instances_per_socket"),
-    ("--instances-per-node", "instances_per_node"),
-    ("--instances-per-l3", "instances_per_l3"),
-)
+#: The modes that plan per socket, NUMA node or L3 domain.
+_PER_DOMAIN = {"instances_per_socket", "instances_per_node", "instances_per_l3", "throughput_mode"}
 
 
 def _check_modes(req: Request) -> None:
-    """One placement mode at most, positive counts (PlanError otherwise)."""
-    given = [
-        name
-        for name, val in (
-            ("--ninstances", req.ninstances),
-            ("--instances-per-socket", req.instances_per_socket),
-            ("--instances-per-node", req.instances_per_node),
-            ("--instances-per-l3", req.instances_per_l3),
-            ("--latency-mode", req.latency_mode or None),
-            ("--throughput-mode", req.throughput_mode or None),
-        )
-        if val
-    ]
+    """One placement mode at most, positive counts (PlanError otherwise; the options
+    layer says so first, in the user's words, for requests made from options)."""
+    given = req.modes()
     if len(given) > 1:
-        raise PlanError(f"{' and '.join(given)} cannot be combined; choose one")
-    for name, attr in _COUNT_OPTIONS:
-        val = getattr(req, attr)
+        raise PlanError(f"{req.said(given[0])} and {req.said(given[1])} cannot be combined; choose one")
+    for field in PLACEMENT_MODES[:4]:
+        val = getattr(req, field)
         if val is not None and val < 1:
-            raise PlanError(f"{name} {val}: must be a positive number")
+            raise PlanError(f"{req.said(field)}: must be a positive number")
     sizes = _sizes_of(req)
     if sizes is not None and (not sizes or min(sizes) < 1):
-        raise PlanError(f"--ncores-per-instance {_sizes_text(req)}: each count must be a positive number")
-    if req.ncores_per_instance and given and given[0] != "--ninstances":
-        raise PlanError(f"--ncores-per-instance cannot be combined with {given[0]}")
+        raise PlanError(f"{req.said('ncores_per_instance')}: each count must be a positive number")
+    if req.ncores_per_instance and given and given[0] != "ninstances":
+        raise PlanError(f"{req.said('ncores_per_instance')} cannot be combined with {req.said(given[0])}")
     if sizes is not None and len(sizes) > 1 and req.ninstances not in (None, len(sizes)):
-        raise PlanError(f"--ninstances {req.ninstances} and --ncores-per-instance {_sizes_text(req)} "
-                        f"({len(sizes)} sizes) disagree; give one size per instance, or one size")
+        raise PlanError(f"{req.said('ninstances')} and {req.said('ncores_per_instance')} ({len(sizes)} sizes) "
+                        "disagree; give one size per instance, or one size")
 
 
 def _sizes_of(req: Request) -> Optional[tuple]:
@@ -366,15 +392,11 @@ def _sizes_of(req: Request) -> Optional[tuple]:
     return tuple(fixed) if isinstance(fixed, (tuple, list)) else (fixed,)
 
 
-def _sizes_text(req: Request) -> str:
-    return ",".join(map(str, _sizes_of(req) or ()))
-
-
 def _domains(topo: Topology, req: Request, cores: list, notes: list) -> list:
     """The list of :class:`_Domain` to cut (rule 3); PlanError if the counts cannot be met."""
     _check_modes(req)
     eq = req.equal_sizes
-    if req.instances_per_socket or req.instances_per_node or req.throughput_mode or req.instances_per_l3:
+    if set(req.modes()) & _PER_DOMAIN:
         return _per_domain(topo, req, cores)
     total = len(cores)
     if req.latency_mode:
@@ -390,7 +412,7 @@ def _domains(topo: Topology, req: Request, cores: list, notes: list) -> list:
     if sizes is not None and len(sizes) > 1:
         if sum(sizes) > total:
             raise PlanError(
-                f"--ncores-per-instance {_sizes_text(req)} needs {sum(sizes)} physical cores, but only "
+                f"{req.said('ncores_per_instance')} needs {sum(sizes)} physical cores, but only "
                 f"{total} are usable ({_usable_desc(topo, cores)}); lower the counts"
             )
         return [_Domain(cores, len(sizes), None, False, sizes=sizes)]
@@ -398,17 +420,18 @@ def _domains(topo: Topology, req: Request, cores: list, notes: list) -> list:
     if fixed:
         n = req.ninstances or _fit_count(cores, fixed)
         if n < 1 or n * fixed > total:
+            who = f"{req.said('ninstances')} x " if req.ninstances else ""
             raise PlanError(
-                f"{req.ninstances or 1} instance(s) x {fixed} cores need {max(n, 1) * fixed} "
+                f"{who}{req.said('ncores_per_instance')} needs {max(n, 1) * fixed} "
                 f"physical cores, but only {total} are usable ({_usable_desc(topo, cores)}); "
-                "lower --ncores-per-instance or --ninstances"
+                f"lower {req.name('ncores_per_instance')}" + (f" or {req.name('ninstances')}" if req.ninstances else "")
             )
         return [_Domain(cores, n, fixed, False)]
     n = req.ninstances or 1
     if n > total:
         raise PlanError(
-            f"--ninstances {n} needs {n} physical cores, but only {total} are usable "
-            f"({_usable_desc(topo, cores)}); lower --ninstances"
+            f"{req.said('ninstances')} needs {n} physical cores, but only {total} are usable "
+            f"({_usable_desc(topo, cores)}); lower {req.name('ninstances')}"
         )
     return [_Domain(cores, n, None, True, equal=eq)]
 
@@ -421,7 +444,7 @@ def _per_domain(topo: Topology, req: Request, cores: list) -> list:
         key, what = (lambda item: item[0].socket), "socket"
     elif req.instances_per_l3:
         if not (topo.caches and topo.caches.l3):
-            raise PlanError("--instances-per-l3: no L3 cache domains are known on this machine "
+            raise PlanError(f"{req.said('instances_per_l3')}: no L3 cache domains are known on this machine "
                             "(no cpuN/cache/index* of level 3 in sysfs); use --instances-per-node")
         key, what = (lambda item: (item[0].node, topo.cache_of(item[0].id, "l3"))), "L3 domain"
     else:
@@ -435,11 +458,12 @@ def _per_domain(topo: Topology, req: Request, cores: list) -> list:
     for dkey, dcores in sorted(domains.items(), key=order):
         if len(dcores) < per:
             name = f"{what} {dkey}" if what != "L3 domain" else f"the L3 domain of CPU {dcores[0][1][0]}"
+            mode = next(iter(req.modes()), "instances_per_node")
             raise PlanError(
-                f"{per} instances per {what} need {per} physical cores in each, but "
+                f"{req.said(mode)} needs {per} physical cores in each {what}, but "
                 f"{name} has only {len(dcores)} usable "
                 f"(CPUs {cpulist.format(c for _, cc in dcores for c in cc)}); "
-                "lower the count"
+                f"lower {req.name(mode)}"
             )
         out.append(_Domain(dcores, per, None, False, equal=req.equal_sizes))
     return out
@@ -1065,24 +1089,20 @@ def _share_note(topo: Topology, groups: list) -> Optional[str]:
 # --------------------------------------------------------------------------- budgets
 
 #: (Request field, option name), in the order they are taken from the end of an instance.
-_BUDGETS = (
-    ("ccl_workers", "--ccl-worker-count"),
-    ("dataloader_workers", "--dataloader-workers"),
-    ("reserve_cores", "--reserve-cores"),
-)
+_BUDGETS = ("ccl_workers", "dataloader_workers", "reserve_cores")
 
 
 def _take_budgets(groups: list, req: Request) -> list:
     """Split each group into (compute, ccl, dataloader, reserved) core groups (rule 5)."""
-    ks = [getattr(req, attr) for attr, _ in _BUDGETS]
-    for (attr, option), k in zip(_BUDGETS, ks):
+    ks = [getattr(req, attr) for attr in _BUDGETS]
+    for attr, k in zip(_BUDGETS, ks):
         if k < 0:
-            raise PlanError(f"{option} {k}: must be 0 or more")
+            raise PlanError(f"{req.said(attr)}: must be 0 or more")
     total = sum(ks)
     if total:
         smallest = min(range(len(groups)), key=lambda i: len(groups[i]))
         if len(groups[smallest]) <= total:
-            raise PlanError(_budget_error(groups, smallest, ks, total))
+            raise PlanError(_budget_error(req, groups, smallest, ks, total))
     out = []
     for g in groups:
         end, parts = len(g), []
@@ -1093,10 +1113,10 @@ def _take_budgets(groups: list, req: Request) -> list:
     return out
 
 
-def _budget_error(groups: list, i: int, ks: list, total: int) -> str:
-    given = [(option, k) for (_, option), k in zip(_BUDGETS, ks) if k]
-    what = " and ".join(f"{option} {k}" for option, k in given)
-    options = " or ".join(option for option, _ in given)
+def _budget_error(req: Request, groups: list, i: int, ks: list, total: int) -> str:
+    given = [attr for attr, k in zip(_BUDGETS, ks) if k]
+    what = " and ".join(req.said(attr) for attr in given)
+    options = " or ".join(req.name(attr) for attr in given)
     cpus = cpulist.format(c for _, cc in groups[i] for c in cc)
     return (
         f"{what} take {total} core(s) from each instance, but instance {i} has only "
@@ -1224,18 +1244,19 @@ def plan(topo: Topology, req: Request) -> Plan:
         )
     result = Plan(instances=instances, num_instances=len(instances), notes=tuple(notes))
     validate(result, topo)
-    return _select(result, req.instance_idx)
+    return _select(result, req)
 
 
-def _select(result: Plan, instance_idx: Optional[tuple]) -> Plan:
+def _select(result: Plan, req: Request) -> Plan:
     """Keep the instances ``--instance-idx`` names (all are still counted)."""
+    instance_idx = req.instance_idx
     if instance_idx is None:
         return result
     n = len(result.instances)
     bad = [i for i in instance_idx if not 0 <= i < n]
     if bad:
         raise PlanError(
-            f"--instance-idx {','.join(map(str, bad))}: only {n} instance(s) "
+            f"{req.said('instance_idx')}: only {n} instance(s) "
             f"are planned (indices 0-{n - 1})"
         )
     return result._replace(instances=tuple(result.instances[i] for i in sorted(set(instance_idx))))

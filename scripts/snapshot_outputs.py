@@ -10,7 +10,7 @@ Each case runs ``python -m cpulaunch ARGS`` from the checkout holding this scrip
 one ``--repo`` names), as a real process, and writes ``OUT/<machine>/<case>.out`` holding the exit code, stdout and
 stderr. Machines: the hwloc dumps in tests/fixtures (unpacked once into ``OUT/../roots``
 unless ``--roots DIR``), the generated trees of tests/bigtree.py, and this machine (``/``).
-The unpacked root's path is replaced by ``<ROOT>`` so that two runs compare equal, and on
+The unpacked root's path is replaced by ``<ROOT>``, the checkout's by ``<REPO>`` so that two runs compare equal, and on
 this machine the NUMA node's memory size (which a VM's memory hot-plug changes) by ``N``.
 
 Cases: --show-topology (text, json); --dry-run (text, json) under each placement, memory,
@@ -81,6 +81,13 @@ ERRORS = [
     ["--ninstances", "0", "--dry-run", "true"],
     ["--format", "vllm", "--dry-run", "true"],
     ["--bogus-option", "true"],
+    # where options meet: lists of sizes, --ddp with modes, values from variables
+    ["--ncores-per-instance", "1,1", "--dry-run", "true"],
+    ["--ddp", "--instances-per-l3", "--dry-run", "python", "x.py"],
+    ["--ddp", "--nproc-per-node", "400", "--dry-run", "python", "x.py"],
+    ["--ninstances", "2", "--instances-per-socket", "--dry-run", "true"],
+    ["--print-env", "--log-dir", "logs"],
+    ["--dry-run", "--kmp-blocktime", "5", "true"],
 ]
 
 
@@ -129,7 +136,7 @@ def run_case(repo: Path, root: Path, argv: list, subcommand: bool = False) -> st
     proc = subprocess.run([sys.executable, "-m", "cpulaunch", *full], capture_output=True, cwd=repo,
                           env=env, timeout=120)
     text = (f"exit {proc.returncode}\n--- stdout\n" + proc.stdout.decode("utf-8", "replace")
-            + "--- stderr\n" + proc.stderr.decode("utf-8", "replace"))
+            + "--- stderr\n" + proc.stderr.decode("utf-8", "replace")).replace(sys.prefix, "<VENV>").replace(str(repo), "<REPO>")
     if str(root) != "/":
         return text.replace(str(root), "<ROOT>")
     # this machine's NUMA node memory changes as the VM's memory is plugged in and out

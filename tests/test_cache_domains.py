@@ -224,7 +224,7 @@ def test_without_caches_the_plans_are_the_balanced_ones(trees):
     for root, caches in ((trees["plain"], True), (trees["genoa-nps1"], False)):
         p = plan(probe.probe(root, caches=caches), Request(instances_per_socket=5))
         assert lists(p) == ["0-19", "20-38", "39-57", "58-76", "77-95"] and p.notes == ()
-    with pytest.raises(PlanError, match=r"^--instances-per-l3: no L3 cache domains are known"):
+    with pytest.raises(PlanError, match=r"^--instances-per-l3 1: no L3 cache domains are known"):
         plan(probe.probe(trees["plain"], caches=True), Request(instances_per_l3=1))
 
 
@@ -272,13 +272,13 @@ def test_ddp_ranks_follow_the_l3_domains(trees):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--ncores-per-instance", "4,x"], "--ncores-per-instance '4,x': expected a number of cores (8) or "
+    (["--ncores-per-instance", "4,x"], "--ncores-per-instance 4,x: expected a number of cores (8) or "
                                        "one per instance, separated by commas (43,43,42)"),
-    (["--ncores-per-instance", "4,0"], "--ncores-per-instance '4,0': each count must be 1 or more"),
+    (["--ncores-per-instance", "4,0"], "--ncores-per-instance 4,0: each count must be 1 or more"),
     (["--ninstances", "2", "--ncores-per-instance", "4,4,4"],
      "--ninstances 2 and --ncores-per-instance 4,4,4 (3 sizes) disagree; give one size per instance, or one size"),
     (["--ncores-per-instance", "60,60"], "--ncores-per-instance 60,60 needs 120 physical cores, but only 96"),
-    (["--instances-per-l3", "--ninstances", "2"], "--ninstances and --instances-per-l3 cannot be combined"),
+    (["--instances-per-l3", "--ninstances", "2"], "--ninstances 2 and --instances-per-l3 cannot be combined; choose one"),
 ])
 def test_option_errors_are_one_line(trees, args, message):
     proc = run_cli("--sysroot", str(trees["genoa-nps1"]), "--dry-run", *args, "true", check_rc=2)

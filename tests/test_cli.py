@@ -98,10 +98,10 @@ def test_alias_contradicting_its_option_is_an_error():
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--dry-run", "--iface", "lo"], "--iface applies to --ddp only"),
-    (["--dry-run", "--master-port", "1234"], "--master-port applies to --ddp only"),
-    (["--dry-run", "--ddp", "--instance-idx", "1"], "--instance-idx does not apply to --ddp"),
-    (["--ddp", "--print-env"], "--print-env does not apply to --ddp"),
+    (["--dry-run", "--iface", "lo"], "--iface lo applies to --ddp only"),
+    (["--dry-run", "--master-port", "1234"], "--master-port 1234 applies to --ddp only"),
+    (["--dry-run", "--ddp", "--instance-idx", "1"], "--instance-idx 1 cannot be combined with --ddp"),
+    (["--ddp", "--print-env"], "--print-env cannot be combined with --ddp"),
     (["--format", "json"], "--format json applies to"),
     (["--dry-run", "--print-env"], "cannot be combined"),
     (["--grace-period", "nan"], "--grace-period nan"),

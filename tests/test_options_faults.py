@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, run_cli
+from cpulaunch import option_table
 from cpulaunch import cli, options
 
 try:
@@ -355,7 +356,7 @@ def _toml_doc(table: dict, header: str) -> str:
     return (f"[{header}]\n" if header else "") + body + "\n"
 
 
-_KINDS = cli.option_kinds()
+_KINDS = {name: option_table.kind_of(name) for name in option_table.config_keys()}
 _BY_KIND = {
     "flag": st.booleans(),
     "count": st.integers(min_value=0, max_value=3),
@@ -375,7 +376,7 @@ def _typed_entry(name: str):
 
 
 # Right-typed values of real settings, to reach the combinations and the planner.
-_typed_tables = st.lists(st.sampled_from(sorted(n for n in _KINDS if n not in options._NOT_CONFIGURABLE))
+_typed_tables = st.lists(st.sampled_from(sorted(_KINDS))
                          .flatmap(_typed_entry), max_size=5).map(dict)
 _docs = st.builds(_toml_doc, st.one_of(st.dictionaries(_key, _value, max_size=5), _typed_tables),
                   st.sampled_from(["", "cpulaunch", "tool.cpulaunch", "measured", "tool"]))

@@ -828,16 +828,16 @@ def test_cli_bare_flag_then_the_program(sysroots, monkeypatch):
 
 ERRORS = [
     (AMD, ["--ninstances", "7"], "--ninstances 7 needs 7 physical cores, but only 6 are usable"),
-    (XEON, ["--node-list", "3"], "--node-list names NUMA nodes 3 that do not exist"),
+    (XEON, ["--node-list", "3"], "--node-list 3 names NUMA nodes 3 that do not exist"),
     (POWER9, ["--node-list", "250"], "that have no CPUs (memory-only nodes)"),
-    (POWER9, ["--core-list", "88-91"], "--core-list names CPUs 88-91 that this process may not use"),
+    (POWER9, ["--core-list", "88-91"], "--core-list 88-91 names CPUs 88-91 that this process may not use"),
     (AMD, ["--node-list", "2"], "none of its CPUs (8-11) may be used by this process"),
-    (XEON, ["--core-list", "200"], "--core-list names CPUs 200 that are not present"),
-    (XEON, ["--instances-per-socket", "9"], "9 instances per socket need 9 physical cores in each"),
-    (XEON, ["--ninstances", "4", "--ncores-per-instance", "5"], "4 instance(s) x 5 cores need 20 physical cores"),
+    (XEON, ["--core-list", "200"], "--core-list 200 names CPUs 200 that are not present"),
+    (XEON, ["--instances-per-socket", "9"], "--instances-per-socket 9 needs 9 physical cores in each socket, but socket 0 has only 8"),
+    (XEON, ["--ninstances", "4", "--ncores-per-instance", "5"], "--ninstances 4 x --ncores-per-instance 5 needs 20 physical cores"),
     (XEON, ["--instances-per-socket", "--instance-idx", "2"], "--instance-idx 2: only 2 instance(s) are planned"),
     (XEON, ["--ninstances", "0"], "--ninstances 0: must be"),  # the CLI refuses it first
-    (XEON, ["--core-list", "3-1"], "--core-list '3-1'"),
+    (XEON, ["--core-list", "3-1"], "--core-list 3-1: reversed range"),
     (XEON, ["--latency-mode", "--ncores-per-instance", "2"], "cannot be combined"),
 ]
 

@@ -214,7 +214,7 @@ def test_bare_flag_variable_and_words(tmp_path, leases):
     proc = subprocess.run([sys.executable, "-m", "cpulaunch", "--dry-run", "--share-host=never", "true"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr == (
-        "cpulaunch: error: --share-host 'never': use fail (the default: say who holds the cores) or wait\n")
+        "cpulaunch: error: --share-host never: use fail (the default: say who holds the cores) or wait\n")
     assert not leases.exists()  # a dry run makes nothing
 
 

@@ -97,8 +97,8 @@ def test_max_restarts_reaches_torchrun_and_needs_an_elastic_run():
     assert argv.index("--max-restarts") < argv.index("--no-python")
     assert "--max-restarts" not in json.loads(run_cli(*args, "true").stdout)["ddp"]["launcher_argv"]
     static = run_cli("--ddp", "--max-restarts", "1", "--dry-run", "true", check_rc=2)
-    assert static.stderr.startswith("cpulaunch: error: --max-restarts applies to an elastic run "
-                                    "(--rdzv-endpoint HOST:PORT)")
+    assert static.stderr.startswith("cpulaunch: error: --max-restarts 1 needs --rdzv-endpoint: torchrun's agent "
+                                    "restarts the ranks of an elastic run")
     run_cli("--max-restarts", "1", "true", check_rc=2)
     negative = run_cli(*args, "--max-restarts", "-1", "true", check_rc=2)
     assert "--max-restarts -1: must be 0 or more" in negative.stderr

@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional
 
 __all__ = ["Library", "REGISTRY", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
-           "preload_entries", "identify", "openmp_runtime_of", "AUTO_ALLOCATOR", "AUTO_OPENMP"]
+           "preload_entries", "identify", "openmp_runtime_of", "AUTO_ALLOCATOR", "AUTO_OPENMP", "resolve_choice"]
 
 
 class Library(NamedTuple):
@@ -155,6 +155,16 @@ ALLOCATOR_CHOICES = ("auto", "default") + tuple(
 #: --omp-runtime values: "auto" (torch's own runtime) and every OpenMP runtime of the registry.
 OPENMP_CHOICES = ("auto",) + tuple(
     lib.choice for lib in REGISTRY.values() if lib.kind == "openmp" and lib.selectable)
+
+
+def resolve_choice(kind: str, choice: str) -> str:
+    """What a choice means, ``auto`` resolved: the one place ``auto`` is read
+    (:data:`AUTO_OPENMP`, :data:`AUTO_ALLOCATOR`): ``("openmp", "auto")`` -> "gnu",
+    ``("allocator", "auto")`` -> "tcmalloc" (used when found; else the C library's malloc,
+    decided where the host is read); any other choice is itself."""
+    if choice != "auto":
+        return choice
+    return {"openmp": AUTO_OPENMP, "allocator": AUTO_ALLOCATOR}[kind]
 
 
 def by_choice(kind: str, choice: str) -> Library:

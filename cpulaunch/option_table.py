@@ -1,0 +1,456 @@
+"""Every option of ``cpulaunch``, once, as data (the shape of pip's ``cli/cmdoptions.py``).
+
+One row per option: its name and other spellings (torchrun's ``--name_with_underscores``
+and the other launchers' words), the values it takes (its :class:`Kind`, choices from the
+enums and the library registry), its default, its help section, the sources that may set
+it (the command line, its ``CPULAUNCH_<OPTION>`` variable, a ``--config`` file, a keyword
+of :func:`cpulaunch.plan_instances`) and its rules: the options it cannot be combined
+with, the ones it needs, and where it has no effect. Everything else is made from here:
+click's parameters and ``--help`` sections (:mod:`cpulaunch.cli`), the typing of config
+files and API keywords (:mod:`cpulaunch.options`), the placement modes the planner
+knows, and the options table of the reference docs (``tests/test_option_table.py`` holds
+the docs to it).
+
+Pure data and small pure helpers; importing this module reads nothing and imports no
+third-party package.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple, Optional
+
+from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
+from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.plan import PLACEMENT_MODES
+
+__all__ = [
+    "BindMode", "Output", "Format", "Kind", "Section", "Alias", "Option", "Rule", "OPTIONS", "ALIASES",
+    "RULES", "TOPOLOGY_OPTIONS", "BY_DEST", "ALIAS_BY_DEST", "BY_SPELLING", "PLACEMENT_MODES", "FORMATS_FOR", "DEFAULT_FORMAT", "SOURCES",
+    "option_variable", "spellings", "api_keywords", "config_keys", "env_variables", "kind_of", "name_of",
+]
+
+
+class BindMode(str, enum.Enum):
+    """How an instance is bound to its CPUs and memory."""
+
+    NUMACTL = "numactl"  #: ``numactl -C CPUS -m NODES program`` (numactl(8)): CPUs and memory
+    AFFINITY = "affinity"  #: sched_setaffinity(2) before exec: CPUs only, memory unbound
+    NONE = "none"  #: no binding (OMP_NUM_THREADS and libraries still set)
+
+
+class Output(str, enum.Enum):
+    """What the invocation produces."""
+
+    RUN = "run"  #: start the program (exec one instance, supervise several)
+    DRY_RUN = "dry-run"  #: print each instance's env and command; run nothing
+    PRINT_ENV = "print-env"  #: print one instance's environment for a shell script
+    SHOW_TOPOLOGY = "show-topology"  #: draw the machine
+
+
+class Format(str, enum.Enum):
+    """Text forms of --dry-run, --print-env and --show-topology (:data:`FORMATS_FOR` says
+    which output takes which)."""
+
+    TEXT = "text"  #: person-readable (--dry-run, --show-topology)
+    SHELL = "shell"  #: ``export NAME='value'`` lines, safe to eval (--print-env)
+    DOTENV = "dotenv"  #: ``NAME='value'`` lines for POSIX ``set -a; . FILE`` (--print-env)
+    JSON = "json"  #: the plan JSON (all three)
+    OMP_BIND = "omp-bind"  #: instances' cpulists joined by ``|`` (vLLM/SGLang bind string)
+    VLLM = "vllm"  #: ``VLLM_CPU_OMP_THREADS_BIND=...`` assignment lines
+    SGLANG = "sglang"  #: ``SGLANG_CPU_OMP_THREADS_BIND=...`` assignment lines
+
+
+#: The formats each output takes, the default first.
+FORMATS_FOR = {
+    Output.DRY_RUN: (Format.TEXT, Format.JSON),
+    Output.PRINT_ENV: (Format.SHELL, Format.DOTENV, Format.JSON, Format.OMP_BIND, Format.VLLM, Format.SGLANG),
+    Output.SHOW_TOPOLOGY: (Format.TEXT, Format.JSON),
+}
+DEFAULT_FORMAT = {output: formats[0] for output, formats in FORMATS_FOR.items()}
+
+
+class Kind(NamedTuple):
+    """The values one option takes.
+
+    Attributes:
+        name: "flag" (a bool), "count" (an int >= 0: ``-vv``), "integer" (an int; never a
+            bool or a float), "number" (an int or a float, never a bool; seconds),
+            "choice" (one of ``choices``, any case, as on the command line), "string" (a
+            str; an int is taken as its digits, so ``node-list = 1`` and
+            ``nproc_per_node=2`` work), "path" (a str or os.PathLike naming a file or
+            folder).
+        choices: the allowed strings of a "choice".
+        minimum, maximum: the range of an "integer" or "number" (None: open).
+    """
+
+    name: str
+    choices: tuple[str, ...] = ()
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+
+
+FLAG = Kind("flag")
+STRING = Kind("string")
+PATH = Kind("path")
+
+
+def _choice(values) -> Kind:
+    return Kind("choice", tuple(v.value if isinstance(v, enum.Enum) else v for v in values))
+
+
+def _integer(minimum=None, maximum=None) -> Kind:
+    return Kind("integer", (), minimum, maximum)
+
+
+def _seconds() -> Kind:
+    return Kind("number", (), 0)
+
+
+class Section(str, enum.Enum):
+    """The help sections, in the order ``--help`` prints them."""
+
+    PLACEMENT = "Placement"
+    RESTRICTIONS = "Restrictions"
+    MEMORY = "Memory and libraries"
+    DISTRIBUTED = "Distributed (--ddp)"
+    OUTPUT = "Output and logs"
+    COMPAT = "Compatibility aliases"
+
+
+#: Where a value may come from: the command line, the option's CPULAUNCH_* variable, a
+#: --config file, a keyword of cpulaunch.plan_instances.
+SOURCES = ("flag", "env", "config", "api")
+_ALL = frozenset(SOURCES)
+#: Options that choose what the invocation does (not how): no config key, no API keyword
+#: (plan_instances is a dry run by nature).
+_ACTION = frozenset({"flag", "env"})
+
+
+class Alias(NamedTuple):
+    """Another launcher's spelling that stands for an option with a fixed value
+    (``--enable-tcmalloc`` = ``--allocator tcmalloc``) or takes the option's own value
+    under another name (``--log-path DIR`` = ``--log-dir DIR``: ``value`` None).
+
+    Attributes:
+        name: the spelling, e.g. "--enable-tcmalloc".
+        dest: the python name of its own parameter ("enable_tcmalloc").
+        target: the python name of the option it stands for ("allocator").
+        value: the target's value when the alias is given; None: the alias's own value.
+        origin: whose spelling it is ("run_cpu", "torchrun", "torch.distributed.launch").
+        meaning: the help line, e.g. "--allocator tcmalloc".
+        kind: the values the alias itself takes (a flag unless it carries a value).
+    """
+
+    name: str
+    dest: str
+    target: str
+    value: Any
+    origin: str
+    meaning: str
+    kind: Kind = FLAG
+
+
+class Option(NamedTuple):
+    """One option of ``cpulaunch``.
+
+    Attributes:
+        name: its long name, e.g. "--ninstances" (its variable: :func:`option_variable`).
+        dest: its python name ("ninstances"), the key of config files and API keywords
+            (config files also take the dashed spelling).
+        kind: the values it takes.
+        section: its help section.
+        help: one line for ``--help`` and the reference.
+        default: the value when not given (None: not given; never -1).
+        metavar: the value's name in help ("N", "CPULIST").
+        bare: the value of the option given without one, for options whose value is
+            optional (``--instances-per-socket`` = 1, ``--share-host`` = "fail"); None: a
+            value is required (flags take none).
+        words: for options with a ``bare`` value: the words taken as the value after a
+            bare option (``--share-host wait``); "digits" for counts.
+        short: a short spelling ("-v").
+        sources: where it may be set (:data:`SOURCES`).
+        requires_ddp: the option applies to ``--ddp`` only.
+        run_only: the option acts while the program runs (supervision, logs): it changes
+            nothing in ``--print-env`` or ``--show-topology``, and ``--dry-run`` notes it.
+    """
+
+    name: str
+    dest: str
+    kind: Kind
+    section: Section
+    help: str
+    default: Any = None
+    metavar: Optional[str] = None
+    bare: Any = None
+    words: tuple[str, ...] = ()
+    short: Optional[str] = None
+    sources: frozenset = _ALL
+    requires_ddp: bool = False
+    run_only: bool = False
+
+    @property
+    def variable(self) -> str:
+        """Its environment variable: ``CPULAUNCH_NINSTANCES``."""
+        return option_variable(self.name)
+
+
+def option_variable(long_name: str) -> str:
+    """The environment variable of an option, from its long name: ``--format`` ->
+    ``CPULAUNCH_FORMAT``, ``--log-dir`` -> ``CPULAUNCH_LOG_DIR``."""
+    return "CPULAUNCH_" + long_name.lstrip("-").upper().replace("-", "_")
+
+
+def _lib_help(kind: str) -> str:
+    return "; ".join(f"{lib.choice}: {lib.help}" for lib in REGISTRY.values() if lib.kind == kind and lib.selectable)
+
+
+P, R, M, D, O = Section.PLACEMENT, Section.RESTRICTIONS, Section.MEMORY, Section.DISTRIBUTED, Section.OUTPUT
+_COUNT_WORDS = ("digits",)
+
+#: Every option, in --help's order within each section.
+OPTIONS: tuple[Option, ...] = (
+    # ---------------------------------------------------------------- placement
+    Option("--ninstances", "ninstances", _integer(1), P, "Number of instances; together they use every usable core.",
+           metavar="N"),
+    Option("--instances-per-socket", "instances_per_socket", _integer(1), P,
+           "Instances per socket (package); bare: 1.", metavar="[N]", bare=1, words=_COUNT_WORDS),
+    Option("--instances-per-node", "instances_per_node", _integer(1), P, "Instances per NUMA node; bare: 1.",
+           metavar="[N]", bare=1, words=_COUNT_WORDS),
+    Option("--instances-per-l3", "instances_per_l3", _integer(1), P,
+           "Instances per L3 cache domain (AMD CCX/CCD, Intel socket or SNC); bare: 1.", metavar="[N]", bare=1,
+           words=_COUNT_WORDS),
+    Option("--ncores-per-instance", "ncores_per_instance", STRING, P,
+           "Physical cores per instance, or one count per instance: 43,43,42.", metavar="C[,C...]"),
+    Option("--latency-mode", "latency_mode", FLAG, P, "4 cores per instance, as many instances as fit."),
+    Option("--throughput-mode", "throughput_mode", FLAG, P, "One instance per NUMA node."),
+    Option("--equal-sizes", "equal_sizes", FLAG, P,
+           "Instances within one core of each other, even where nodes or L3 domains are uneven."),
+    Option("--use-logical-cores", "use_logical_cores", FLAG, P, "Give instances every SMT sibling of their cores."),
+    Option("--use-e-cores", "use_e_cores", FLAG, P, "Also use the E-cores of hybrid CPUs."),
+    Option("--dataloader-workers", "dataloader_workers", _integer(0), P,
+           "Cores per instance set aside for DataLoader workers.", metavar="N"),
+    Option("--reserve-cores", "reserve_cores", _integer(0), P,
+           "Cores per instance set aside for the program's own non-OpenMP threads.", metavar="N"),
+    Option("--share-host", "share_host", STRING, P,
+           "Claim the planned cores host-wide so other cpulaunch jobs plan on the rest; when too few are "
+           "free: fail (bare flag; names who holds them) or wait.", metavar="[fail|wait]", bare="fail",
+           words=("fail", "wait")),
+    Option("--lease-dir", "lease_dir", PATH, P, "Folder of --share-host's leases.", metavar="DIR"),
+    # ---------------------------------------------------------------- restrictions
+    Option("--core-list", "core_list", STRING, R, "Use only these logical CPUs, e.g. 0-31,64-95.", metavar="CPULIST"),
+    Option("--node-list", "node_list", STRING, R, "Use only the CPUs of these NUMA nodes, e.g. 0,2.",
+           metavar="NODES"),
+    Option("--instance-idx", "instance_idx", STRING, R,
+           "Run only these instances (e.g. 0,2); --print-env: which one.", metavar="I[,I...]"),
+    # ---------------------------------------------------------------- memory and libraries
+    Option("--mem-policy", "mem_policy", _choice(MemPolicy), M,
+           "NUMA memory policy on the nodes of each instance's CPUs.", default="bind"),
+    Option("--bind", "bind", _choice(BindMode), M,
+           "How to bind: numactl (CPUs and memory), affinity (CPUs only), none.", default="numactl"),
+    Option("--omp-runtime", "omp_runtime", _choice(OPENMP_CHOICES), M,
+           "OpenMP runtime (auto: torch's own) - " + _lib_help("openmp") + ".", default="auto"),
+    Option("--allocator", "allocator", _choice(ALLOCATOR_CHOICES), M,
+           "Allocator to preload (auto: tcmalloc if installed; default: the C library's) - "
+           + _lib_help("allocator") + ".", default="auto"),
+    Option("--kmp-blocktime", "kmp_blocktime", _integer(0), M,
+           "KMP_BLOCKTIME in ms for --omp-runtime intel (default 1, the tuning guide's).", metavar="MS"),
+    Option("--omp-places", "omp_places", FLAG, M, "Pin GNU OpenMP threads with OMP_PLACES/OMP_PROC_BIND."),
+    Option("--override-env", "override_env", FLAG, M,
+           "cpulaunch's values win over ones already in your environment."),
+    Option("--inference-path", "inference_path", _choice(("auto", "eager", "onednn-graph", "inductor")), M,
+           "Tell the program which inference path cpulaunch.optimize() takes."),
+    # ---------------------------------------------------------------- distributed
+    Option("--ddp", "ddp", FLAG, D, "Distributed training: one rank per socket (see --nproc-per-node)."),
+    Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag).",
+           requires_ddp=True),
+    Option("--nproc-per-node", "nproc_per_node", STRING, D, "Ranks on this machine: a number, 'socket' or 'node'.",
+           metavar="N|socket|node", requires_ddp=True),
+    Option("--nnodes", "nnodes", STRING, D, "Number of machines (MIN:MAX with --rdzv-endpoint); default 1.",
+           metavar="N", requires_ddp=True),
+    Option("--node-rank", "node_rank", _integer(0), D, "This machine's rank (default 0).", metavar="N",
+           requires_ddp=True),
+    Option("--master-addr", "master_addr", STRING, D, "Address of rank 0's machine (default 127.0.0.1).",
+           metavar="HOST", requires_ddp=True),
+    Option("--master-port", "master_port", _integer(1, 65535), D, "Port of rank 0's store (default: a free one).",
+           metavar="PORT", requires_ddp=True),
+    Option("--rdzv-endpoint", "rdzv_endpoint", STRING, D,
+           "Elastic c10d rendezvous HOST:PORT (torchrun's agent starts the ranks).", metavar="HOST:PORT",
+           requires_ddp=True),
+    Option("--rdzv-id", "rdzv_id", STRING, D, "Rendezvous job id (elastic).", metavar="ID", requires_ddp=True),
+    Option("--max-restarts", "max_restarts", _integer(0), D,
+           "Times torchrun's agent restarts the ranks after a failure (elastic; default 0).", metavar="N",
+           requires_ddp=True),
+    Option("--backend", "backend", _choice(("auto", "gloo", "ccl")), D,
+           "Process-group backend (auto: ccl when oneccl_bindings_for_pytorch loads with this torch and "
+           "oneCCL's libfabric is found, else gloo).", requires_ddp=True),
+    Option("--ccl-worker-count", "ccl_worker_count", _integer(0), D,
+           "With ccl: cores per rank set aside for oneCCL's workers (default 1 when each rank has a core to "
+           "spare; 0: none).", metavar="N", requires_ddp=True),
+    Option("--iface", "iface", STRING, D, "Network interface (GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE).",
+           metavar="NAME", requires_ddp=True),
+    Option("--no-exit-hook", "no_exit_hook", FLAG, D,
+           "Do not end a Python rank's process group at exit when the program did not.", requires_ddp=True),
+    Option("--pass-local-rank", "pass_local_rank", FLAG, D,
+           "Also pass --local_rank=N to each rank's program, as torch.distributed.launch did.", requires_ddp=True),
+    # ---------------------------------------------------------------- output and logs
+    Option("--dry-run", "dry_run", FLAG, O, "Show each instance's command, environment and notes; run nothing.",
+           sources=_ACTION),
+    Option("--print-env", "print_env", FLAG, O, "Print one instance's environment for a shell script (--format).",
+           sources=_ACTION),
+    Option("--show-topology", "show_topology", FLAG, O, "Draw sockets, NUMA nodes, cores and SMT siblings.",
+           sources=_ACTION),
+    Option("--format", "fmt", _choice(Format), O,
+           "--dry-run: text|json; --print-env: shell|dotenv|json|omp-bind|vllm|sglang; --show-topology: "
+           "text|json.", sources=_ACTION),
+    Option("--sysroot", "sysroot", PATH, O, "Read the machine from this root (like lscpu --sysroot).",
+           default="/", metavar="DIR", sources=frozenset({"flag", "env", "api"})),
+    Option("--config", "config", PATH, O,
+           "Defaults from a TOML file (tune's best.toml, or [tool.cpulaunch] of a pyproject.toml); "
+           "flags > CPULAUNCH_* variables > this file > built-in defaults.", metavar="FILE", sources=_ACTION),
+    Option("--log-dir", "log_dir", PATH, O, "Logs in DIR/<run-id>/<i>/stdout.log|stderr.log, plan.json, result.json.",
+           metavar="DIR", run_only=True),
+    Option("--no-prefix", "no_prefix", FLAG, O, "Do not prefix instances' console lines with [i].", run_only=True),
+    Option("--stdin-instance", "stdin_instance", _integer(0), O,
+           "Instance that reads cpulaunch's stdin (default: the only one; none when several).", metavar="I",
+           run_only=True),
+    Option("--keep-going", "keep_going", FLAG, O, "When an instance fails, let the others finish.", run_only=True),
+    Option("--grace-period", "grace_period", _seconds(), O, "Seconds between SIGTERM and SIGKILL when stopping.",
+           default=10.0, metavar="S", run_only=True),
+    Option("--verify", "verify", FLAG, O, "After start-up, check what the processes really got (verify.json).",
+           run_only=True),
+    Option("--verify-after", "verify_after", _seconds(), O, "Seconds after start for --verify (default 5).",
+           metavar="S", run_only=True),
+    Option("--no-python", "no_python", FLAG, O, "Run the program as it is, even if it ends in .py."),
+    # ---------------------------------------------------------------- other launchers' options
+    Option("--rdzv-backend", "rdzv_backend", Kind("choice", ("c10d",)), Section.COMPAT,
+           "torchrun's rendezvous backend: c10d, the only one (with --rdzv-endpoint).", metavar="c10d",
+           requires_ddp=True),
+    Option("--verbose", "verbose", Kind("count"), O, "More diagnostics on stderr (-v: commands, notes, logs).",
+           short="-v", default=0, sources=_ACTION),
+)
+
+#: Other launchers' spellings (same meaning); each is also a variable (CPULAUNCH_ENABLE_TCMALLOC).
+ALIASES: tuple[Alias, ...] = (
+    Alias("--use-logical-core", "use_logical_core", "use_logical_cores", True, "run_cpu", "--use-logical-cores"),
+    Alias("--node-id", "node_id", "node_list", None, "run_cpu", "--node-list N (one node)", _integer(0)),
+    Alias("--disable-numactl", "disable_numactl", "bind", "affinity", "run_cpu", "--bind affinity"),
+    Alias("--disable-taskset", "disable_taskset", "bind", "none", "run_cpu",
+          "with --disable-numactl: --bind none"),
+    Alias("--log-path", "log_path", "log_dir", None, "run_cpu", "--log-dir", PATH),
+    Alias("--enable-tcmalloc", "enable_tcmalloc", "allocator", "tcmalloc", "run_cpu", "--allocator tcmalloc"),
+    Alias("--enable-jemalloc", "enable_jemalloc", "allocator", "jemalloc", "run_cpu", "--allocator jemalloc"),
+    Alias("--use-default-allocator", "use_default_allocator", "allocator", "default", "run_cpu",
+          "--allocator default"),
+    Alias("--disable-iomp", "disable_iomp", "omp_runtime", "gnu", "run_cpu", "--omp-runtime gnu"),
+    Alias("--multi-instance", "multi_instance", "throughput_mode", True, "run_cpu",
+          "--throughput-mode (one instance per node)"),
+    Alias("--use-env", "use_env", "pass_local_rank", False, "torch.distributed.launch",
+          "pass no --local_rank argument"),
+)
+#: Words that start the program without being options of ours, listed with the aliases:
+#: run_cpu's ``--module`` and Python's ``-m``/``-c``.
+PROGRAM_WORDS = ("-m", "-c", "--module")
+
+
+class Rule(NamedTuple):
+    """A rule between options, checked by :func:`cpulaunch.options.check_rules` with the
+    user's own words in its message.
+
+    Attributes:
+        kind: "exclusive" (at most one of ``dests`` given), "needs" (``dests[0]`` needs
+            one of ``dests[1:]``), "conflicts" (``dests[0]`` cannot go with any of
+            ``dests[1:]``).
+        dests: python names of the options.
+        why: the end of the message: why, and what to type instead.
+    """
+
+    kind: str
+    dests: tuple[str, ...]
+    why: str = ""
+
+
+#: The options whose values are placement (what --ddp decides itself).
+_DDP_PLACES = PLACEMENT_MODES + ("ncores_per_instance",)
+
+RULES: tuple[Rule, ...] = (
+    Rule("exclusive", ("show_topology", "print_env", "dry_run"), "choose one"),
+    Rule("exclusive", PLACEMENT_MODES, "choose one"),
+    Rule("conflicts", ("ncores_per_instance", "instances_per_socket", "instances_per_node", "instances_per_l3",
+                       "latency_mode", "throughput_mode"), "it sizes the instances of --ninstances or of the "
+                       "whole machine"),
+    *(Rule("conflicts", ("ddp", dest), "--ddp places one rank per socket (use --nproc-per-node socket|node|N)")
+      for dest in _DDP_PLACES),
+    Rule("conflicts", ("ddp", "instance_idx"), "every local rank runs (use --nproc-per-node)"),
+    Rule("conflicts", ("ddp", "print_env"), "each rank's environment needs its rendezvous; use --ddp --dry-run "
+         "--format json"),
+    Rule("conflicts", ("standalone", "master_addr", "rdzv_endpoint"), "--standalone is one machine"),
+    Rule("conflicts", ("pass_local_rank", "use_env"), "--use-env passes no --local_rank argument; drop one"),
+    Rule("needs", ("disable_taskset", "disable_numactl"), "run_cpu's pair; or use --bind none"),
+    Rule("needs", ("max_restarts", "rdzv_endpoint"), "torchrun's agent restarts the ranks of an elastic run; "
+         "cpulaunch does not restart a static rendezvous"),
+    Rule("needs", ("rdzv_id", "rdzv_endpoint"), "the job id names an elastic rendezvous"),
+    Rule("needs", ("lease_dir", "share_host"), "or drop it"),
+    Rule("conflicts", ("share_host", "sysroot"), "--share-host coordinates the jobs of this machine"),
+)
+
+#: The options --show-topology uses (it draws the machine; the others plan instances).
+TOPOLOGY_OPTIONS = ("show_topology", "fmt", "sysroot", "config", "verbose")
+
+BY_DEST: dict[str, Option] = {o.dest: o for o in OPTIONS}
+ALIAS_BY_DEST: dict[str, Alias] = {a.dest: a for a in ALIASES}
+
+
+def spellings(name: str) -> tuple[str, ...]:
+    """``--foo-bar`` and torchrun's ``--foo_bar`` (``"--ninstances"`` -> itself only)."""
+    return (name, "--" + name[2:].replace("-", "_")) if "-" in name[2:] else (name,)
+
+
+def _by_spelling() -> dict:
+    out = {}
+    for o in OPTIONS:
+        for s in spellings(o.name) + ((o.short,) if o.short else ()):
+            out[s] = o.dest
+    for a in ALIASES:
+        for s in spellings(a.name):
+            out[s] = a.dest
+    return out
+
+
+#: Every spelling on the command line -> the python name of its parameter.
+BY_SPELLING: dict[str, str] = _by_spelling()
+
+
+def api_keywords() -> tuple[str, ...]:
+    """The keywords :func:`cpulaunch.plan_instances` takes: every option and alias with
+    the "api" source."""
+    return tuple(o.dest for o in OPTIONS if "api" in o.sources) + tuple(a.dest for a in ALIASES)
+
+
+def config_keys() -> tuple[str, ...]:
+    """The keys a ``--config`` file may set (python names; the dashed spelling too)."""
+    return tuple(o.dest for o in OPTIONS if "config" in o.sources) + tuple(a.dest for a in ALIASES)
+
+
+def kind_of(dest: str) -> Kind:
+    """The :class:`Kind` of an option or alias by its python name. Raises KeyError."""
+    if dest in BY_DEST:
+        return BY_DEST[dest].kind
+    return ALIAS_BY_DEST[dest].kind
+
+
+def name_of(dest: str) -> str:
+    """The long name of an option or alias by its python name (``"fmt"`` -> ``"--format"``)."""
+    if dest in BY_DEST:
+        return BY_DEST[dest].name
+    if dest in ALIAS_BY_DEST:
+        return ALIAS_BY_DEST[dest].name
+    return "--" + dest.replace("_", "-")
+
+
+def env_variables() -> dict[str, str]:
+    """{variable: python name} of every option and alias cpulaunch reads from the
+    environment (``CPULAUNCH_NINSTANCES`` -> "ninstances")."""
+    out = {o.variable: o.dest for o in OPTIONS if "env" in o.sources}
+    out.update({option_variable(a.name): a.dest for a in ALIASES})
+    return out
