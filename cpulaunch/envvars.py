@@ -18,7 +18,7 @@ NUM_INSTANCES = "CPULAUNCH_NUM_INSTANCES"
 #: --dataloader-workers: the CPUs set aside for DataLoader workers and how many workers;
 #: read by ``cpulaunch.torch_utils.dataloader_kwargs``.
 DATALOADER_CPUS = "CPULAUNCH_DATALOADER_CPUS"
-DATALOADER_WORKERS = "CPULAUNCH_DATALOADER_WORKERS"
+DATALOADER_WORKERS = "CPULAUNCH_DATALOADER_NUM_WORKERS"
 #: --reserve-cores: the CPUs set aside for the program's own helper threads.
 RESERVED_CPUS = "CPULAUNCH_RESERVED_CPUS"
 #: What ``cpulaunch verify PID`` compares a running process with when no plan is at hand,
@@ -31,7 +31,7 @@ BOUND_CPUS = "CPULAUNCH_BOUND_CPUS"
 MEM_POLICY = "CPULAUNCH_PLANNED_MEM_POLICY"
 MEM_NODES = "CPULAUNCH_MEM_NODES"
 #: --inference-path, read by ``cpulaunch.inference.optimize``.
-INFERENCE_PATH = "CPULAUNCH_INFERENCE_PATH"
+INFERENCE_PATH = "CPULAUNCH_PLANNED_INFERENCE_PATH"
 #: --ddp: the process-group backend cpulaunch chose, read by
 #: ``cpulaunch.distributed.init_process_group``.
 DIST_BACKEND = "CPULAUNCH_DIST_BACKEND"

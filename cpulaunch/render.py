@@ -67,7 +67,7 @@ class Settings(NamedTuple):
         numactl: numactl's path (or "numactl" when describing another machine).
         override_env: cpulaunch's values win over the user's.
         environ: the user's environment (never modified).
-        extra_env: more tunables for every instance (e.g. CPULAUNCH_INFERENCE_PATH).
+        extra_env: more tunables for every instance (e.g. CPULAUNCH_PLANNED_INFERENCE_PATH).
         instance_env: identity variables per instance index (e.g. RANK for DDP ranks).
         omp_places: set OMP_PLACES/OMP_PROC_BIND (GNU) to the compute CPUs.
         label: what an instance is called in messages ("instance" or "rank").
@@ -191,7 +191,7 @@ def _planned_tunables(inst: Instance, settings: Settings) -> dict:
 
 def _budget_env(inst: Instance, settings: Settings) -> dict:
     """Identity variables describing the instance's core budgets (issue 11):
-    CPULAUNCH_DATALOADER_CPUS (cpulist) and CPULAUNCH_DATALOADER_WORKERS (the
+    CPULAUNCH_DATALOADER_CPUS (cpulist) and CPULAUNCH_DATALOADER_NUM_WORKERS (the
     --dataloader-workers count: one worker per reserved core), CPULAUNCH_RESERVED_CPUS."""
     env = {}
     dl = tuple(getattr(inst, "dataloader_cpus", ()) or ())

@@ -14,7 +14,7 @@ after the JSON line or the text report::
 
     CPULAUNCH_METRIC samples_per_s=123.45
 
-Path: ``--path`` if given; else, when ``$CPULAUNCH_INFERENCE_PATH`` is set (``cpulaunch
+Path: ``--path`` if given; else, when ``$CPULAUNCH_PLANNED_INFERENCE_PATH`` is set (``cpulaunch
 --inference-path ...`` sets it), ``optimize(path=None)`` reads it; else eager.
 
 Examples::

@@ -31,7 +31,7 @@ DDP run.
   stored item), never by the worker, so batches are the same bytes for any number of
   workers. Each rank's ``DataLoader`` reads only its own rows (:class:`RankMicroBatches`,
   one batch per micro-batch). Workers (``--num-workers N``; 0 = load in the main process)
-  come from, in order: an explicit ``--num-workers``; else ``CPULAUNCH_DATALOADER_WORKERS``
+  come from, in order: an explicit ``--num-workers``; else ``CPULAUNCH_DATALOADER_NUM_WORKERS``
   set by ``cpulaunch --dataloader-workers K``, through
   ``cpulaunch.torch_utils.dataloader_kwargs()``; else 0. When cpulaunch reserved cores
   (``CPULAUNCH_DATALOADER_CPUS``), the workers are pinned to them (worker i to the
@@ -190,7 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "included (default synthetic)")
     p.add_argument("--num-workers", type=int, default=None,
                    help="--data pipeline: DataLoader workers (0: load in the main process). "
-                        "Default: CPULAUNCH_DATALOADER_WORKERS when cpulaunch "
+                        "Default: CPULAUNCH_DATALOADER_NUM_WORKERS when cpulaunch "
                         "--dataloader-workers set it (workers pinned to its cores), else 0; "
                         "given explicitly it wins over that variable")
     p.add_argument("--digest", action="store_true",
@@ -563,7 +563,7 @@ def loader_settings(num_workers: int | None,
                     environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
     """DataLoader keyword arguments for --data pipeline, and where the worker count came from.
 
-    - ``cpulaunch --dataloader-workers K`` set ``CPULAUNCH_DATALOADER_WORKERS`` /
+    - ``cpulaunch --dataloader-workers K`` set ``CPULAUNCH_DATALOADER_NUM_WORKERS`` /
       ``CPULAUNCH_DATALOADER_CPUS``: ``cpulaunch.torch_utils.dataloader_kwargs()`` (K
       workers, each pinned to its reserved CPU by ``worker_init_fn``, persistent); an
       explicit ``--num-workers N`` wins over K, and its workers are still pinned to the
@@ -573,10 +573,10 @@ def loader_settings(num_workers: int | None,
 
     Returns:
         (kwargs with num_workers, persistent_workers and, when pinned, worker_init_fn;
-        source: ``"--num-workers"``, ``"CPULAUNCH_DATALOADER_WORKERS"`` or ``"default"``).
+        source: ``"--num-workers"``, ``"CPULAUNCH_DATALOADER_NUM_WORKERS"`` or ``"default"``).
 
     Raises:
-        cpulaunch.torch_utils.DataloaderEnvError: CPULAUNCH_DATALOADER_WORKERS is not a
+        cpulaunch.torch_utils.DataloaderEnvError: CPULAUNCH_DATALOADER_NUM_WORKERS is not a
             whole number.
     """
     planned = any(environ.get(name, "").strip()
@@ -854,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         # timed steps: making the synthetic batches, or waiting for the pipeline's
         "data_wait_s": data_s,
         "num_workers": num_workers if args.data == "pipeline" else None,
-        "num_workers_from": workers_from,  # --num-workers, CPULAUNCH_DATALOADER_WORKERS, default
+        "num_workers_from": workers_from,  # --num-workers, CPULAUNCH_DATALOADER_NUM_WORKERS, default
         "dataloader_cpus": pinned_to if "worker_init_fn" in loader_kwargs else None,
         # Each worker that made batches, as it saw itself: its own affinity and torch threads.
         "loader_workers": [{"worker": w, "pid": pid, "cpus": list(cpus), "threads": threads}

@@ -15,7 +15,7 @@ and OpenMP settings; only the data loading differs:
 - (c) K reserved cores: ``python -m cpulaunch --dataloader-workers K python train_ddp.py
   --data pipeline``; K cores of the instance are taken out of OMP_NUM_THREADS and the
   OpenMP CPUs, and the K workers are pinned there (train_ddp.py reads
-  CPULAUNCH_DATALOADER_WORKERS / _CPUS through cpulaunch.torch_utils.dataloader_kwargs()).
+  CPULAUNCH_DATALOADER_NUM_WORKERS / _CPUS through cpulaunch.torch_utils.dataloader_kwargs()).
 
 The figure is the job's samples/s **end to end** (train_ddp.py's ``job_samples_per_s``, its
 CPULAUNCH_METRIC line: global batch x timed steps / (compute + data-wait seconds)). The
@@ -212,7 +212,7 @@ def describe_plan(doc: dict) -> list[str]:
         threads = env.get("OMP_NUM_THREADS", str(len(inst["cpus"])))
         lines.append(f"    instance {inst['index']}: compute cpus {inst['cpulist']} "
                      f"(OMP_NUM_THREADS={threads})"
-                     + (f", DataLoader cpus {loader} ({env['CPULAUNCH_DATALOADER_WORKERS']} "
+                     + (f", DataLoader cpus {loader} ({env['CPULAUNCH_DATALOADER_NUM_WORKERS']} "
                         f"workers)" if loader else "")
                      + f", memory nodes {inst['mem_nodes'] or 'not bound'}")
     return lines

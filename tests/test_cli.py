@@ -335,7 +335,7 @@ def test_dataloader_budget_reaches_the_child():
     (inst,) = plan["instances"]
     rec = json_records(run_cli("--dataloader-workers", "1", "--allocator", "default", PY, "-c", code).stdout)[0]
     assert rec["aff"] == inst["bound_cpus"] == sorted(os.sched_getaffinity(0))[:2]
-    assert rec["env"]["OMP_NUM_THREADS"] == "1" and rec["env"]["CPULAUNCH_DATALOADER_WORKERS"] == "1"
+    assert rec["env"]["OMP_NUM_THREADS"] == "1" and rec["env"]["CPULAUNCH_DATALOADER_NUM_WORKERS"] == "1"
     dl = rec["env"]["CPULAUNCH_DATALOADER_CPUS"]
     assert dl == inst["env"]["CPULAUNCH_DATALOADER_CPUS"] and dl not in rec["env"]["CPULAUNCH_CPUS"]
     assert rec["env"]["OMP_PLACES"] == "{%s}" % rec["env"]["CPULAUNCH_CPUS"]  # OpenMP kept off the budget

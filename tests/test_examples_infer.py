@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 
 INFER = Path(__file__).resolve().parents[1] / "examples" / "infer.py"
 METRIC = "CPULAUNCH_METRIC "
-CLEARED = ("OMP_NUM_THREADS", "CPULAUNCH_INSTANCE_INDEX", "CPULAUNCH_INFERENCE_PATH",
+CLEARED = ("OMP_NUM_THREADS", "CPULAUNCH_INSTANCE_INDEX", "CPULAUNCH_PLANNED_INFERENCE_PATH",
            "LD_PRELOAD", "MKL_NUM_THREADS")
 
 
@@ -71,7 +71,7 @@ def test_pinned_instance_with_env_path():
     cpu = min(os.sched_getaffinity(0))
     proc = run_infer("--model", "bert", "--batch-size", "2", cpus={cpu}, env_extra={
         "OMP_NUM_THREADS": "1", "CPULAUNCH_INSTANCE_INDEX": "3",
-        "CPULAUNCH_INFERENCE_PATH": "onednn-graph"})
+        "CPULAUNCH_PLANNED_INFERENCE_PATH": "onednn-graph"})
     res = result_of(proc)
     assert res["affinity"] == str(cpu)
     assert res["threads"] == 1 and res["omp_num_threads"] == "1"
@@ -92,9 +92,9 @@ def test_preloads_really_mapped_and_bad_env_rejected():
     assert os.path.realpath(res["preloaded"][str(lib)]) == os.path.realpath(lib)
     assert res["preloaded"][missing] is None
 
-    bad = run_infer(env_extra={"CPULAUNCH_INFERENCE_PATH": "tensorrt"})
+    bad = run_infer(env_extra={"CPULAUNCH_PLANNED_INFERENCE_PATH": "tensorrt"})
     assert bad.returncode == 2
-    assert "CPULAUNCH_INFERENCE_PATH is 'tensorrt'" in bad.stderr
+    assert "CPULAUNCH_PLANNED_INFERENCE_PATH is 'tensorrt'" in bad.stderr
 
 
 def test_text_run_ends_with_the_metric_line():

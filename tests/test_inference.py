@@ -34,7 +34,7 @@ HOST_BF16 = bf16_support(CPUINFO.read_text() if CPUINFO.exists() else None)
 
 @pytest.fixture(autouse=True)
 def no_path_env(monkeypatch):
-    """The tests choose the path themselves: an inherited $CPULAUNCH_INFERENCE_PATH would
+    """The tests choose the path themselves: an inherited $CPULAUNCH_PLANNED_INFERENCE_PATH would
     change what optimize() does by default."""
     monkeypatch.delenv(INFERENCE_PATH_ENV, raising=False)
 
@@ -93,7 +93,7 @@ def test_import_does_not_import_torch():
 
 
 def test_constants():
-    assert INFERENCE_PATH_ENV == "CPULAUNCH_INFERENCE_PATH"
+    assert INFERENCE_PATH_ENV == "CPULAUNCH_PLANNED_INFERENCE_PATH"
     assert PATHS == ("onednn-graph", "inductor", "eager", "auto")
     assert set(CONCRETE_PATHS) == set(PATHS) - {"auto"}
 
@@ -110,7 +110,7 @@ def test_resolve_path_reads_env(monkeypatch):
     assert resolve_path(None) == "inductor"
     assert resolve_path("eager") == "eager"  # an explicit path wins over the env
     monkeypatch.setenv(INFERENCE_PATH_ENV, "fast")
-    with pytest.raises(ValueError, match=r"\$CPULAUNCH_INFERENCE_PATH is 'fast'"):
+    with pytest.raises(ValueError, match=r"\$CPULAUNCH_PLANNED_INFERENCE_PATH is 'fast'"):
         resolve_path(None)
     with pytest.raises(ValueError, match="choose one of onednn-graph, inductor, eager, auto"):
         resolve_path("jit")
@@ -617,5 +617,5 @@ def test_fp32_report_carries_no_bf16_note():
 
 def test_path_none_bad_env_is_value_error(monkeypatch):
     monkeypatch.setenv(INFERENCE_PATH_ENV, "tensorrt")
-    with pytest.raises(ValueError, match="CPULAUNCH_INFERENCE_PATH"):
+    with pytest.raises(ValueError, match="CPULAUNCH_PLANNED_INFERENCE_PATH"):
         optimize(conv_bn_relu(), cnn_inputs(), path=None)

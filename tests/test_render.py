@@ -171,10 +171,10 @@ NASTY = "a'b\"c $HOME `id` \\ ; newline\nend"
 
 @pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
 def test_shell_exports_eval_safely_whatever_the_values():
-    s = Settings(extra_env={"CPULAUNCH_INFERENCE_PATH": NASTY})
+    s = Settings(extra_env={"CPULAUNCH_PLANNED_INFERENCE_PATH": NASTY})
     inst = render(two_instances(), ("true",), s).instances[0]
     text = shell_exports(inst)
-    out = subprocess.run(["sh", "-c", text + 'printf %s "$CPULAUNCH_INFERENCE_PATH"'],
+    out = subprocess.run(["sh", "-c", text + 'printf %s "$CPULAUNCH_PLANNED_INFERENCE_PATH"'],
                          capture_output=True, text=True, check=True).stdout
     assert out == NASTY
     out = subprocess.run(["sh", "-c", text + 'printf %s "$CPULAUNCH_PREFIX"'],
@@ -185,11 +185,11 @@ def test_shell_exports_eval_safely_whatever_the_values():
 @pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
 def test_dotenv_lines_read_back_exactly_by_posix_set_a_dot(tmp_path):
     """The documented target of --format dotenv: POSIX `set -a; . FILE`."""
-    s = Settings(extra_env={"CPULAUNCH_INFERENCE_PATH": NASTY})
+    s = Settings(extra_env={"CPULAUNCH_PLANNED_INFERENCE_PATH": NASTY})
     inst = render(two_instances(), ("true",), s).instances[0]
     f = tmp_path / "env"
     f.write_text(dotenv_lines(inst))
-    out = subprocess.run(["sh", "-c", 'set -a; . "$1"; set +a; printf %s "$CPULAUNCH_INFERENCE_PATH"', "sh", str(f)],
+    out = subprocess.run(["sh", "-c", 'set -a; . "$1"; set +a; printf %s "$CPULAUNCH_PLANNED_INFERENCE_PATH"', "sh", str(f)],
                          capture_output=True, text=True, check=True).stdout
     assert out == NASTY
 

@@ -388,7 +388,7 @@ def test_synthetic_figure_excludes_generation():
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs: 1 compute, 1 loader")
 def test_cpulaunch_dataloader_workers_pin_the_pipeline_worker():
     """`cpulaunch --dataloader-workers 1`: train_ddp.py takes its worker count from
-    CPULAUNCH_DATALOADER_WORKERS (no --num-workers given), and the worker, asked from inside
+    CPULAUNCH_DATALOADER_NUM_WORKERS (no --num-workers given), and the worker, asked from inside
     (os.sched_getaffinity(0) in the batches it collates), runs on exactly the CPU of
     CPULAUNCH_DATALOADER_CPUS, the one the plan set aside, with one torch thread.
     (tests/test_torch_utils.py covers worker_init_fn's rule itself.)"""
@@ -406,7 +406,7 @@ def test_cpulaunch_dataloader_workers_pin_the_pipeline_worker():
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (s,) = _json_lines(proc.stdout)
-    assert (s["num_workers"], s["num_workers_from"]) == (1, "CPULAUNCH_DATALOADER_WORKERS")
+    assert (s["num_workers"], s["num_workers_from"]) == (1, "CPULAUNCH_DATALOADER_NUM_WORKERS")
     assert s["dataloader_cpus"] == reserved
     (worker,) = s["loader_workers"]
     assert worker["cpus"] == sorted(cpulist.parse(reserved)) and len(worker["cpus"]) == 1
@@ -420,7 +420,7 @@ def test_unusable_reserved_cpu_is_one_line_exit_2():
     one line (not DataLoader's folded traceback), exit code 2."""
     from cpulaunch import cpulist
     bad = max(os.sched_getaffinity(0)) + 4096
-    env = rank_env(CPULAUNCH_DATALOADER_CPUS=str(bad), CPULAUNCH_DATALOADER_WORKERS="1")
+    env = rank_env(CPULAUNCH_DATALOADER_CPUS=str(bad), CPULAUNCH_DATALOADER_NUM_WORKERS="1")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--size", "small", "--steps", "2",
                            "--global-batch-size", "4", "--data", "pipeline"], env=env,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
@@ -496,25 +496,25 @@ def test_rank_micro_batches_are_the_shards_of_the_global_batch(world_size, accum
 
 
 def test_worker_count_precedence():
-    """--num-workers wins over CPULAUNCH_DATALOADER_WORKERS; cpulaunch's reserved CPUs still
+    """--num-workers wins over CPULAUNCH_DATALOADER_NUM_WORKERS; cpulaunch's reserved CPUs still
     pin the workers (worker_init_fn); without cpulaunch's variables nothing is pinned."""
     import train_ddp
     from cpulaunch.torch_utils import DataloaderEnvError, worker_init_fn
-    env = {"CPULAUNCH_DATALOADER_WORKERS": "1", "CPULAUNCH_DATALOADER_CPUS": "1"}
+    env = {"CPULAUNCH_DATALOADER_NUM_WORKERS": "1", "CPULAUNCH_DATALOADER_CPUS": "1"}
     assert train_ddp.loader_settings(None, {}) == (
         {"num_workers": 0, "persistent_workers": False}, "default")
     assert train_ddp.loader_settings(2, {}) == (
         {"num_workers": 2, "persistent_workers": True}, "--num-workers")
     assert train_ddp.loader_settings(None, env) == (
         {"num_workers": 1, "persistent_workers": True, "worker_init_fn": worker_init_fn},
-        "CPULAUNCH_DATALOADER_WORKERS")
+        "CPULAUNCH_DATALOADER_NUM_WORKERS")
     assert train_ddp.loader_settings(3, env) == (
         {"num_workers": 3, "persistent_workers": True, "worker_init_fn": worker_init_fn},
         "--num-workers")
     assert train_ddp.loader_settings(0, env) == (
         {"num_workers": 0, "persistent_workers": False}, "--num-workers")
-    with pytest.raises(DataloaderEnvError, match="CPULAUNCH_DATALOADER_WORKERS is 'x'"):
-        train_ddp.loader_settings(None, {"CPULAUNCH_DATALOADER_WORKERS": "x"})
+    with pytest.raises(DataloaderEnvError, match="CPULAUNCH_DATALOADER_NUM_WORKERS is 'x'"):
+        train_ddp.loader_settings(None, {"CPULAUNCH_DATALOADER_NUM_WORKERS": "x"})
 
 
 def test_amp_is_bf16_autocast_on_a_bf16_cpu_else_a_one_line_refusal():

@@ -5,7 +5,7 @@ loading, keeps them out of OMP_NUM_THREADS and the OpenMP CPUs, and tells the pr
 which ones through two environment variables:
 
 - ``CPULAUNCH_DATALOADER_CPUS``: the reserved logical CPU ids, as a cpulist (``"6-7"``);
-- ``CPULAUNCH_DATALOADER_WORKERS``: how many DataLoader workers to start.
+- ``CPULAUNCH_DATALOADER_NUM_WORKERS``: how many DataLoader workers to start.
 
 A script gains it in one line::
 
@@ -125,7 +125,7 @@ def dataloader_kwargs(environ: Optional[Mapping[str, str]] = None) -> Dict[str, 
     ``num_workers > 0`` (load asynchronously, beside the model); ``--dataloader-workers``
     plans the workers and their CPUs, and this returns:
 
-    - ``num_workers``: ``int($CPULAUNCH_DATALOADER_WORKERS)``, 0 when unset or blank;
+    - ``num_workers``: ``int($CPULAUNCH_DATALOADER_NUM_WORKERS)``, 0 when unset or blank;
     - ``worker_init_fn``: :func:`worker_init_fn`, only when ``num_workers > 0``;
     - ``persistent_workers``: ``num_workers > 0`` (workers, and so their pinning, live for
       the whole run instead of being started again every epoch; DataLoader refuses True

@@ -75,13 +75,13 @@ from cpulaunch.machine.probe import parse_cpuinfo
 #: --inference-path`` sets it for the program it launches.
 INFERENCE_PATH_ENV = envvars.INFERENCE_PATH
 
-#: Every value ``optimize(path=...)`` and ``$CPULAUNCH_INFERENCE_PATH`` accept.
+#: Every value ``optimize(path=...)`` and ``$CPULAUNCH_PLANNED_INFERENCE_PATH`` accept.
 PATHS = ("onednn-graph", "inductor", "eager", "auto")
 
 #: The concrete paths, in the order ``auto`` tries them.
 CONCRETE_PATHS = ("eager", "onednn-graph", "inductor")
 
-#: Path taken by ``optimize(path=None)`` when ``$CPULAUNCH_INFERENCE_PATH`` is unset or empty.
+#: Path taken by ``optimize(path=None)`` when ``$CPULAUNCH_PLANNED_INFERENCE_PATH`` is unset or empty.
 DEFAULT_PATH = "auto"
 
 #: Categories of TorchScript's "`torch.jit.X` is deprecated" warnings: DeprecationWarning
@@ -220,7 +220,7 @@ def bf16_notes(support: Bf16Support, aarch64: bool = False) -> List[str]:
 
 
 def resolve_path(path: Optional[str]) -> str:
-    """Return the path to take: ``path`` itself, or for ``None`` ``$CPULAUNCH_INFERENCE_PATH``,
+    """Return the path to take: ``path`` itself, or for ``None`` ``$CPULAUNCH_PLANNED_INFERENCE_PATH``,
     or :data:`DEFAULT_PATH` (``"auto"``) when that is unset or empty.
 
     Raises:
@@ -307,7 +307,7 @@ def optimize(model: Any, example_inputs: Any = (), *,
         example_kwargs: keyword arguments of ``model`` (name -> tensor), if it takes any.
             The onednn-graph result must then be called with the same keywords.
         dtype: None or "fp32"/torch.float32 (default), or "bf16"/torch.bfloat16 (CPU autocast).
-        path: one of :data:`PATHS`. Not given (``None``): ``$CPULAUNCH_INFERENCE_PATH``
+        path: one of :data:`PATHS`. Not given (``None``): ``$CPULAUNCH_PLANNED_INFERENCE_PATH``
             (which ``cpulaunch --inference-path`` sets), else "auto". An explicit value wins
             over the environment.
         warmup: calls made with the example inputs after building (>= 1). oneDNN Graph compiles
