@@ -168,11 +168,12 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
 @click.version_option(__version__, "--version")
 @_opt("--sysroot", type=click.Path(file_okay=False), default="/", show_default=True,
       help="Read the machine from this root (like lscpu --sysroot); for dumps of other machines.")
-@_opt("--show-topology", is_flag=True, help="Draw sockets, nodes, cores and SMT siblings (--format json too).")
+@_opt("--show-topology", is_flag=True, help="Draw sockets, nodes, cores and SMT siblings (--format json, svg too).")
 @_opt("--print-env", is_flag=True, help="Print one instance's environment for a shell (see --format).")
 @_opt("--dry-run", is_flag=True, help="Show each instance's command, env and notes; run nothing.")
 @_opt("--format", dest="fmt", type=_choice(f.value for f in Format), default=None,
-      help="--dry-run: text|json; --print-env: shell|dotenv|json|omp-bind|vllm|sglang; --show-topology: text|json.")
+      help="--dry-run: text|json|svg; --print-env: shell|dotenv|json|omp-bind|vllm|sglang; "
+           "--show-topology: text|json|svg.")
 @_opt("--ninstances", type=int, default=None, help="Number of instances (every usable core is used).")
 @_opt("--instances-per-socket", type=int, default=None, help="Instances per socket; bare flag = 1.")
 @_opt("--instances-per-node", type=int, default=None, help="Instances per NUMA node; bare flag = 1.")

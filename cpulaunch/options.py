@@ -68,12 +68,13 @@ class Format(str, enum.Enum):
     OMP_BIND = "omp-bind"  #: instances' cpulists joined by ``|`` (vLLM/SGLang bind string)
     VLLM = "vllm"  #: ``VLLM_CPU_OMP_THREADS_BIND=...`` assignment lines
     SGLANG = "sglang"  #: ``SGLANG_CPU_OMP_THREADS_BIND=...`` assignment lines
+    SVG = "svg"  #: a picture of the machine and the instances on it (cpulaunch.svg; --dry-run, --show-topology)
 
 
 _FORMATS_FOR = {
-    Output.DRY_RUN: (Format.TEXT, Format.JSON),
+    Output.DRY_RUN: (Format.TEXT, Format.JSON, Format.SVG),
     Output.PRINT_ENV: (Format.SHELL, Format.DOTENV, Format.JSON, Format.OMP_BIND, Format.VLLM, Format.SGLANG),
-    Output.SHOW_TOPOLOGY: (Format.TEXT, Format.JSON),
+    Output.SHOW_TOPOLOGY: (Format.TEXT, Format.JSON, Format.SVG),
 }
 _DEFAULT_FORMAT = {Output.DRY_RUN: Format.TEXT, Output.PRINT_ENV: Format.SHELL, Output.SHOW_TOPOLOGY: Format.TEXT}
 
