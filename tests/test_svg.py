@@ -22,7 +22,7 @@ from cpulaunch.machine import probe
 from cpulaunch.plan import Request, plan
 from cpulaunch.svg import STATES, instance_colour, plan_svg
 
-from conftest import MACHINES, run_cli
+from conftest import MACHINES, REPO, run_cli
 
 XEON = "hw-32intel64-2p8co2t+8ve"  # 2 sockets x 8 cores x 2 threads, nodes 0 and 1
 AMD = "hw-32amd64-4s2n4c-cgroup2"  # 4 sockets, 8 nodes; the cgroup allows CPUs 0-5
@@ -123,6 +123,14 @@ def test_ddp_ranks_and_helper_cpus(sysroots):
     assert _held(cpus, "helper") == {0: {7}, 1: {15}}
     assert cpus[7][2] != instance_colour(0) and cpus[7][2].startswith("#")  # a tint of it
     assert "instance 0: CPUs 0-6 (+ helpers 7); memory bind on node 0" in [t.text for t in root.iter(SVG + "text")]
+
+
+def test_the_docs_picture_is_what_cpulaunch_draws(sysroots):
+    # docs/cli.md shows it (and README may): it must not drift from the code
+    shown = (REPO / "docs" / "images" / "plan-xeon-per-socket.svg").read_text()
+    assert shown == _svg(sysroots, XEON, "--instances-per-socket", "--dry-run"), (
+        "redraw it: cpulaunch --sysroot DUMP --instances-per-socket --dry-run --format svg true "
+        "> docs/images/plan-xeon-per-socket.svg (DUMP: the Xeon dump unpacked, docs/cli.md)")
 
 
 def test_svg_applies_to_dry_run_and_show_topology_only(sysroots):
