@@ -680,8 +680,8 @@ def topology_text(topo) -> str:
         lines.append(f"socket {sock.index} ({pkg}): CPUs {cpulist.format(sock.cpus)}")
         for part in box.nodes:
             if part.node is not None:
-                node = part.node
-                lines.append(f"  node {part.node_id} ({gib_text(node.mem_total_kb) if node.has_memory else 'no memory'})")
+                mem = gib_text(part.node.mem_total_kb) if part.node.has_memory else "no memory"
+                lines.append(f"  node {part.node_id} ({mem})")
             else:
                 lines.append("  (no NUMA node)")
             for item in part.items:
