@@ -84,11 +84,11 @@ def cache_need(opts: Options, environ: Mapping[str, str]) -> bool:
     ``--ninstances`` above 1; ``--instances-per-socket`` or ``--instances-per-node`` above
     1; ``--instances-per-l3``; ``--ncores-per-instance``; ``--latency-mode``; ``--ddp``
     with a number of ranks above 1; and a launch under an engine (torchrun, MPI, Slurm),
-    whose local tasks may divide a node. One instance per socket or node, the default
-    single instance and ``--throughput-mode`` do not."""
+    whose local tasks may divide a node; ``--format svg`` (the picture draws them). One
+    instance per socket or node, the default single instance and ``--throughput-mode`` do not."""
     from cpulaunch.machine.host import ENGINE_VARIABLES
 
-    if opts.output is Output.SHOW_TOPOLOGY:
+    if opts.output is Output.SHOW_TOPOLOGY or opts.fmt is Format.SVG:
         return True
     req = opts.request
     if any(count is not None and count > 1 for count in
@@ -423,9 +423,17 @@ def output_text(p: Prepared) -> str:
     if p.opts.output is Output.SHOW_TOPOLOGY:
         if fmt is Format.JSON:
             return _json_text(p.topo.to_dict())
+        if fmt is Format.SVG:
+            from cpulaunch.svg import plan_svg
+
+            return plan_svg(p.topo)
         return r.topology_text(p.topo)
     rendered = p.rendered
     if p.opts.output is Output.DRY_RUN:
+        if fmt is Format.SVG:
+            from cpulaunch.svg import plan_svg
+
+            return plan_svg(p.topo, rendered.instances)
         if fmt is Format.JSON:
             return r.plan_json(rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None) + "\n"
         text = r.dry_run_text(rendered)

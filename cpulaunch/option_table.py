@@ -59,13 +59,14 @@ class Format(str, enum.Enum):
     OMP_BIND = "omp-bind"  #: instances' cpulists joined by ``|`` (vLLM/SGLang bind string)
     VLLM = "vllm"  #: ``VLLM_CPU_OMP_THREADS_BIND=...`` assignment lines
     SGLANG = "sglang"  #: ``SGLANG_CPU_OMP_THREADS_BIND=...`` assignment lines
+    SVG = "svg"  #: a picture of the machine and the instances on it (cpulaunch.svg; --dry-run, --show-topology)
 
 
 #: The formats each output takes, the default first.
 FORMATS_FOR = {
-    Output.DRY_RUN: (Format.TEXT, Format.JSON),
+    Output.DRY_RUN: (Format.TEXT, Format.JSON, Format.SVG),
     Output.PRINT_ENV: (Format.SHELL, Format.DOTENV, Format.JSON, Format.OMP_BIND, Format.VLLM, Format.SGLANG),
-    Output.SHOW_TOPOLOGY: (Format.TEXT, Format.JSON),
+    Output.SHOW_TOPOLOGY: (Format.TEXT, Format.JSON, Format.SVG),
 }
 DEFAULT_FORMAT = {output: formats[0] for output, formats in FORMATS_FOR.items()}
 
@@ -301,8 +302,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--show-topology", "show_topology", FLAG, O, "Draw sockets, NUMA nodes, cores and SMT siblings.",
            sources=_ACTION),
     Option("--format", "fmt", _choice(Format), O,
-           "--dry-run: text|json; --print-env: shell|dotenv|json|omp-bind|vllm|sglang; --show-topology: "
-           "text|json.", sources=_ACTION),
+           "--dry-run: text|json|svg; --print-env: shell|dotenv|json|omp-bind|vllm|sglang; --show-topology: "
+           "text|json|svg.", sources=_ACTION),
     Option("--sysroot", "sysroot", PATH, O, "Read the machine from this root (like lscpu --sysroot).",
            default="/", metavar="DIR", sources=frozenset({"flag", "env", "api"})),
     Option("--config", "config", PATH, O,

@@ -13,7 +13,7 @@ unless ``--roots DIR``), the generated trees of tests/bigtree.py, and this machi
 The unpacked root's path is replaced by ``<ROOT>``, the checkout's by ``<REPO>`` so that two runs compare equal, and on
 this machine the NUMA node's memory size (which a VM's memory hot-plug changes) by ``N``.
 
-Cases: --show-topology (text, json); --dry-run (text, json) under each placement, memory,
+Cases: --show-topology (text, json, svg); --dry-run (text, json, svg) under each placement, memory,
 binding, library, budget and DDP option; --print-env in every format; doctor (text, json);
 and user errors whose one line and exit code must not change. ``--master-port`` is fixed
 for DDP (a free port would differ between runs).
@@ -93,10 +93,12 @@ ERRORS = [
 
 def cases() -> list:
     """(case name, argv after ``cpulaunch --sysroot ROOT``) for one machine."""
-    out = [("topology", ["--show-topology"]), ("topology-json", ["--show-topology", "--format", "json"])]
+    out = [("topology", ["--show-topology"]), ("topology-json", ["--show-topology", "--format", "json"]),
+           ("topology-svg", ["--show-topology", "--format", "svg"])]
     for i, extra in enumerate(PLACEMENT):
         out.append((f"dry{i:02d}", ["--dry-run", *extra, "python", "x.py", "--arg"]))
         out.append((f"dry{i:02d}-json", ["--dry-run", "--format", "json", *extra, "true"]))
+        out.append((f"dry{i:02d}-svg", ["--dry-run", "--format", "svg", *extra, "true"]))
     for fmt in PRINT_ENV:
         out.append((f"env-{fmt}", ["--print-env", "--format", fmt, "--ninstances", "2"]))
         out.append((f"env-{fmt}-idx1", ["--print-env", "--format", fmt, "--ninstances", "2",

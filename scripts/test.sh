@@ -10,7 +10,8 @@
 # (tests/test_docs_commands.py runs them).
 #
 # As root it installs the Debian packages (numactl, allocators, MPICH, Slurm, munge, binutils
-# for doctor's readelf check) so that the host-dependent tests run instead of skipping.
+# for doctor's readelf check, Chromium and a font for the test that renders --format svg) so
+# that the host-dependent tests run instead of skipping.
 #
 # Variables:
 #   VENV=DIR     another virtual environment (CI tests the newest torch in .venv-newest)
@@ -21,6 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux binutils python3-venv
+      chromium fonts-dejavu-core  # tests/test_svg.py renders the picture in headless Chromium
       qemu-system-x86 linux-image-amd64 busybox-static)  # the last three: the live machines
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()

@@ -3,7 +3,7 @@
 Roles and who may import whom (docs/design.md draws them):
 
 - ``cpulaunch/`` flat: the launcher's pipeline (cli, options, core, plan, distributed, render,
-  cpulist, errors, envvars, log, api) and the documented aliases;
+  svg, cpulist, errors, envvars, log, api) and the documented aliases;
 - ``cpulaunch/machine/``: every read of the host, and the one helper that runs a short child;
 - ``cpulaunch/launch/``: processes (spawn, group, supervise, the run folder, elastic);
 - ``cpulaunch/tools/``: doctor, verify, tune, imported only by cli and only inside a function;
@@ -38,7 +38,7 @@ from conftest import REPO
 PKG = REPO / "cpulaunch"
 
 #: Planning and rendering: pure functions of their arguments (rule 3).
-PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
+PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py",
         "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py",
         "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py")
@@ -259,7 +259,7 @@ def test_the_layout_is_what_the_docs_draw():
     """The roles' folders exist with the modules docs/design.md names, and no module sits
     outside them but the flat pipeline's."""
     flat = {p.name for p in PKG.glob("*.py")}
-    assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py",
+    assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "svg.py",
                     "distributed.py", "cpulist.py", "errors.py", "envvars.py", "log.py", "api.py",
                     "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {

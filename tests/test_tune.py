@@ -80,8 +80,10 @@ from cpulaunch.tools.tune.trials import (
     run_command,
 )
 from cpulaunch.tools.tune.tuner import (
+    DEFAULT_OUT,
     TuneSettings,
     Tuner,
+    default_out,
 )
 
 from conftest import REPO, default_signals, run_cli
@@ -822,6 +824,69 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path):
     assert "note: resumed: 3 recorded trial(s)" in again.stdout
     assert tomllib.loads((out / "best.toml").read_text())["cpulaunch"]["omp-places"] in (True, False)
     assert not [pid for pid in _trial_pids(tmp_path) if _alive(pid)]
+
+
+# --------------------------------------------------------------------------- the default --out (issue 32)
+
+
+def _settings(program, **kw):
+    return TuneSettings(program=tuple(program), out=DEFAULT_OUT, budget_s=60, **kw)
+
+
+def test_default_out_is_one_folder_per_program_and_options():
+    infer = default_out(_settings(["python", "examples/infer.py", "--batch-size", "32"]))
+    assert infer.parent == Path("cpulaunch-tune") and re.fullmatch(r"infer-[0-9a-f]{8}", infer.name)
+    assert default_out(_settings(["python", "examples/infer.py", "--batch-size", "32"])) == infer
+    # the budget and the load settings are not the tune's identity: a rerun may change them
+    assert default_out(_settings(["python", "examples/infer.py", "--batch-size", "32"], busy_threshold=50.0,
+                                 trial_timeout=9.0)) == infer
+    others = {default_out(_settings(["python", "examples/infer.py", "--batch-size", "64"])),
+              default_out(_settings(["python", "examples/infer.py", "--batch-size", "32"], seed=1)),
+              default_out(_settings(["python", "examples/infer.py", "--batch-size", "32"], axes=("allocator",))),
+              default_out(_settings(["python", "examples/infer.py", "--batch-size", "32"], lower_is_better=True))}
+    assert len(others) == 4 and infer not in others
+    names = [default_out(_settings(p)).name.rsplit("-", 1)[0] for p in (
+        ["python", "-m", "pkg.serve", "--port", "1"], ["./bench", "x.txt"], ["/usr/bin/true"],
+        ["python", "-c", "print(1)"], ["..."], ["python", "a b/../my run.py"])]
+    assert names == ["pkg.serve", "bench", "true", "python", "program", "my-run"]
+
+
+def test_a_kept_tune_of_another_program_does_not_block_the_default_out(tmp_path):
+    # Program A's tune stops on its budget check (exit 2) and keeps its folder so that a rerun
+    # resumes; a tune of program B with the default --out then runs in a folder of its own,
+    # and the same command as A's, with a larger budget, resumes A's tune.
+    _, env = _tiny(tmp_path)
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(TINY)
+    common = ["--space", "omp-places", "--busy-threshold", "100", "--load-sample", "0.05"]
+
+    def tune(budget, prog):
+        return subprocess.run([*TUNE, "--budget", budget, *common, "--", "python", prog], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=120)
+
+    first = tune("1s", "a.py")
+    assert first.returncode == 2, first.stderr
+    assert "cannot fit 2 configurations x 3 trials" in first.stderr
+    (a_dir,) = (tmp_path / "cpulaunch-tune").iterdir()
+    assert re.fullmatch(r"a-[0-9a-f]{8}", a_dir.name)
+    assert f"cpulaunch tune: results go to cpulaunch-tune/{a_dir.name} (" in first.stderr
+    a_trials = (a_dir / "trials.jsonl").read_text()
+    assert [json.loads(x)["stage"] for x in a_trials.splitlines()] == ["warmup"]
+
+    other = tune("2m", "b.py")
+    assert other.returncode == 0, other.stderr
+    b_dir = tmp_path / "cpulaunch-tune" / next(p.name for p in (tmp_path / "cpulaunch-tune").iterdir()
+                                               if p != a_dir)
+    assert b_dir.name.startswith("b-") and len(read_records(b_dir / "trials.jsonl")[0]) == 1 + 2 * 3
+    assert f"cpulaunch --config cpulaunch-tune/{b_dir.name}/best.toml -- python b.py" in other.stdout
+    assert (a_dir / "trials.jsonl").read_text() == a_trials and not (a_dir / "best.toml").exists()
+
+    again = tune("2m", "a.py")
+    assert again.returncode == 0, again.stderr
+    assert "note: resumed: 1 recorded trial(s)" in again.stdout
+    recs = read_records(a_dir / "trials.jsonl")[0]
+    assert [r["stage"] for r in recs].count("warmup") == 1 and len(recs) == 1 + 2 * 3
+    assert sorted(p.name for p in (tmp_path / "cpulaunch-tune").iterdir()) == sorted([a_dir.name, b_dir.name])
 
 
 # --------------------------------------------------------------------------- nothing left behind (issue 19)

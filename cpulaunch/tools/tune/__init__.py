@@ -28,10 +28,12 @@ short form:
   :class:`cpulaunch.launch.group.ProcessGroup`: own session, parent-death signal, a watchdog
   if tune is SIGKILLed, and the whole group SIGKILLed and reaped when the trial ends, so
   nothing a trial started in its group outlives it.
-* **Files**: ``DIR/trials.jsonl`` (one JSON object per trial, appended as it ends; read
-  back through the probe's bounded reader, a line that is not a trial record skipped with
-  a note), ``DIR/tune.json`` (what was tuned, checked on resume), ``DIR/report.txt``,
-  ``DIR/report.png`` (matplotlib), ``DIR/best.toml``; each written whole or not at all.
+* **Files** in ``DIR`` (``--out``; without it ``cpulaunch-tune/NAME-HASH``, one folder per
+  program and options, :func:`default_out`): ``DIR/trials.jsonl`` (one JSON object per
+  trial, appended as it ends; read back through the probe's bounded reader, a line that
+  is not a trial record skipped with a note), ``DIR/tune.json`` (what was tuned, checked
+  on resume), ``DIR/report.txt``, ``DIR/report.png`` (matplotlib), ``DIR/best.toml``; each
+  written whole or not at all.
 
 This module is never imported on the launch path; tqdm, matplotlib and psutil are imported
 lazily (``pip install 'cpulaunch[tune]'``), with plain progress lines, no chart and a
@@ -40,6 +42,7 @@ lazily (``pip install 'cpulaunch[tune]'``), with plain progress lines, no chart 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -57,7 +60,7 @@ from cpulaunch.tools.tune.space import (
     parse_axes,
     parse_duration,
 )
-from cpulaunch.tools.tune.tuner import TuneSettings, Tuner
+from cpulaunch.tools.tune.tuner import DEFAULT_OUT, TuneSettings, Tuner, default_out
 
 __all__ = [
     "main",
@@ -87,8 +90,9 @@ _CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--hel
     f"  {a:<14} {h}" for a, h in AXIS_HELP.items()) + "\n\nMethod, files and metric line: docs/tune.md")
 @click.option("--budget", default="10m", show_default=True,
               help="Time for the whole search: 90s, 10m, 1h30m (trials recorded by an earlier run count).")
-@click.option("--out", "out", default="cpulaunch-tune", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for trials.jsonl, report.txt, report.png, best.toml; a rerun resumes from it.")
+@click.option("--out", "out", default=None, type=click.Path(file_okay=False),
+              help="Folder for trials.jsonl, report.txt, report.png, best.toml; a rerun resumes from it "
+                   "(default: cpulaunch-tune/NAME-HASH, one folder per program and options).")
 @click.option("--space", default=None, help="Comma-separated axes to search (default: all that apply here).")
 @click.option("--lower-is-better", is_flag=True, help="The program's CPULAUNCH_METRIC is a cost (latency).")
 @click.option("--trials-per-config", type=int, default=3, show_default=True,
@@ -138,13 +142,16 @@ def _tune_settings(budget, out, space, lower_is_better, trials_per_config, metri
                         "so use it with --dry-run only")
     if metric is not None and not re.fullmatch(r"[A-Za-z_][\w.\-]*", metric):
         raise TuneError(f"--metric {metric!r}: a metric name is letters, digits, _ . - (e.g. samples_per_s)")
-    return TuneSettings(
-        program=tuple(program), out=Path(out), budget_s=parse_duration(budget), axes=parse_axes(space),
-        lower_is_better=lower_is_better, rounds=trials_per_config, metric=metric,
+    settings = TuneSettings(
+        program=tuple(program), out=Path(out or DEFAULT_OUT), budget_s=parse_duration(budget),
+        axes=parse_axes(space), lower_is_better=lower_is_better, rounds=trials_per_config, metric=metric,
         trial_timeout=_positive_float("trial-timeout", trial_timeout, 0.1),
         busy_threshold=_positive_float("busy-threshold", busy_threshold),
         load_sample=_positive_float("load-sample", load_sample), seed=seed, sysroot=sysroot or "/",
         dry_run=dry_run)
+    if out is None:  # one folder per tune: another program's kept folder never blocks this one
+        settings = dataclasses.replace(settings, out=default_out(settings), out_chosen=True)
+    return settings
 
 
 def _command(*values) -> int:

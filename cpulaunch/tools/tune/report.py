@@ -257,8 +257,8 @@ def finish(tuner: Tuner, out=None) -> Decision:
 
 
 def plan_text(settings: TuneSettings, space: Space) -> str:
-    """What --dry-run prints: the space, its configurations with their flags, and the
-    coarse stage the adaptive search would start with."""
+    """What --dry-run prints: the space, its configurations with their flags, the coarse
+    stage the adaptive search would start with, and the results folder."""
     grid = grid_configs(space)
     coarse = coarse_configs(space)
     lines = ["axes: " + ", ".join(f"{a} ({', '.join(_fmt_value(v) for v in space.values[a])})"
@@ -275,4 +275,6 @@ def plan_text(settings: TuneSettings, space: Space) -> str:
                  f"{len(coarse)} configurations")
     for c in coarse:
         lines.append(f"  {config_key(c)}")
+    lines.append(f"results: {settings.out}" + (" (one folder per program and options; --out DIR picks another)"
+                                               if settings.out_chosen else ""))
     return "\n".join(lines) + "\n"

@@ -334,7 +334,7 @@ def next_stage(space: Space, records: Sequence[Mapping[str, Any]], budget_s: flo
         raise TuneError(
             f"the budget ({format_duration(budget_s)}) cannot fit 2 configurations x {rounds} trials of about "
             f"{format_duration(warm_s)} each after the warm-up; give --budget {math.ceil(need / 60)}m or more "
-            "(a rerun with the same --out keeps the trials done)")
+            "(the same command with a larger --budget keeps the trials done)")
     cut = coarse[:n]
     notes = [f"adaptive search: the grid ({len(grid)} configurations x {rounds} trials of about "
              f"{format_duration(warm_s)}) does not fit the budget; coarse stage: the default, then one axis "

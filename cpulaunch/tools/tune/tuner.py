@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -56,6 +58,9 @@ from cpulaunch.tools.tune.trials import (
 __all__ = [
     "TuneSettings",
     "Tuner",
+    "DEFAULT_OUT",
+    "default_out",
+    "tune_identity",
 ]
 
 
@@ -71,7 +76,7 @@ class TuneSettings:
 
     Attributes:
         program: the program's argv, as for cpulaunch.
-        out: the results folder.
+        out: the results folder (without ``--out``: :func:`default_out`).
         budget_s: seconds for the whole search (recorded trials of earlier runs count).
         axes: the axes asked for (:func:`parse_axes`).
         lower_is_better: the metric's direction (wall time is always lower-is-better).
@@ -87,6 +92,8 @@ class TuneSettings:
         sysroot: root the topology is read from ("/": this machine; another only with
             dry_run).
         dry_run: print the space and the stages' plan, run nothing.
+        out_chosen: ``out`` is tune's own choice (:func:`default_out`), not the user's
+            ``--out``: the tune says where it writes before it starts.
     """
 
     program: tuple[str, ...]
@@ -102,10 +109,55 @@ class TuneSettings:
     seed: int = 0
     sysroot: str = "/"
     dry_run: bool = False
+    out_chosen: bool = False
 
 
 #: TuneSettings a resumed tune must share with the recorded one (tune.json).
 _IDENTITY = ("program", "axes", "lower_is_better", "rounds", "metric", "seed")
+
+#: The folder below which a tune without ``--out`` keeps its results, one folder per tune.
+DEFAULT_OUT = Path("cpulaunch-tune")
+
+
+def tune_identity(settings: TuneSettings) -> dict[str, Any]:
+    """What makes two tunes the same tune (the :data:`_IDENTITY` fields, as tune.json
+    records them): a rerun that matches resumes, one that differs is another tune. The
+    budget, timeouts and load settings are not part of it (a rerun may change them)."""
+    return {"program": list(settings.program), "axes": list(settings.axes),
+            "lower_is_better": settings.lower_is_better, "rounds": settings.rounds,
+            "metric": settings.metric, "seed": settings.seed}
+
+
+def default_out(settings: TuneSettings) -> Path:
+    """The results folder of a tune run without ``--out``: ``cpulaunch-tune/NAME-HASH``
+    (relative to the current folder), one per tune, so that an earlier tune of another
+    program (kept after it stopped, to be resumed) never blocks this one, and the same
+    command again finds its own folder and resumes. Pure.
+
+    NAME: the program's script or module (``python examples/infer.py --batch-size 32`` ->
+    ``infer``; ``python -m pkg.serve`` -> ``pkg.serve``; ``./bench`` -> ``bench``), in
+    letters, digits, ``.``, ``_``, ``-``. HASH: the first 8 hex digits of the SHA-256 of
+    :func:`tune_identity` as canonical JSON (different arguments or options: another HASH).
+    """
+    text = json.dumps(tune_identity(settings), sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return DEFAULT_OUT / f"{_program_name(settings.program)}-{digest}"
+
+
+def _program_name(program: tuple[str, ...]) -> str:
+    """The word that names the program: the first ``*.py`` word, else the word after
+    ``-m``, else the first word; its base name without ``.py``, cut to 40 safe characters
+    (``"program"`` when nothing is left)."""
+    words = list(program)
+    word = next((w for w in words if w.endswith(".py")), None)
+    if word is None and "-m" in words[:-1]:
+        word = words[words.index("-m") + 1]
+    if word is None:
+        word = words[0] if words else ""
+    name = os.path.basename(word.rstrip("/"))
+    name = name[:-3] if name.endswith(".py") else name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:40].strip(".-")
+    return name or "program"
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -144,9 +196,7 @@ class Tuner:
     # ---------------------------------------------------------------- files
 
     def _identity(self) -> dict:
-        return {"program": list(self.s.program), "axes": list(self.s.axes),
-                "lower_is_better": self.s.lower_is_better, "rounds": self.s.rounds,
-                "metric": self.s.metric, "seed": self.s.seed}
+        return tune_identity(self.s)
 
     def open(self) -> None:
         """Create DIR, or check that its tune.json describes the same tune, and load the
@@ -352,6 +402,9 @@ class Tuner:
             TuneError: see :class:`TuneError`.
         """
         self.open()
+        if self.s.out_chosen:
+            self._announce(f"results go to {self.s.out} (one folder per program and options; the same "
+                           "command again resumes from it; --out DIR picks another)")
         handlers = _hold_signals()
         try:
             return self._run()
@@ -423,8 +476,8 @@ class Tuner:
                 if self.clock() + need > deadline:
                     left = sum(1 for c, r in todo if not _slot_done(
                         _slot_records(self.records).get((config_key(c), r), ())))
-                    self.notes.append(f"budget reached: {left} planned trial(s) not run; rerun with a larger "
-                                      "--budget and the same --out to continue")
+                    self.notes.append(f"budget reached: {left} planned trial(s) not run; run the same command "
+                                      "with a larger --budget to continue")
                     return False
                 rec = self.run_trial(config, stage.name, rnd, len(attempts) + 1, deadline)
                 attempts = attempts + [rec]
