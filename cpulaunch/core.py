@@ -86,7 +86,7 @@ def cache_need(opts: Options, environ: Mapping[str, str]) -> bool:
     with a number of ranks above 1; and a launch under an engine (torchrun, MPI, Slurm),
     whose local tasks may divide a node; ``--format svg`` (the picture draws them). One
     instance per socket or node, the default single instance and ``--throughput-mode`` do not."""
-    from cpulaunch.machine.host import ENGINE_VARIABLES
+    from cpulaunch.machine.engines import ENGINE_VARIABLES
 
     if opts.output is Output.SHOW_TOPOLOGY or opts.fmt is Format.SVG:
         return True
@@ -100,6 +100,29 @@ def cache_need(opts: Options, environ: Mapping[str, str]) -> bool:
     if ranks is not None and ranks.isdigit() and int(ranks) > 1:
         return True
     return any(v in environ for v in ENGINE_VARIABLES)
+
+
+def host_query(opts: Options):
+    """What the host reader must find for ``opts`` (:class:`cpulaunch.machine.host.HostQuery`):
+    the libraries the options name (``auto`` read once, :func:`libraries.resolve_choice`),
+    numactl and its check when binding with it, a free port for a one-machine --ddp run
+    without --master-port, oneCCL's bindings for --ddp unless --backend gloo."""
+    from cpulaunch.machine import libraries
+    from cpulaunch.machine.host import HostQuery
+
+    names = []
+    if opts.allocator != "default":
+        names.append(libraries.by_choice("allocator", libraries.resolve_choice("allocator", opts.allocator)).name)
+    if opts.omp_runtime != "auto":
+        names.append(libraries.by_choice("openmp", opts.omp_runtime).name)
+    numactl = opts.bind is BindMode.NUMACTL
+    ddp = opts.ddp
+    return HostQuery(
+        sysroot=opts.sysroot, libraries=tuple(names), numactl=numactl,
+        numactl_policy=opts.request.mem_policy if numactl else None,
+        free_port=ddp is not None and ddp.master_port is None and ddp.nnodes == "1" and not ddp.master_addr
+        and not ddp.elastic,
+        ccl_program=opts.program if ddp is not None and ddp.backend != "gloo" else None)
 
 
 def _library_path(host, name: str, option: str, fallback: str) -> object:
@@ -317,7 +340,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
     topo = probe_topology(opts, caches=cache_need(opts, environ))
     if opts.output is Output.SHOW_TOPOLOGY:
         return Prepared(opts=opts, topo=topo)
-    host = host_mod.gather(opts, topo, environ)
+    host = host_mod.gather(host_query(opts), topo, environ)
     if opts.share_host is not None:
         return _prepare_shared(opts, topo, host, environ)
     return _prepare_plan(opts, topo, host, environ)

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CpulaunchError", "InternalError", "USAGE_EXIT", "INTERNAL_EXIT", "printable"]
+__all__ = ["CpulaunchError", "DistributedError", "InternalError", "USAGE_EXIT", "INTERNAL_EXIT", "printable"]
 
 #: Exit code for a mistake the user can fix (bad option, bad sysfs file, missing program).
 USAGE_EXIT = 2
@@ -19,6 +19,11 @@ INTERNAL_EXIT = 70
 class CpulaunchError(Exception):
     """A mistake the user can fix. ``str(exc)`` is one line: what was wrong, what was
     given, and how to fix it. Printed as ``cpulaunch: error: <message>``, exit code 2."""
+
+
+class DistributedError(CpulaunchError, ValueError):
+    """An engine's variables are incomplete or inconsistent, or a distributed option
+    cannot be met; the message says how to fix it."""
 
 
 class InternalError(Exception):

@@ -283,18 +283,20 @@ def test_torchruns_default_omp_threads_replaced_by_rank_cores(sysroots):
 
 
 
-def test_host_checks_every_engine_variable_before_importing_distributed():
-    """host.gather imports cpulaunch.distributed only when one of host.ENGINE_VARIABLES is
-    set (issue 12). Every other variable distributed.py reads, all set at once, must not
-    make detect_engine see an engine; and each of ENGINE_VARIABLES, with its engine's
+def test_host_checks_every_engine_variable_before_reading_the_engine():
+    """host.gather reads the engine only when one of engines.ENGINE_VARIABLES is set.
+    Every other variable machine/engines.py reads, all set at once, must not make
+    detect_engine see an engine; and each of ENGINE_VARIABLES, with its engine's
     companions, must."""
-    source = Path(distributed.__file__).read_text()
+    from cpulaunch.machine import engines
+
+    source = Path(engines.__file__).read_text()
     reads = set(re.findall(r'env(?:\.get)?\(\s*"([A-Z][A-Z0-9_]+)"', source))
     reads |= set(re.findall(r'_get_int\(env, "([A-Z][A-Z0-9_]+)"', source))
     reads |= {v for group in re.findall(r'_mpi\(env, "\w+", ((?:"[A-Z0-9_]+",?\s*)+)\)', source)
               for v in re.findall(r'"([A-Z0-9_]+)"', group)}
     assert {"RANK", "WORLD_SIZE", "SLURM_STEP_ID"} <= reads
-    others = {v: "1" for v in reads - set(host.ENGINE_VARIABLES)}
+    others = {v: "1" for v in reads - set(engines.ENGINE_VARIABLES)}
     others["SLURM_JOB_NODELIST"] = others["SLURM_STEP_NODELIST"] = "n1"
     assert detect_engine(others) is None
     companions = {
@@ -306,7 +308,7 @@ def test_host_checks_every_engine_variable_before_importing_distributed():
                          "SLURM_STEP_TASKS_PER_NODE": "1"},
         "PMIX_RANK": {"PMIX_SIZE": "1"},
     }
-    assert set(companions) == set(host.ENGINE_VARIABLES)
+    assert set(companions) == set(engines.ENGINE_VARIABLES)
     for var, extra in companions.items():
         assert detect_engine({var: "0", **extra}) is not None, var
 

@@ -41,7 +41,8 @@ PKG = REPO / "cpulaunch"
 PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py",
         "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py",
-        "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py")
+        "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py",
+        "cpulaunch/machine/engines.py")
 #: What pure modules may import besides each other: pure modules of the standard library
 #: (``os`` and ``sys`` for names and values only: calls are checked apart), and
 #: python-hostlist (Slurm's node-list syntax) and the TOML parsers (config text -> values).

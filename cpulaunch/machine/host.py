@@ -21,20 +21,15 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch.machine import libraries
+from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
-from cpulaunch.options import BindMode, Options
+
+from cpulaunch.machine.engines import ENGINE_VARIABLES, RankContext, detect_engine
 
 if TYPE_CHECKING:
-    from cpulaunch.distributed import RankContext
     from cpulaunch.machine.libfinder import Fabric
 
-#: Variables by which distributed.detect_engine recognises an engine (one of them is set in
-#: every process torchrun, Open MPI, MPICH, Slurm or PMIx starts). Checked here first so a
-#: plain run does not import cpulaunch.distributed (issue 12); tests/test_distributed.py
-#: holds the two lists equal.
-ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
-
-__all__ = ["Host", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding", "cache_dir",
+__all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding", "cache_dir",
            "rank_python", "ccl_collective_check", "CCL_MODULE", "CCL_CHECK_SECONDS"]
 
 
@@ -69,21 +64,33 @@ class Host(NamedTuple):
     numactl_usable: Optional[bool] = None
     numactl_reason: str = ""
     taskset: Optional[str] = None
-    engine: Optional["RankContext"] = None
+    engine: Optional[RankContext] = None
     free_port: Optional[int] = None
     ccl: Optional["CclBinding"] = None
     fabric: Optional["Fabric"] = None
 
 
-def _wanted_libraries(opts: Options) -> list:
-    names = []
-    if opts.allocator == "auto":
-        names.append(libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR).name)
-    elif opts.allocator != "default":
-        names.append(libraries.by_choice("allocator", opts.allocator).name)
-    if opts.omp_runtime not in ("auto",):
-        names.append(libraries.by_choice("openmp", opts.omp_runtime).name)
-    return names
+class HostQuery(NamedTuple):
+    """What one invocation asks of the host (the core makes it from the options), so the
+    host reader depends on nothing above it.
+
+    Attributes:
+        sysroot: the root the topology was read from ("/": this machine).
+        libraries: registry names of the libraries to look for (``"tcmalloc"``).
+        numactl: find numactl (binding with numactl).
+        numactl_policy: check ``numactl ... true`` on this machine's planned CPUs with this
+            memory policy; None: no check (another machine, no binding, no plan).
+        free_port: find a TCP port free on 127.0.0.1 (a one-machine --ddp run).
+        ccl_program: the program whose Python is checked for oneCCL's bindings
+            (``--ddp`` with ``--backend auto|ccl``); None: not looked up.
+    """
+
+    sysroot: str = "/"
+    libraries: tuple[str, ...] = ()
+    numactl: bool = False
+    numactl_policy: Optional[MemPolicy] = None
+    free_port: bool = False
+    ccl_program: Optional[tuple[str, ...]] = None
 
 
 def check_numactl(prefixes: Sequence[Sequence[str]], timeout: float = 10.0) -> Optional[str]:
@@ -142,37 +149,29 @@ def free_port(host: str = "127.0.0.1") -> Optional[int]:
         return None
 
 
-def gather(opts: Options, topo: Topology, environ: Mapping[str, str]) -> Host:
+def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host:
     """Read every host fact the run needs, once (the only host reads besides the probe).
 
     Raises:
-        distributed.DistributedError: an engine's variables are present but unusable.
+        cpulaunch.errors.DistributedError: an engine's variables are present but unusable.
     """
     from cpulaunch.machine import numactl as numactl_mod
+    from cpulaunch.machine.libfinder import find, find_libfabric
     from cpulaunch.machine.probe import is_live
 
-    live = is_live(opts.sysroot)
-    from cpulaunch.machine.libfinder import find, find_libfabric
-
-    found = {name: find(libraries.REGISTRY[name], environ) for name in _wanted_libraries(opts)}
-    numactl = shutil.which("numactl") if opts.bind is BindMode.NUMACTL else None
+    live = is_live(query.sysroot)
+    found = {name: find(libraries.REGISTRY[name], environ) for name in query.libraries}
+    numactl = shutil.which("numactl") if query.numactl else None
     usable, reason = None, ""
-    if opts.bind is BindMode.NUMACTL and live and numactl and opts.output is not opts.output.SHOW_TOPOLOGY:
-        argv = numactl_mod.check_argv(numactl, topo, opts.request.mem_policy)
+    if live and numactl and query.numactl_policy is not None:
+        argv = numactl_mod.check_argv(numactl, topo, query.numactl_policy)
         reason = check_numactl([argv[:-1]]) or ""
         usable = not reason
-    engine = None
-    if any(v in environ for v in ENGINE_VARIABLES):
-        from cpulaunch.distributed import detect_engine
-
-        engine = detect_engine(environ)
-    port = None
-    if opts.ddp is not None and engine is None and opts.ddp.master_port is None and opts.ddp.nnodes == "1" \
-            and not opts.ddp.master_addr and not opts.ddp.elastic:
-        port = free_port()
+    engine = detect_engine(environ) if any(v in environ for v in ENGINE_VARIABLES) else None
+    port = free_port() if query.free_port and engine is None else None
     ccl = fabric = None
-    if opts.ddp is not None and opts.ddp.backend != "gloo":
-        ccl = ccl_binding(rank_python(opts.program, environ), environ, cache_dir(environ))
+    if query.ccl_program is not None:
+        ccl = ccl_binding(rank_python(query.ccl_program, environ), environ, cache_dir(environ))
         fabric = find_libfabric(environ) if ccl.path is not None else None
     return Host(
         live=live,
