@@ -263,8 +263,7 @@ OPTIONS: tuple[Option, ...] = (
            "Tell the program which inference path cpulaunch.optimize() takes."),
     # ---------------------------------------------------------------- distributed
     Option("--ddp", "ddp", FLAG, D, "Distributed training: one rank per socket (see --nproc-per-node)."),
-    Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag).",
-           requires_ddp=True),
+    Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag; implies --ddp)."),
     Option("--nproc-per-node", "nproc_per_node", STRING, D, "Ranks on this machine: a number, 'socket' or 'node'.",
            metavar="N|socket|node", requires_ddp=True),
     Option("--nnodes", "nnodes", STRING, D, "Number of machines (MIN:MAX with --rdzv-endpoint); default 1.",
@@ -380,8 +379,7 @@ RULES: tuple[Rule, ...] = (
     Rule("conflicts", ("ncores_per_instance", "instances_per_socket", "instances_per_node", "instances_per_l3",
                        "latency_mode", "throughput_mode"), "it sizes the instances of --ninstances or of the "
                        "whole machine"),
-    *(Rule("conflicts", ("ddp", dest), "--ddp places one rank per socket (use --nproc-per-node socket|node|N)")
-      for dest in _DDP_PLACES),
+    Rule("conflicts", ("ddp", *_DDP_PLACES), "--ddp places one rank per socket (use --nproc-per-node socket|node|N)"),
     Rule("conflicts", ("ddp", "instance_idx"), "every local rank runs (use --nproc-per-node)"),
     Rule("conflicts", ("ddp", "print_env"), "each rank's environment needs its rendezvous; use --ddp --dry-run "
          "--format json"),
@@ -455,3 +453,51 @@ def env_variables() -> dict[str, str]:
     out = {o.variable: o.dest for o in OPTIONS if "env" in o.sources}
     out.update({option_variable(a.name): a.dest for a in ALIASES})
     return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def reference_markdown() -> str:
+    """The options reference of the docs, one table per help section, made from
+    :data:`OPTIONS` and :data:`ALIASES` (``tests/test_option_table.py`` holds the docs to
+    it; ``python scripts/options_doc.py`` writes it): each option's values, default,
+    variable, whether a ``--config`` file and :func:`cpulaunch.plan_instances` take it,
+    its help."""
+    out = []
+    for section in Section:
+        rows = [o for o in OPTIONS if o.section is section]
+        if section is Section.COMPAT:
+            out.append(f"### {section.value}\n\n| option | means | variable |\n|---|---|---|")
+            out += [f"| `{o.name}` | {_cell(o.help)} | `{o.variable}` |" for o in rows]
+            out += [f"| `{a.name}`{' VALUE' if a.value is None else ''} | {_cell(a.meaning)} ({a.origin}) | "
+                    f"`{option_variable(a.name)}` |" for a in ALIASES]
+            out.append("")
+            continue
+        out.append(f"### {section.value}\n\n| option | values | default | variable | config | API | what it does |\n"
+                   "|---|---|---|---|---|---|---|")
+        for o in rows:
+            values = "/".join(o.kind.choices) if o.kind.name == "choice" else (o.metavar or o.kind.name)
+            if o.bare is not None:
+                values += f" (bare: {o.bare})"
+            default = "" if o.default in (None, False) else f"`{o.default}`"
+            names = f"`{o.short}`, `{o.name}`" if o.short else f"`{o.name}`"
+            out.append(f"| {names} | {_cell(values)} | {default} | "
+                       + (f"`{o.variable}`" if "env" in o.sources else "none") + " | "
+                       + ("yes" if "config" in o.sources else "no") + " | "
+                       + ("yes" if "api" in o.sources else "no") + f" | {_cell(o.help)} |")
+        out.append("")
+    out.append("### Rules\n\nChecked before anything is planned; each message names the options as you gave them.\n\n"
+               "| rule | options | why |\n|---|---|---|")
+    words = {"exclusive": "at most one of", "conflicts": "cannot go with", "needs": "needs one of"}
+    for rule in RULES:
+        first, rest = rule.dests[0], rule.dests[1:]
+        names = ", ".join(f"`{name_of(d)}`" for d in (rule.dests if rule.kind == "exclusive" else rest))
+        what = f"{words[rule.kind]} {names}" if rule.kind == "exclusive" else f"`{name_of(first)}` {words[rule.kind]} {names}"
+        out.append(f"| {rule.kind} | {what} | {_cell(rule.why)} |")
+    out.append("| applies to --ddp only | " + ", ".join(f"`{o.name}`" for o in OPTIONS if o.requires_ddp)
+               + " | without --ddp they would be ignored |")
+    out.append("| acts when the program runs | " + ", ".join(f"`{o.name}`" for o in OPTIONS if o.run_only)
+               + " | an error with --print-env or --show-topology, a note with --dry-run |")
+    return "\n".join(out) + "\n"

@@ -287,7 +287,8 @@ class _Check:
 
     def has(self, dest: str) -> bool:
         """The user gave ``dest`` (explicitly, with a value that is not off)."""
-        return dest in self.given and self.v.get(dest) not in (None, False)
+        value = self.v.get(dest)
+        return dest in self.given and value is not None and value is not False
 
     def said(self, dest: str) -> str:
         return self.words.said(dest, self.v.get(dest))

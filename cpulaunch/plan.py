@@ -1119,7 +1119,7 @@ def _budget_error(req: Request, groups: list, i: int, ks: list, total: int) -> s
     options = " or ".join(req.name(attr) for attr in given)
     cpus = cpulist.format(c for _, cc in groups[i] for c in cc)
     return (
-        f"{what} take {total} core(s) from each instance, but instance {i} has only "
+        f"{what} {'take' if len(given) > 1 else 'takes'} {total} core(s) from each instance, but instance {i} has only "
         f"{len(groups[i])} (CPUs {cpus}), leaving no core for its OpenMP threads; lower "
         f"{options}, or plan fewer instances (ranks)"
     )
