@@ -11,27 +11,22 @@ import shutil
 import sys
 from typing import Callable, Mapping, NamedTuple, Optional
 
-from cpulaunch import cpulist, envvars
+from cpulaunch import cpulist, placement
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.topology import Topology
 from cpulaunch.options import BindMode, Format, Options, Output
-from cpulaunch.plan import Plan, Request
+from cpulaunch.plan import Plan
 from cpulaunch.render import Rendered, Settings
+from cpulaunch.settings import resolve_settings, supervised
 
-__all__ = ["Prepared", "probe_topology", "cache_need", "resolve_settings", "prepare", "execute", "output_text"]
+__all__ = ["Prepared", "probe_topology", "host_query", "prepare", "execute", "output_text", "run", "write_out"]
 
 log = _log.get("cpulaunch")
 
 #: ``--verify``'s check, called once with (the rendered plan, the settings, {instance index:
 #: pid}, the run's folder or None) while the instances run.
 Verifier = Callable[[Rendered, Settings, Mapping[int, int], object], None]
-#: Planned for every instance whose output cpulaunch relays (:func:`supervised`): a Python
-#: program writing to a pipe block-buffers its stdout (8 KiB), so a training loop's progress
-#: would show only when the buffer fills or the program exits; ``PYTHONUNBUFFERED=1`` (as
-#: ``python -u``, which run_cpu passes) writes each print at once. A tunable: a value in the
-#: user's environment wins, with a note. Programs that are not Python are not affected.
-LIVE_OUTPUT_ENV = {"PYTHONUNBUFFERED": "1"}
 
 
 class Prepared(NamedTuple):
@@ -77,31 +72,6 @@ def probe_topology(opts: Options, caches: bool = False) -> Topology:
     return probe.probe(opts.sysroot, core_ids=False, caches=caches)
 
 
-def cache_need(opts: Options, environ: Mapping[str, str]) -> bool:
-    """Whether this invocation needs the machine's cache domains (issue 22), decided from
-    the options before anything is read, so that planning stays pure and a plan that
-    cannot divide a socket or node pays no read for them: ``--show-topology``;
-    ``--ninstances`` above 1; ``--instances-per-socket`` or ``--instances-per-node`` above
-    1; ``--instances-per-l3``; ``--ncores-per-instance``; ``--latency-mode``; ``--ddp``
-    with a number of ranks above 1; and a launch under an engine (torchrun, MPI, Slurm),
-    whose local tasks may divide a node; ``--format svg`` (the picture draws them). One
-    instance per socket or node, the default single instance and ``--throughput-mode`` do not."""
-    from cpulaunch.machine.engines import ENGINE_VARIABLES
-
-    if opts.output is Output.SHOW_TOPOLOGY or opts.fmt is Format.SVG:
-        return True
-    req = opts.request
-    if any(count is not None and count > 1 for count in
-           (req.ninstances, req.instances_per_socket, req.instances_per_node)):
-        return True
-    if req.instances_per_l3 or req.ncores_per_instance or req.latency_mode:
-        return True
-    ranks = opts.ddp.nproc_per_node if opts.ddp is not None else None
-    if ranks is not None and ranks.isdigit() and int(ranks) > 1:
-        return True
-    return any(v in environ for v in ENGINE_VARIABLES)
-
-
 def host_query(opts: Options):
     """What the host reader must find for ``opts`` (:class:`cpulaunch.machine.host.HostQuery`):
     the libraries the options name (``auto`` read once, :func:`libraries.resolve_choice`),
@@ -125,101 +95,6 @@ def host_query(opts: Options):
         ccl_program=opts.program if ddp is not None and ddp.backend != "gloo" else None)
 
 
-def _library_path(host, name: str, option: str, fallback: str) -> object:
-    from cpulaunch.machine import libraries
-
-    path = host.libraries.get(name)
-    if path is None:
-        lib = libraries.REGISTRY[name]
-        raise CpulaunchError(
-            f"{option}: {'/'.join(lib.filenames[:2])} not found (searched sys.prefix/lib, "
-            f"$CONDA_PREFIX/lib, $VIRTUAL_ENV/lib, $LD_LIBRARY_PATH, the system folders); "
-            f"{lib.install}, or use {fallback}"
-        )
-    return path
-
-
-def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
-    """True when cpulaunch starts the instances itself and relays their output through pipes
-    (several instances, ``--log-dir``, ``--verify``, or an elastic --ddp run's torchrun:
-    ``elastic``); False when the one instance is exec'd with cpulaunch's own stdin, stdout
-    and stderr. The one rule for :func:`execute` and for the env :func:`prepare` plans
-    (:data:`LIVE_OUTPUT_ENV`), so --dry-run shows what a run gets."""
-    lopts = opts.launch
-    return n_instances != 1 or elastic or lopts.log_dir is not None or lopts.verify_after is not None
-
-
-def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",
-                     instance_env: Optional[Mapping[int, Mapping[str, str]]] = None,
-                     relayed: bool = False,
-                     instance_program: Optional[Mapping[int, tuple[str, ...]]] = None) -> tuple[Settings, list[str]]:
-    """Options + host facts -> (:class:`Settings`, notes). Pure.
-
-    ``instance_env``/``instance_program``: per instance index, its identity variables and,
-    where it differs from the shared one, its program (DDP ranks: :class:`cpulaunch.distributed.RankPlan`).
-
-    ``relayed``: cpulaunch relays the instances' output (:func:`supervised`), so they get
-    :data:`LIVE_OUTPUT_ENV`.
-
-    Rules: ``--omp-runtime auto`` keeps torch's GNU OpenMP (libiomp5 measured within noise
-    of it here, docs/performance.md); ``--allocator auto`` preloads tcmalloc when found
-    (1.0-1.4x measured here; jemalloc 0.68-0.91x). Binding with numactl falls back to
-    sched_setaffinity, with a note, when numactl is missing or refuses on this machine;
-    under --sysroot the plan describes the dumped machine, so numactl is assumed.
-
-    Raises:
-        CpulaunchError: a library asked for by name is not installed.
-    """
-    from cpulaunch.machine import libraries
-
-    notes = []
-    omp = libraries.AUTO_OPENMP if opts.omp_runtime == "auto" else opts.omp_runtime
-    omp_lib = libraries.by_choice("openmp", omp)
-    openmp_path = None
-    if omp_lib.filenames:
-        openmp_path = _library_path(host, omp_lib.name, f"--omp-runtime {omp}", "--omp-runtime gnu")
-    alloc, alloc_path = None, None
-    if opts.allocator == "auto":
-        auto = libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR)
-        alloc_path = host.libraries.get(auto.name)
-        if alloc_path is None:
-            notes.append(f"{auto.name} not found: using the C library's malloc ({auto.install} to get it)")
-        else:
-            alloc = auto.name
-    elif opts.allocator != "default":
-        alloc = libraries.by_choice("allocator", opts.allocator).name
-        alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
-    bind, numactl = opts.bind.value, host.numactl or "numactl"
-    if opts.bind is BindMode.NUMACTL:
-        bind, note = _numactl_fallback(opts, host)
-        if note:
-            notes.append(note)
-    extra = {envvars.INFERENCE_PATH: opts.inference_path} if opts.inference_path else {}
-    if relayed:
-        extra.update(LIVE_OUTPUT_ENV)
-    settings = Settings(
-        omp_runtime=omp, openmp_path=openmp_path, allocator=alloc, allocator_path=alloc_path,
-        bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
-        extra_env=extra, instance_env=dict(instance_env or {}), omp_places=opts.omp_places, label=label,
-        kmp_blocktime=opts.kmp_blocktime, dataloader_workers=opts.request.dataloader_workers,
-        instance_program=dict(instance_program or {}),
-    )
-    return settings, notes
-
-
-def _numactl_fallback(opts: Options, host) -> tuple:
-    if not host.live:
-        here = f"installed here at {host.numactl}" if host.numactl else "not installed on this machine"
-        return "numactl", f"numactl not checked: --sysroot describes another machine (numactl is {here})"
-    if host.numactl is None:
-        return "affinity", ("numactl not found: CPUs bound with sched_setaffinity instead and memory "
-                            "binding dropped (apt-get install numactl)")
-    if host.numactl_usable is False:
-        return "affinity", (f"{host.numactl_reason}: CPUs bound with sched_setaffinity instead; "
-                            "memory binding dropped")
-    return "numactl", ""
-
-
 def _resolve_program(opts: Options, python: str) -> tuple:
     from cpulaunch.render import ProgramError, resolve_program
 
@@ -229,97 +104,6 @@ def _resolve_program(opts: Options, python: str) -> tuple:
         if opts.output in (Output.DRY_RUN, Output.PRINT_ENV) and not opts.program:
             return ()
         raise
-
-
-def _engine_request(topo: Topology, req: Request, engine, notes: list) -> Request:
-    """Without --ddp under an engine that started several tasks on this machine (``srun
-    -n 4 cpulaunch ...``), each task runs the instance whose index is its local task id,
-    inside what the engine gave it (issue 11)."""
-    if engine is None or engine.local_world_size <= 1:
-        return req
-    if topo.cpuset is not None and topo.allowed < topo.cpuset and engine.engine != "torchrun":
-        notes.append(f"{engine.engine} task {engine.local_rank} bound to CPUs {cpulist.format(topo.allowed)}: "
-                     "one instance on exactly those")
-        return req._replace(ninstances=None, instances_per_socket=None, instances_per_node=None,
-                            instances_per_l3=None, throughput_mode=False, latency_mode=False,
-                            ncores_per_instance=None, instance_idx=None)
-    modes = (req.ninstances, req.instances_per_socket, req.instances_per_node, req.latency_mode,
-             req.throughput_mode, req.ncores_per_instance, req.instances_per_l3)
-    if req.instance_idx is not None:
-        raise CpulaunchError(f"--instance-idx does not apply under {engine.engine}: each task runs the "
-                             "instance of its local task id")
-    if not any(modes):
-        req = req._replace(ninstances=engine.local_world_size)
-    notes.append(f"{engine.engine} started {engine.local_world_size} tasks here: this one "
-                 f"(local id {engine.local_rank}) runs instance {engine.local_rank}")
-    return req._replace(instance_idx=(engine.local_rank,))
-
-
-def run_cpu_placement(topo: Topology, req: Request) -> Optional[list[tuple[int, ...]]]:
-    """The CPUs torch.backends.xeon.run_cpu would give each instance for ``--ninstances``
-    / ``--ncores-per-instance`` [``--use-logical-core``] (run_cpu.py, torch 2.13): its core
-    ids (taken as CPU ids: the lowest logical CPU of each core here) or, with
-    ``use_logical_cores``, every logical CPU (SMT siblings apart), sorted by number and cut
-    into runs of ``ncores_per_instance`` from the first (``cores = sorted(cores)``, instance i
-    takes ``cores[i*n:(i+1)*n]``). Within this process's allowed CPUs. None where run_cpu
-    has no comparable plan (other modes, core or node lists, budgets, E-cores,
-    ``ncores_per_instance`` not given or given as one size per instance, which run_cpu's
-    --ncores-per-instance does not take). Pure."""
-    if (not isinstance(req.ncores_per_instance, int) or req.core_list or req.node_list or topo.hybrid
-            or req.instances_per_socket or req.instances_per_node or req.latency_mode
-            or req.throughput_mode or req.dataloader_workers or req.reserve_cores or req.ccl_workers):
-        return None
-    cores = [sorted(topo.allowed.intersection(c.cpus)) for c in topo.cores]
-    units = sorted(cpu for cpus in cores for cpu in (cpus if req.use_logical_cores else cpus[:1]))
-    n = req.ncores_per_instance
-    count = req.ninstances or len(units) // n
-    if count * n > len(units):
-        return None
-    return [tuple(units[i * n:(i + 1) * n]) for i in range(count)]
-
-
-def _run_cpu_note(topo: Topology, req: Request, result: Plan, aliases: tuple[str, ...]) -> Optional[str]:
-    """A note when run_cpu's spellings (``--ncores-per-instance``, ``--use-logical-core``)
-    plan differently here than under run_cpu (issue 24), else None."""
-    theirs = run_cpu_placement(topo, req)
-    ours = {i.index: tuple(i.cpus) for i in result.instances}
-    if theirs is None or (len(theirs) == result.num_instances
-                          and all(theirs[i] == cpus for i, cpus in ours.items())):
-        return None
-    words = (f"{req.said('ninstances')} " if req.ninstances else "") + req.said("ncores_per_instance") + \
-        (" --use-logical-core" if "--use-logical-core" in aliases else "")
-
-    def show(plans) -> str:
-        shown = ", ".join(f"instance {i}: CPUs {cpulist.format(c)}" for i, c in list(plans)[:3])
-        return shown + (", ..." if len(plans) > 3 else "")
-
-    how = ("counts logical CPUs, packed from CPU 0 with SMT siblings apart" if req.use_logical_cores else
-           "packs the instances from the first core")
-    ours_how = ("gives whole cores with their SMT siblings" if req.use_logical_cores else
-                "spreads them over sockets and NUMA nodes")
-    note = (f"run_cpu plans {words} differently: it {how} ({show(list(enumerate(theirs)))}); "
-            f"cpulaunch {ours_how} ({show(sorted(ours.items()))})")
-    if not req.use_logical_cores:
-        note += f"; --core-list {cpulist.format(c for cpus in theirs for c in cpus)} keeps them on those cores"
-    return note
-
-
-def _plan_plain(opts: Options, topo: Topology, host) -> Plan:
-    from cpulaunch.plan import plan
-
-    notes: list = []
-    req = _engine_request(topo, opts.request, host.engine, notes)
-    result = plan(topo, req)
-    note = _run_cpu_note(topo, req, result, opts.aliases)
-    if note:
-        notes.append(note)
-    if host.engine is not None and host.engine.local_world_size > 1 and req.instance_idx is not None:
-        if result.num_instances != host.engine.local_world_size:
-            raise CpulaunchError(
-                f"{host.engine.engine} started {host.engine.local_world_size} tasks on this machine but "
-                f"the options plan {result.num_instances} instance(s); make them agree"
-            )
-    return result._replace(notes=tuple(notes) + result.notes)
 
 
 def _backend(opts: Options, host, environ: Mapping[str, str]) -> tuple:
@@ -337,7 +121,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
     """
     from cpulaunch.machine import host as host_mod
 
-    topo = probe_topology(opts, caches=cache_need(opts, environ))
+    topo = probe_topology(opts, caches=placement.cache_need(opts, environ))
     if opts.output is Output.SHOW_TOPOLOGY:
         return Prepared(opts=opts, topo=topo)
     host = host_mod.gather(host_query(opts), topo, environ)
@@ -364,7 +148,7 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
         ddp_info, label, instance_env, run_environ = dict(ranks.info), "rank", ranks.instance_env, ranks.environ
         programs = ranks.instance_program
     else:
-        the_plan = _plan_plain(opts, topo, host)
+        the_plan = placement.plan_here(opts, topo, host.engine)
     elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
     settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed, programs)

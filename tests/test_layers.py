@@ -39,7 +39,7 @@ PKG = REPO / "cpulaunch"
 
 #: Planning and rendering: pure functions of their arguments (rule 3).
 PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
-        "cpulaunch/option_table.py",
+        "cpulaunch/option_table.py", "cpulaunch/placement.py", "cpulaunch/settings.py",
         "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py",
         "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py",
         "cpulaunch/machine/engines.py")
@@ -262,7 +262,7 @@ def test_the_layout_is_what_the_docs_draw():
     flat = {p.name for p in PKG.glob("*.py")}
     assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "svg.py",
                     "distributed.py", "cpulist.py", "errors.py", "envvars.py", "log.py", "api.py",
-                    "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py"}
+                    "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
         "machine", "launch", "tools", "runtime"}
     design = (REPO / "docs" / "design.md").read_text()

@@ -211,7 +211,7 @@ def test_run_cpu_placement_is_what_run_cpu_does(xeon, tmp_path, args):
     if lscpu is None or subprocess.run([lscpu, "--sysroot", str(xeon), "-p"], check=False,
                                        capture_output=True).returncode:
         pytest.skip("lscpu --sysroot is not available")
-    from cpulaunch.core import run_cpu_placement
+    from cpulaunch.placement import run_cpu_placement
     from cpulaunch.machine import probe
     from cpulaunch.options import from_values
 

@@ -514,7 +514,7 @@ def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
 
     ``caches=True`` also reads which CPUs share each L3 and each L2 or cluster
     (:func:`read_caches`); otherwise ``HostFacts.caches`` is None (not read). A launch
-    asks for them only where its plan divides a socket or node (``core.cache_need``).
+    asks for them only where its plan divides a socket or node (``cpulaunch.placement.cache_need``).
 
     Raises:
         TopologyError: a file is malformed, bigger than MAX_FILE_BYTES or not a regular

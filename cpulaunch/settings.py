@@ -1,0 +1,119 @@
+"""A run's settings (pure): the OpenMP runtime, allocator, binding and output relay
+resolved against the host's facts, for render (:class:`cpulaunch.render.Settings`).
+
+Options + host facts in, settings and notes out; nothing here reads the host.
+"""
+
+from typing import Mapping, Optional
+
+from cpulaunch import envvars
+from cpulaunch.errors import CpulaunchError
+from cpulaunch.options import BindMode, Options
+from cpulaunch.render import Settings
+
+__all__ = ["LIVE_OUTPUT_ENV", "supervised", "resolve_settings"]
+
+#: Planned for every instance whose output cpulaunch relays (:func:`supervised`): a Python
+#: program writing to a pipe block-buffers its stdout (8 KiB), so a training loop's progress
+#: would show only when the buffer fills or the program exits; ``PYTHONUNBUFFERED=1`` (as
+#: ``python -u``, which run_cpu passes) writes each print at once. A tunable: a value in the
+#: user's environment wins, with a note. Programs that are not Python are not affected.
+LIVE_OUTPUT_ENV = {"PYTHONUNBUFFERED": "1"}
+
+
+def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
+    """True when cpulaunch starts the instances itself and relays their output through pipes
+    (several instances, ``--log-dir``, ``--verify``, or an elastic --ddp run's torchrun:
+    ``elastic``); False when the one instance is exec'd with cpulaunch's own stdin, stdout
+    and stderr. The one rule for :func:`execute` and for the env :func:`prepare` plans
+    (:data:`LIVE_OUTPUT_ENV`), so --dry-run shows what a run gets."""
+    lopts = opts.launch
+    return n_instances != 1 or elastic or lopts.log_dir is not None or lopts.verify_after is not None
+
+
+def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",
+                     instance_env: Optional[Mapping[int, Mapping[str, str]]] = None,
+                     relayed: bool = False,
+                     instance_program: Optional[Mapping[int, tuple[str, ...]]] = None) -> tuple[Settings, list[str]]:
+    """Options + host facts -> (:class:`Settings`, notes). Pure.
+
+    ``instance_env``/``instance_program``: per instance index, its identity variables and,
+    where it differs from the shared one, its program (DDP ranks: :class:`cpulaunch.distributed.RankPlan`).
+
+    ``relayed``: cpulaunch relays the instances' output (:func:`supervised`), so they get
+    :data:`LIVE_OUTPUT_ENV`.
+
+    Rules: ``auto`` for the OpenMP runtime and the allocator is read in one place,
+    :func:`cpulaunch.machine.libraries.resolve_choice`: torch's GNU OpenMP (libiomp5 measured
+    within noise of it here), tcmalloc when found (1.0-1.4x measured here; jemalloc
+    0.68-0.91x), else the C library's malloc. Binding with numactl falls back to
+    sched_setaffinity, with a note, when numactl is missing or refuses on this machine;
+    under --sysroot the plan describes the dumped machine, so numactl is assumed.
+
+    Raises:
+        CpulaunchError: a library asked for by name is not installed.
+    """
+    from cpulaunch.machine import libraries
+
+    notes = []
+    omp = libraries.resolve_choice("openmp", opts.omp_runtime)
+    omp_lib = libraries.by_choice("openmp", omp)
+    openmp_path = None
+    if omp_lib.filenames:
+        openmp_path = _library_path(host, omp_lib.name, f"--omp-runtime {omp}", "--omp-runtime gnu")
+    alloc, alloc_path = None, None
+    if opts.allocator == "auto":
+        auto = libraries.by_choice("allocator", libraries.resolve_choice("allocator", "auto"))
+        alloc_path = host.libraries.get(auto.name)
+        if alloc_path is None:
+            notes.append(f"{auto.name} not found: using the C library's malloc ({auto.install} to get it)")
+        else:
+            alloc = auto.name
+    elif opts.allocator != "default":
+        alloc = libraries.by_choice("allocator", opts.allocator).name
+        alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
+    bind, numactl = opts.bind.value, host.numactl or "numactl"
+    if opts.bind is BindMode.NUMACTL:
+        bind, note = _numactl_fallback(host)
+        if note:
+            notes.append(note)
+    extra = {envvars.INFERENCE_PATH: opts.inference_path} if opts.inference_path else {}
+    if relayed:
+        extra.update(LIVE_OUTPUT_ENV)
+    settings = Settings(
+        omp_runtime=omp, openmp_path=openmp_path, allocator=alloc, allocator_path=alloc_path,
+        bind=bind, numactl=numactl, override_env=opts.override_env, environ=dict(environ),
+        extra_env=extra, instance_env=dict(instance_env or {}), omp_places=opts.omp_places, label=label,
+        kmp_blocktime=opts.kmp_blocktime, dataloader_workers=opts.request.dataloader_workers,
+        instance_program=dict(instance_program or {}),
+    )
+    return settings, notes
+
+
+def _numactl_fallback(host) -> tuple:
+    """(how to bind, a note or "") when --bind numactl was asked (numactl(8)): numactl when it
+    is installed and its check on the planned CPUs passed, else sched_setaffinity."""
+    if not host.live:
+        here = f"installed here at {host.numactl}" if host.numactl else "not installed on this machine"
+        return "numactl", f"numactl not checked: --sysroot describes another machine (numactl is {here})"
+    if host.numactl is None:
+        return "affinity", ("numactl not found: CPUs bound with sched_setaffinity instead and memory "
+                            "binding dropped (apt-get install numactl)")
+    if host.numactl_usable is False:
+        return "affinity", (f"{host.numactl_reason}: CPUs bound with sched_setaffinity instead; "
+                            "memory binding dropped")
+    return "numactl", ""
+
+
+def _library_path(host, name: str, option: str, fallback: str) -> object:
+    from cpulaunch.machine import libraries
+
+    path = host.libraries.get(name)
+    if path is None:
+        lib = libraries.REGISTRY[name]
+        raise CpulaunchError(
+            f"{option}: {'/'.join(lib.filenames[:2])} not found (searched sys.prefix/lib, "
+            f"$CONDA_PREFIX/lib, $VIRTUAL_ENV/lib, $LD_LIBRARY_PATH, the system folders); "
+            f"{lib.install}, or use {fallback}"
+        )
+    return path
