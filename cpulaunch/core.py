@@ -394,12 +394,12 @@ def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, s
     whole = _prepare_plan(opts, topo, host, environ)  # a request that cannot fit at all fails here, at once
     with lease.Claimant(lease.space(opts.lease_dir, create=run), topo.online, topo.allowed,
                         tries=_CLAIM_TRIES) as claimant:
+        leases = claimant.read()
         while True:
-            leases = claimant.read()
             try:
                 p = _prepare_plan(opts, lease.without_held(topo, leases), host, environ) if leases.held else whole
             except PlanError as exc:
-                claimant.blocked(leases, str(exc), wait=opts.share_host == "wait", say=log.warning)
+                leases = claimant.blocked(leases, str(exc), wait=opts.share_host == "wait", say=log.warning)
                 continue
             p = p._replace(rendered=p.rendered._replace(notes=p.rendered.notes + lease.notes(leases, run)))
             if not run:
@@ -408,6 +408,7 @@ def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, s
                                   for c in topo.core_of(cpu).cpus})
             if got is not None:
                 return p._replace(lease=got)
+            leases = claimant.read()  # a race lost: read all again
 
 
 # --------------------------------------------------------------------------- output

@@ -544,6 +544,7 @@ class Claimant:
         self._waiting: Optional[_File] = None
         self._kept: list = []  # descriptors of our own inodes, opened by a race: never closed before the end
         self._said: Optional[str] = None
+        self._mine: set = set()  # files this process holds locks on (an exec'd outer job's): never opened
 
     def __enter__(self) -> "Claimant":
         return self
@@ -562,12 +563,17 @@ class Claimant:
     def _own(self) -> set:
         return {f.id for f in (self._waiting,) if f is not None}
 
-    def jobs(self, own=()) -> dict:
-        """{file: :class:`Job`} of every other job of the space (module docstring)."""
+    def jobs(self, own=(), full: bool = True) -> dict:
+        """{file: :class:`Job`} of every other job of the space (module docstring); not
+        ``full``: from the listed lease files only, without /proc/locks (whose first read
+        after a pause costs an RCU grace period, 10-30 ms here: it takes the kernel's file
+        lock semaphore for writing)."""
         own = set(own) | self._own()
-        from_proc, mine = _proc_locks(self.space)
-        skip = own | mine
-        jobs = {fid: _job(fid, d, False) for fid, d in from_proc.items() if fid not in skip}
+        jobs: dict = {}
+        if full:
+            from_proc, self._mine = _proc_locks(self.space)
+            jobs = {fid: _job(fid, d, False) for fid, d in from_proc.items() if fid not in own | self._mine}
+        skip = own | self._mine
         for folder in self.space.folders:
             dfd = _open_dir(folder)
             if dfd is None:
@@ -634,10 +640,10 @@ class Claimant:
         except OSError:
             pass
 
-    def read(self, own=()) -> Leases:
-        """Which online CPUs other jobs hold or claim, and who (before planning)."""
-        jobs = self.jobs(own)
-        return self._leases(jobs)
+    def read(self, full: bool = True) -> Leases:
+        """Which online CPUs other jobs hold or claim, and who (before planning); ``full``:
+        see :meth:`jobs`."""
+        return self._leases(self.jobs(full=full))
 
     def _leases(self, jobs: Mapping) -> Leases:
         held: dict = {}
@@ -725,11 +731,11 @@ class Claimant:
 
     # ----- waiting
 
-    def blocked(self, leases: Leases, why: str, wait: bool, say: Callable[[str], None]) -> None:
-        """The plan does not fit on the CPUs other jobs left free. Returns when it is worth
-        planning again: at once when some of those CPUs are only claimed (pending: decided
-        within milliseconds), else in ``wait`` mode once more of this job's allowed CPUs are
-        free than now (:meth:`wait`).
+    def blocked(self, leases: Leases, why: str, wait: bool, say: Callable[[str], None]) -> Leases:
+        """The plan does not fit on the CPUs other jobs left free (``leases``). Returns the
+        leases to plan on again: once the CPUs that are only claimed (pending) are decided
+        (milliseconds), else in ``wait`` mode once more of this job's allowed CPUs are free
+        than now (:meth:`wait`).
 
         Raises:
             CpulaunchError: ``fail`` mode (naming the holders); or every CPU this job may
@@ -738,7 +744,7 @@ class Claimant:
         """
         blocking = {c: h for c, h in leases.held.items() if c in self.allowed}
         if set(blocking) & leases.pending and self._settle(set(blocking) & leases.pending):
-            return
+            return self.read()
         mine = _ancestors()
         if blocking and all(h.pid in mine for h in blocking.values()):
             raise CpulaunchError(f"--share-host: {held_text(leases._replace(held=blocking))}, which started "
@@ -749,7 +755,7 @@ class Claimant:
         if text != self._said:
             say(f"waiting for {text} (--share-host wait)")
             self._said = text
-        self.wait(leases)
+        return self.wait(leases)
 
     def _settle(self, cpus: set) -> bool:
         """Wait (at most PATIENCE) until the pending claims on ``cpus`` are decided; False
@@ -761,10 +767,12 @@ class Claimant:
             time.sleep(0.002)
         return False
 
-    def wait(self, leases: Leases) -> None:
-        """Sleep until more of this job's allowed CPUs are free than in ``leases``: in the
-        queue (a waiting file with its ticket), woken by the end of any process holding one
-        of them (a pidfd each; every second anyway), after 10 ms per older waiter."""
+    def wait(self, leases: Leases) -> Leases:
+        """Sleep until more of this job's allowed CPUs are free than in ``leases``, and
+        return what was then read: in the queue (a waiting file with its ticket), woken by
+        the end of any process holding one of them (a pidfd each; every second anyway),
+        after 10 ms per older waiter. Each check reads the listed files only, unless a job
+        was seen through /proc/locks alone (its file removed): then all is read."""
         free = self.allowed - set(leases.held)
         if self._waiting is None:
             self._waiting = self._make((), _WAITING)
@@ -775,10 +783,10 @@ class Claimant:
             _sleep_until_one_ends(holders, timeout=1.0)
             if older:
                 time.sleep(min(older, 20) * _QUEUE_STEP)
-            leases = self.read()
+            leases = self.read(full=not all(j.listed for j in jobs))
             now = self.allowed - set(leases.held)
             if not now <= free:
-                return
+                return leases
             free = now
 
 
