@@ -45,6 +45,7 @@ __all__ = [
     "rank_env",
     "elastic_rank_env",
     "exit_hook_env",
+    "is_hook_folder",
     "with_local_rank",
     "runs_python",
     "site_hook_dir",
@@ -427,8 +428,23 @@ def site_hook_dir() -> str:
     """The folder cpulaunch puts first on every rank's PYTHONPATH: it holds only a
     ``sitecustomize`` that ends the default process group before the interpreter
     finalizes, when the program left it alive (:mod:`cpulaunch.runtime.exithook`; issue 24
-    item 8). Computed from this file's path (no file is read)."""
-    return os.path.join(os.path.dirname(__file__), "runtime", "sitehook")
+    item 8). Computed from this file's real path (no file is read)."""
+    return os.path.join(os.path.dirname(os.path.realpath(__file__)), "runtime", "sitehook")
+
+
+#: How a cpulaunch hook folder ends, whatever install it belongs to.
+_HOOK_TAIL = os.path.join("cpulaunch", "runtime", "sitehook")
+
+
+def is_hook_folder(entry: str) -> bool:
+    """Whether the PYTHONPATH entry ``entry`` is a cpulaunch hook folder, this install's or
+    another's (pure, by its spelling: ``/venv/lib/python3.11/site-packages/cpulaunch/runtime/sitehook``
+    -> True, ``/src`` -> False). A link named otherwise is told apart by the hook itself at
+    start-up, from the marker line in its file (cpulaunch/runtime/sitehook/sitecustomize.py)."""
+    if not entry:
+        return False
+    norm = os.path.normpath(entry)
+    return norm == site_hook_dir() or norm.endswith(os.sep + _HOOK_TAIL)
 
 
 def runs_python(argv: Sequence[str], python: str) -> bool:
@@ -493,9 +509,11 @@ def with_local_rank(argv: Sequence[str], python: str, local_rank: int) -> tuple[
 
 def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     """PYTHONPATH for a rank: :func:`site_hook_dir` first, then the user's own entries
-    unchanged (none added when the user had none: an empty entry would mean the current
-    folder). A PYTHONPATH that already holds the folder (cpulaunch under cpulaunch) is kept
-    as it is. Example: ``{"PYTHONPATH": "/src"}`` -> ``{"PYTHONPATH": "<hook>:/src"}``.
+    unchanged but for every cpulaunch hook folder (:func:`is_hook_folder`: an outer
+    cpulaunch's in a nested launch, another install's), which goes (none added when the
+    user had none: an empty entry would mean the current folder). Examples:
+    ``{"PYTHONPATH": "/src"}`` -> ``{"PYTHONPATH": "<hook>:/src"}``;
+    ``{"PYTHONPATH": "/src:/old/cpulaunch/runtime/sitehook"}`` -> ``{"PYTHONPATH": "<hook>:/src"}``.
 
     Why a ``sitecustomize`` and not a wrapper (``python -m cpulaunch.runtime.rank x.py``):
     it reaches every Python a rank starts, whatever the program is (a shell script, a
@@ -505,9 +523,8 @@ def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     run after it (docs/training.md, "Ranks that abort at exit").
     """
     hook, user = site_hook_dir(), environ.get("PYTHONPATH", "")
-    if hook in user.split(os.pathsep):
-        return {"PYTHONPATH": user}
-    return {"PYTHONPATH": os.pathsep.join([hook, user]) if user else hook}
+    kept = [e for e in user.split(os.pathsep) if not is_hook_folder(e)] if user else []
+    return {"PYTHONPATH": os.pathsep.join([hook, *kept])}
 
 
 def elastic_rank_env(agent_env: Mapping[str, str]) -> dict[str, str]:
@@ -851,6 +868,12 @@ def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, s
             notes.append(f"no exit hook for {program[0]!r} (not a Python interpreter): if its ranks never call "
                          "destroy_process_group(), they may abort at exit (docs/training.md)")
         return {}
+    dropped = [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if is_hook_folder(e)]
+    others = [e for e in dropped if os.path.normpath(e) != site_hook_dir()]
+    notes.append(f"exit hook installed: each rank's Python ends its default process group at exit "
+                 f"(sitecustomize in {site_hook_dir()}, first on PYTHONPATH"
+                 + (f"; other cpulaunch hook folders dropped from it: {', '.join(others)}" if others else "")
+                 + "); --no-exit-hook turns it off")
     return exit_hook_env(environ)
 
 
