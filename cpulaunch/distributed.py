@@ -280,8 +280,8 @@ def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]
                 f"versions that ran together), {gloo}"))
     if binding.loads is False:
         what = f"oneccl_bindings_for_pytorch {binding.version or ''} ({binding.path})".replace("  ", " ")
-        return (f"{what} does not load with torch {binding.torch_version or '?'}: {binding.why}",
-                f"rebuild it against this torch (docs/cluster.md), {gloo}")
+        return (f"{what} does not load with torch {binding.torch_version or '?'}: {binding.why} "
+                f"({_verdict_source(binding)})", f"rebuild it against this torch (docs/cluster.md), {gloo}")
     from cpulaunch.machine.libraries import REGISTRY
 
     install = REGISTRY["libfabric"].install.split(" (")[0]
@@ -294,6 +294,16 @@ def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]
         return ((f"libfabric {lib} has no provider folder beside it (prov/lib*-fi.so), so oneCCL "
                 "finds no provider"), f"set FI_PROVIDER_PATH to its providers' folder or {install}; {gloo}")
     return None
+
+
+def _verdict_source(binding) -> str:
+    """Where the bindings' verdict came from, for notes and errors (pure): ``"cached
+    verdict: FILE; cpulaunch doctor --clear-cache removes it"`` or ``"checked in a child
+    process; verdict kept in FILE"``."""
+    if binding.cached:
+        return f"cached verdict: {binding.cache_file}; cpulaunch doctor --clear-cache removes it"
+    kept = getattr(binding, "cache_file", None)
+    return "checked in a child process" + (f"; verdict kept in {kept}" if kept else "")
 
 
 def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) -> tuple[str, str]:
@@ -327,7 +337,7 @@ def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) 
         if requested == "ccl":
             raise DistributedError(f"--backend ccl: {cause}; {fix}")
         return "gloo", f"backend gloo: {cause}, so oneCCL is not used"
-    how = "cached verdict" if binding.cached else "checked in a child process"
+    how = _verdict_source(binding)
     loads = f"oneccl_bindings_for_pytorch {binding.version or ''} loads with torch {binding.torch_version or '?'}"
     asked = " (asked for)" if requested == "ccl" else ""
     return "ccl", f"backend ccl{asked}: {loads.replace('  ', ' ')} ({how})"
