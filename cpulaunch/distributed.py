@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError
@@ -55,6 +55,9 @@ __all__ = [
     "ccl_env",
     "ccl_runtime_env",
     "ccl_precedence",
+    "CCL_DEFAULTS",
+    "ccl_changed",
+    "ccl_expected_warning",
     "iface_env",
     "torchrun_argv",
     "init_process_group",
@@ -622,6 +625,35 @@ def ccl_env(ctx: RankContext, workers: Sequence[Sequence[int]], *, dedicated: bo
     return env
 
 
+#: oneCCL 2021.14's own defaults for the variables cpulaunch or the bindings set (its
+#: src/common/env/env.cpp; the PyPI library is built with MPI, so CCL_ATL_TRANSPORT's
+#: default is mpi). For each one set to another value, oneCCL's rank 0 logs
+#: ``|CCL_WARN| value of NAME changed to be VALUE (default:DEFAULT)`` on its stdout
+#: (env_parser.hpp, set_value, LOG_WARN_ROOT).
+CCL_DEFAULTS = MappingProxyType({"CCL_WORKER_COUNT": "1", "CCL_WORKER_AFFINITY": "auto", "CCL_YIELD": "pause",
+                                 "CCL_ATL_SHM": "0", "CCL_ATL_TRANSPORT": "mpi", "CCL_PROCESS_LAUNCHER": "hydra",
+                                 "CCL_LOCAL_RANK": "-1", "CCL_LOCAL_SIZE": "-1"})
+_CCL_CHANGED = re.compile(rb"\|CCL_WARN\| value of (CCL_\w+) changed to be (.*) \(default:[^)]*\)\s*$")
+
+
+def ccl_changed(env: Mapping[str, str]) -> list[str]:
+    """The variables of :data:`CCL_DEFAULTS` that ``env`` sets to another value than
+    oneCCL's default, sorted (pure): each costs a ``value of ... changed`` warning on rank 0."""
+    return sorted(k for k, default in CCL_DEFAULTS.items() if k in env and env[k] != default)
+
+
+def ccl_expected_warning(env: Mapping[str, str]) -> Callable[[bytes], bool]:
+    """A predicate on a line of a rank's output (bytes, no newline): True for oneCCL's
+    ``|CCL_WARN| value of NAME changed to be VALUE (default:...)`` when ``env`` (the rank's
+    planned variables) sets NAME to exactly VALUE: a warning about a value the plan chose,
+    which the launcher's relay folds into the plan's one note (:func:`_ccl_for`). Any other
+    line, another value included, is False (pure)."""
+    def expected(line: bytes) -> bool:
+        m = _CCL_CHANGED.search(line)
+        return m is not None and env.get(m.group(1).decode()) == m.group(2).decode(errors="replace")
+    return expected
+
+
 def ccl_precedence(planned: Mapping[str, str], environ: Mapping[str, str], override_env: bool) -> tuple[dict[str, str], list[str]]:
     """The user's own CCL_*/FI_* values win over ``planned`` ones, as for OMP_* (render's
     rule), unless ``override_env`` -> (the variables cpulaunch sets, notes) (pure).
@@ -935,6 +967,11 @@ def _ccl_for(ctx: RankContext, instances, *, bound: bool = False, fabric, enviro
     env, kept = ccl_precedence(planned, environ, override_env)
     for note in kept:
         _note(notes, note)
+    changed = ccl_changed(env)
+    if changed:
+        _note(notes, f"oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of {', '.join(changed)} "
+                     "(set away from oneCCL's defaults by this plan or by the bindings): expected; a relayed console "
+                     "leaves out those naming the planned value (the ranks' logs keep them)")
     return env
 
 

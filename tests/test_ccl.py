@@ -33,7 +33,9 @@ from cpulaunch import envvars
 from cpulaunch.distributed import (
     DistributedError,
     RankContext,
+    ccl_changed,
     ccl_env,
+    ccl_expected_warning,
     ccl_precedence,
     plan_ranks,
     select_backend,
@@ -204,7 +206,11 @@ def test_default_sets_one_core_aside_on_each_ranks_node(xeon):
         "CCL_WORKER_COUNT": "1", "CCL_WORKER_AFFINITY": "7,15", "CCL_ATL_SHM": "1", "CCL_LOCAL_RANK": "1",
         "CCL_LOCAL_SIZE": "2", "CCL_PROCESS_LAUNCHER": "none", "CCL_ATL_TRANSPORT": "ofi",
         envvars.CCL_WORKER_CPUS: "15", **RUNTIME}
-    assert rp.notes == ("b",)
+    assert rp.notes == ("b", "oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of "
+                        "CCL_ATL_SHM, CCL_ATL_TRANSPORT, CCL_LOCAL_RANK, CCL_LOCAL_SIZE, CCL_PROCESS_LAUNCHER, "
+                        "CCL_WORKER_AFFINITY (set away from oneCCL's defaults by this plan or by the bindings): "
+                        "expected; a relayed console leaves out those naming the planned value (the ranks' logs "
+                        "keep them)")
 
 
 SHARED = "each rank's oneCCL worker runs on the rank's first CPU and yields (CCL_YIELD=sched_yield)"
@@ -443,6 +449,58 @@ def test_ranks_run_ccl_through_a_stand_in_that_registers_it(stand_ins, tmp_path)
     cpus = sorted(os.sched_getaffinity(0))[:2]
     lines = sorted(ln.split("rank ", 1)[1] for ln in proc.stdout.splitlines() if "rank " in ln)
     assert lines == [f"{r} ccl ccl 3 sched_yield {cpus[0]},{cpus[1]}" for r in (0, 1)]
+
+
+#: A stand-in that logs on rank 0 what oneCCL 2021.14 logs there at start-up for each
+#: variable set away from its default, plus a change to a value nobody planned and another
+#: warning: those two stay on the console.
+WARNS = """
+import os
+if os.environ.get("RANK") == "0":
+    for k, d in (("CCL_WORKER_AFFINITY", "auto"), ("CCL_YIELD", "pause"), ("CCL_ATL_SHM", "0"),
+                 ("CCL_ATL_TRANSPORT", "mpi"), ("CCL_PROCESS_LAUNCHER", "hydra"), ("CCL_LOCAL_RANK", "-1"),
+                 ("CCL_LOCAL_SIZE", "-1")):
+        print(f"|CCL_WARN| value of {k} changed to be {os.environ[k]} (default:{d})", flush=True)
+    print("|CCL_WARN| value of CCL_WORKER_COUNT changed to be 3 (default:1)", flush=True)
+    print("|CCL_WARN| another warning", flush=True)
+"""
+
+
+@needs_torch
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_oneccls_warnings_about_planned_values_fold_into_one_note(tmp_path):
+    """Rank 0 logs seven '|CCL_WARN| value of CCL_... changed' lines (one per variable the
+    plan or the bindings set away from oneCCL's defaults): the plan names the seven in one
+    note; the relayed console leaves them out; a change to another value and any other
+    warning stay; rank 0's log keeps every line."""
+    _, env = own_stand_in(tmp_path, WARNS)
+    seven = ["CCL_ATL_SHM", "CCL_ATL_TRANSPORT", "CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", "CCL_PROCESS_LAUNCHER",
+             "CCL_WORKER_AFFINITY", "CCL_YIELD"]
+    note = (f"oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of {', '.join(seven)} "
+            "(set away from oneCCL's defaults by this plan or by the bindings): expected; a relayed console leaves "
+            "out those naming the planned value (the ranks' logs keep them)")
+    args = ("--ddp", "--nproc-per-node", "2", "--backend", "ccl", "--allocator", "default", "--core-list",
+            ",".join(map(str, sorted(os.sched_getaffinity(0))[:2])))
+    plan = json.loads(run_cli(*args, "--dry-run", "--format", "json", "x.py", env=env, timeout=180).stdout)
+    assert plan["notes"].count(note) == 1
+    proc = run_cli(*args, "--log-dir", str(tmp_path / "logs"), sys.executable, "-c", "import oneccl_bindings_for_pytorch",
+                   env=env, timeout=300)
+    assert [ln for ln in proc.stdout.splitlines() if "CCL_WARN" in ln] == [
+        "[0] |CCL_WARN| value of CCL_WORKER_COUNT changed to be 3 (default:1)", "[0] |CCL_WARN| another warning"]
+    assert f"cpulaunch: note: {note}" in proc.stderr
+    (log,) = (tmp_path / "logs").glob("*/0/stdout.log")
+    assert sum("changed to be" in ln for ln in log.read_text().splitlines()) == 8
+
+
+def test_expected_warning_names_the_planned_value_only():
+    expected = ccl_expected_warning({"CCL_YIELD": "sched_yield", "CCL_WORKER_AFFINITY": "0,1"})
+    assert expected(b"|CCL_WARN| value of CCL_YIELD changed to be sched_yield (default:pause)")
+    assert expected(b"2026:11:27-10:00:00:(12) |CCL_WARN| value of CCL_WORKER_AFFINITY changed to be 0,1 (default:auto)")
+    assert not expected(b"|CCL_WARN| value of CCL_YIELD changed to be pause (default:sched_yield)")
+    assert not expected(b"|CCL_WARN| value of CCL_ATL_SHM changed to be 1 (default:0)")  # not planned here
+    assert not expected(b"|CCL_WARN| did not find MPI-launcher specific variables")
+    assert ccl_changed({"CCL_WORKER_COUNT": "1", "CCL_YIELD": "sched_yield", "CCL_ATL_TRANSPORT": "ofi"}) == [
+        "CCL_ATL_TRANSPORT", "CCL_YIELD"]
 
 
 @needs_torch

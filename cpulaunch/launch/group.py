@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch import log as _log
 from cpulaunch.launch.spawn import (
     LaunchError,
@@ -345,13 +345,19 @@ class _Relay(threading.Thread):
     on the pipe (all processes gone, so some process outside the group holds it).
     """
 
-    def __init__(self, fd: int, tag: bytes, console: _Console, logfile: Optional[_LogFile], name: str) -> None:
+    def __init__(self, fd: int, tag: bytes, console: _Console, logfile: Optional[_LogFile], name: str,
+                 fold: Optional[Callable[[bytes], bool]] = None) -> None:
         super().__init__(name=name, daemon=True)
-        self.fd, self.console, self.logfile = fd, console, logfile
+        self.fd, self.console, self.logfile, self.fold = fd, console, logfile, fold
         self.state = _LineState(tag)
         self.writing = False
 
     def _emit(self, data: bytes) -> None:
+        if self.fold is not None and b"\n" in data:  # whole lines the plan's notes stand for
+            *lines, tail = data.split(b"\n")
+            data = b"".join(line + b"\n" for line in lines if not self.fold(line)) + tail
+            if not data:
+                return
         self.writing = True
         try:
             self.console.write(data, self.state)
@@ -638,8 +644,13 @@ class ProcessGroup:
     def _start_relays(self, spec: ProcessSpec, out_r: int, err_r: int) -> None:
         tag = f"[{spec.index}] ".encode() if self.prefix_output else b""
         logs = self._open_logs(spec.index)
+        fold = None
+        if spec.env.get(envvars.DIST_BACKEND) == "ccl":  # oneCCL's warnings about the planned values: one note
+            from cpulaunch.distributed import ccl_expected_warning
+
+            fold = ccl_expected_warning(spec.env)
         for fd, console, logfile in ((out_r, self.out, logs[0]), (err_r, self.err, logs[1])):
-            relay = _Relay(fd, tag, console, logfile, name=f"{spec.label} {console.name}")
+            relay = _Relay(fd, tag, console, logfile, name=f"{spec.label} {console.name}", fold=fold)
             relay.start()
             self._relays.append((spec.index, relay))
 
