@@ -264,7 +264,8 @@ CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help
       help="Claim the planned cores host-wide, so other cpulaunch jobs plan on the rest; "
            "fail (bare flag: name who holds them) or wait.")
 @_opt("--lease-dir", type=click.Path(file_okay=False), default=None,
-      help="Folder of --share-host's leases (default /run/cpulaunch, else a folder of your own).")
+      help="Folder of --share-host's leases: a lease space of its own (default: the host's, "
+           "/run/cpulaunch and /tmp/cpulaunch).")
 @click.option("-v", "--verbose", count=True, envvar=option_variable("--verbose"), help="More diagnostics on stderr (-v: commands, notes, logs).")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context

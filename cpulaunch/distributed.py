@@ -441,8 +441,8 @@ def site_hook_dir() -> str:
     """The folder cpulaunch puts first on every rank's PYTHONPATH: it holds only a
     ``sitecustomize`` that ends the default process group before the interpreter
     finalizes, when the program left it alive (:mod:`cpulaunch.runtime.exithook`; issue 24
-    item 8). Computed from this file's real path (no file is read)."""
-    return os.path.join(os.path.dirname(os.path.realpath(__file__)), "runtime", "sitehook")
+    item 8). Computed from this file's path (no file is read)."""
+    return os.path.join(os.path.dirname(__file__), "runtime", "sitehook")
 
 
 #: How a cpulaunch hook folder ends, whatever install it belongs to.
@@ -453,7 +453,7 @@ def is_hook_folder(entry: str) -> bool:
     """Whether the PYTHONPATH entry ``entry`` is a cpulaunch hook folder, this install's or
     another's (pure, by its spelling: ``/venv/lib/python3.11/site-packages/cpulaunch/runtime/sitehook``
     -> True, ``/src`` -> False). A link named otherwise is told apart by the hook itself at
-    start-up, from the marker line in its file (cpulaunch/runtime/sitehook/sitecustomize.py)."""
+    start-up, by the marker file it holds (cpulaunch/runtime/sitehook/_cpulaunch_site_hook.py)."""
     if not entry:
         return False
     norm = os.path.normpath(entry)

@@ -112,7 +112,8 @@ def churn(stop: threading.Event, user) -> int:
     while not stop.wait(0.2):
         subprocess.run(["rm", "-rf", "/run/cpulaunch", "/tmp/cpulaunch"], check=False)
         if user is not None and n % 2:
-            subprocess.run(hostusers.as_user(user, ["mkdir", "-m", "1777", "/tmp/cpulaunch"]), check=False)
+            subprocess.run(hostusers.as_user(user, ["mkdir", "-m", "1777", "/tmp/cpulaunch"]), check=False,
+                           stderr=subprocess.DEVNULL)
         n += 1
     return n
 

@@ -31,12 +31,11 @@ REPORT = ("import atexit, json, sys, sitecustomize; "
 
 @pytest.fixture
 def folders(tmp_path):
-    """Another install's runtime (a copy of this one's two files), a link to this hook
+    """Another install's runtime (a copy of this one's hook folder and exithook.py), a link to this hook
     folder, and the user's own sitecustomize, which says each time it runs."""
     other = tmp_path / "other" / "cpulaunch" / "runtime"
-    (other / "sitehook").mkdir(parents=True)
+    shutil.copytree(HOOK, other / "sitehook", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(HOOK.parent / "exithook.py", other / "exithook.py")
-    shutil.copy(HOOK / "sitecustomize.py", other / "sitehook" / "sitecustomize.py")
     link = tmp_path / "hooklink"
     link.symlink_to(HOOK)
     user = tmp_path / "user"

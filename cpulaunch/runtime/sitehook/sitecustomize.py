@@ -12,8 +12,8 @@ it, with a note naming ``--no-exit-hook``), and Python's ``site`` module imports
    ``sys.path`` that is not a cpulaunch hook: the distribution's, a venv's, the user's
    own), as ``sitecustomize``, so none is lost; its errors reach ``site`` as they would have.
 
-Hook folders are told by identity, not by spelling: a ``sitecustomize.py`` holding the
-marker line below is a cpulaunch hook, whatever folder, link or install it sits in. So two
+Hook folders are told by identity, not by spelling: a folder holding the marker file
+``_cpulaunch_site_hook.py`` is a cpulaunch hook, whatever its name, link or install. So two
 hook folders on PYTHONPATH (another install's, an outer cpulaunch's in a nested launch, a
 linked spelling) neither recurse nor install twice; and the module marks itself run
 (``sys.modules["_cpulaunch_sitehook"]``), so a hook imported again under another name does
@@ -24,25 +24,19 @@ never cpulaunch (a rank's interpreter need not have cpulaunch installed). ``pyth
 ``-I`` and ``-E`` skip it, as they skip any ``sitecustomize``.
 """
 
-_CPULAUNCH_SITE_HOOK = True  # the marker (cpulaunch.distributed.is_hook_file reads the same line)
+import importlib.machinery
+import importlib.util
+import os
+import sys
 
-import importlib.machinery  # noqa: E402
-import importlib.util  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-
-_MARK = b"\n_CPULAUNCH_SITE_HOOK = True"
+_MARK = "_cpulaunch_site_hook.py"
 _RAN = "_cpulaunch_sitehook"
 _EXITHOOK = "_cpulaunch_exithook"
 
 
 def _is_hook(folder: str) -> bool:
-    """Whether ``folder``'s sitecustomize.py is a cpulaunch hook (the marker in its first 4 KiB)."""
-    try:
-        with open(os.path.join(folder or os.curdir, "sitecustomize.py"), "rb") as f:
-            return _MARK in f.read(4096)
-    except OSError:
-        return False
+    """Whether ``folder`` (a sys.path entry) is a cpulaunch hook folder: it holds the marker."""
+    return os.path.isfile(os.path.join(folder or os.curdir, _MARK))
 
 
 def _install_exit_hook() -> None:
