@@ -176,12 +176,15 @@ _CLAIM_TRIES = 100
 def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
     """``--share-host``: read the leases, plan on the cores no other job holds, and (a
     run only) claim every CPU of the planned cores; a lost race reads and plans again.
-    Where the request does not fit on the free cores: wait for the job holding the
-    lowest held CPU to end (``wait``), or fail naming the holders (``fail``).
+    Where the request does not fit on the free cores: wait until more of the job's
+    allowed CPUs are free (``wait``), or fail naming the holders (``fail``). The protocol
+    is :mod:`cpulaunch.machine.lease`'s.
 
     Raises:
-        CpulaunchError: --sysroot given, several local tasks under an engine, the lease
-            folder unusable, or the free cores too few (naming who holds the others).
+        CpulaunchError: --sysroot given, several local tasks under an engine, --bind none,
+            the request does not fit in the job's own allowed CPUs (at once, whoever holds
+            what), the lease folder unusable, or the free cores too few (naming who holds
+            the others).
     """
     from cpulaunch.machine import lease
     from cpulaunch.plan import PlanError
@@ -191,32 +194,28 @@ def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, s
     if host.engine is not None and host.engine.local_world_size > 1:
         raise CpulaunchError(f"--share-host does not apply under {host.engine.engine} with several tasks "
                              "on this machine (each would plan alone); start one cpulaunch per machine")
+    if opts.bind is BindMode.NONE:
+        raise CpulaunchError("--share-host claims the CPUs a job is bound to, and --bind none binds it to none "
+                             "(it would run on every CPU); drop --bind none, or --share-host")
     run = opts.output is Output.RUN
-    where = lease.folder(opts.lease_dir, environ, create=run)
-    for _ in range(_CLAIM_TRIES):
-        leases = lease.read(where, topo.online)
-        try:
-            p = _prepare_plan(opts, lease.without_held(topo, leases), host, environ)
-        except PlanError as exc:
-            if not leases.held:
-                raise
-            if opts.share_host != "wait":
-                raise CpulaunchError(f"--share-host: {lease.held_text(leases)}: {exc}; "
-                                     "wait for them with --share-host wait") from None
-            first = min(leases.held)
-            log.warning("waiting for %s (--share-host wait)", lease.held_text(leases._replace(
-                held={c: h for c, h in leases.held.items() if h == leases.held[first]})))
-            lease.wait(where, first)
-            continue
-        p = p._replace(rendered=p.rendered._replace(notes=p.rendered.notes + lease.notes(leases, run)))
-        if not run:
-            return p
-        cores = {c for i in p.rendered.instances for cpu in i.bound_cpus for c in topo.core_of(cpu).cpus}
-        got, _ = lease.claim(where, cores, topo.online)
-        if got is not None:
-            return p._replace(lease=got)
-    raise CpulaunchError(f"--share-host: other jobs took the planned cores {_CLAIM_TRIES} times "
-                         "between reading and claiming them; run again")
+    whole = _prepare_plan(opts, topo, host, environ)  # a request that cannot fit at all fails here, at once
+    with lease.Claimant(lease.space(opts.lease_dir, create=run), topo.online, topo.allowed,
+                        tries=_CLAIM_TRIES) as claimant:
+        leases = claimant.read()
+        while True:
+            try:
+                p = _prepare_plan(opts, lease.without_held(topo, leases), host, environ) if leases.held else whole
+            except PlanError as exc:
+                leases = claimant.blocked(leases, str(exc), wait=opts.share_host == "wait", say=log.warning)
+                continue
+            p = p._replace(rendered=p.rendered._replace(notes=p.rendered.notes + lease.notes(leases, run)))
+            if not run:
+                return p
+            got = claimant.claim({c for i in p.rendered.instances for cpu in i.bound_cpus
+                                  for c in topo.core_of(cpu).cpus})
+            if got is not None:
+                return p._replace(lease=got)
+            leases = claimant.read()  # a race lost: read all again
 
 
 # --------------------------------------------------------------------------- output

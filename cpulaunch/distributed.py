@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError, DistributedError
@@ -31,6 +31,7 @@ __all__ = [
     "rank_env",
     "elastic_rank_env",
     "exit_hook_env",
+    "is_hook_folder",
     "with_local_rank",
     "runs_python",
     "site_hook_dir",
@@ -40,6 +41,9 @@ __all__ = [
     "ccl_env",
     "ccl_runtime_env",
     "ccl_precedence",
+    "CCL_DEFAULTS",
+    "ccl_changed",
+    "ccl_expected_warning",
     "iface_env",
     "torchrun_argv",
     "init_process_group",
@@ -76,8 +80,8 @@ def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]
                 f"versions that ran together), {gloo}"))
     if binding.loads is False:
         what = f"oneccl_bindings_for_pytorch {binding.version or ''} ({binding.path})".replace("  ", " ")
-        return (f"{what} does not load with torch {binding.torch_version or '?'}: {binding.why}",
-                f"rebuild it against this torch (docs/cluster.md), {gloo}")
+        return (f"{what} does not load with torch {binding.torch_version or '?'}: {binding.why} "
+                f"({_verdict_source(binding)})", f"rebuild it against this torch (docs/cluster.md), {gloo}")
     from cpulaunch.machine.libraries import REGISTRY
 
     install = REGISTRY["libfabric"].install.split(" (")[0]
@@ -90,6 +94,16 @@ def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]
         return ((f"libfabric {lib} has no provider folder beside it (prov/lib*-fi.so), so oneCCL "
                 "finds no provider"), f"set FI_PROVIDER_PATH to its providers' folder or {install}; {gloo}")
     return None
+
+
+def _verdict_source(binding) -> str:
+    """Where the bindings' verdict came from, for notes and errors (pure): ``"cached
+    verdict: FILE; cpulaunch doctor --clear-cache removes it"`` or ``"checked in a child
+    process; verdict kept in FILE"``."""
+    if binding.cached:
+        return f"cached verdict: {binding.cache_file}; cpulaunch doctor --clear-cache removes it"
+    kept = getattr(binding, "cache_file", None)
+    return "checked in a child process" + (f"; verdict kept in {kept}" if kept else "")
 
 
 def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) -> tuple[str, str]:
@@ -123,7 +137,7 @@ def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) 
         if requested == "ccl":
             raise DistributedError(f"--backend ccl: {cause}; {fix}")
         return "gloo", f"backend gloo: {cause}, so oneCCL is not used"
-    how = "cached verdict" if binding.cached else "checked in a child process"
+    how = _verdict_source(binding)
     loads = f"oneccl_bindings_for_pytorch {binding.version or ''} loads with torch {binding.torch_version or '?'}"
     asked = " (asked for)" if requested == "ccl" else ""
     return "ccl", f"backend ccl{asked}: {loads.replace('  ', ' ')} ({how})"
@@ -225,6 +239,21 @@ def site_hook_dir() -> str:
     return os.path.join(os.path.dirname(__file__), "runtime", "sitehook")
 
 
+#: How a cpulaunch hook folder ends, whatever install it belongs to.
+_HOOK_TAIL = os.path.join("cpulaunch", "runtime", "sitehook")
+
+
+def is_hook_folder(entry: str) -> bool:
+    """Whether the PYTHONPATH entry ``entry`` is a cpulaunch hook folder, this install's or
+    another's (pure, by its spelling: ``/venv/lib/python3.11/site-packages/cpulaunch/runtime/sitehook``
+    -> True, ``/src`` -> False). A link named otherwise is told apart by the hook itself at
+    start-up, by the marker file it holds (cpulaunch/runtime/sitehook/_cpulaunch_site_hook.py)."""
+    if not entry:
+        return False
+    norm = os.path.normpath(entry)
+    return norm == site_hook_dir() or norm.endswith(os.sep + _HOOK_TAIL)
+
+
 def runs_python(argv: Sequence[str], python: str) -> bool:
     """True when ``argv`` (the resolved program, :func:`cpulaunch.render.resolve_program`)
     starts a Python interpreter, as far as its first word tells: ``python``, the
@@ -287,9 +316,11 @@ def with_local_rank(argv: Sequence[str], python: str, local_rank: int) -> tuple[
 
 def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     """PYTHONPATH for a rank: :func:`site_hook_dir` first, then the user's own entries
-    unchanged (none added when the user had none: an empty entry would mean the current
-    folder). A PYTHONPATH that already holds the folder (cpulaunch under cpulaunch) is kept
-    as it is. Example: ``{"PYTHONPATH": "/src"}`` -> ``{"PYTHONPATH": "<hook>:/src"}``.
+    unchanged but for every cpulaunch hook folder (:func:`is_hook_folder`: an outer
+    cpulaunch's in a nested launch, another install's), which goes (none added when the
+    user had none: an empty entry would mean the current folder). Examples:
+    ``{"PYTHONPATH": "/src"}`` -> ``{"PYTHONPATH": "<hook>:/src"}``;
+    ``{"PYTHONPATH": "/src:/old/cpulaunch/runtime/sitehook"}`` -> ``{"PYTHONPATH": "<hook>:/src"}``.
 
     Why a ``sitecustomize`` and not a wrapper (``python -m cpulaunch.runtime.rank x.py``):
     it reaches every Python a rank starts, whatever the program is (a shell script, a
@@ -299,9 +330,8 @@ def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     run after it (docs/training.md, "Ranks that abort at exit").
     """
     hook, user = site_hook_dir(), environ.get("PYTHONPATH", "")
-    if hook in user.split(os.pathsep):
-        return {"PYTHONPATH": user}
-    return {"PYTHONPATH": os.pathsep.join([hook, user]) if user else hook}
+    kept = [e for e in user.split(os.pathsep) if not is_hook_folder(e)] if user else []
+    return {"PYTHONPATH": os.pathsep.join([hook, *kept])}
 
 
 def elastic_rank_env(agent_env: Mapping[str, str]) -> dict[str, str]:
@@ -387,6 +417,35 @@ def ccl_env(ctx: RankContext, workers: Sequence[Sequence[int]], *, dedicated: bo
     launcher = {"mpich": "hydra", "pmix": "pmix", "openmpi": "pmix"}.get(ctx.engine, "none")
     env.update({"CCL_PROCESS_LAUNCHER": launcher, "CCL_ATL_TRANSPORT": "ofi"})
     return env
+
+
+#: oneCCL 2021.14's own defaults for the variables cpulaunch or the bindings set (its
+#: src/common/env/env.cpp; the PyPI library is built with MPI, so CCL_ATL_TRANSPORT's
+#: default is mpi). For each one set to another value, oneCCL's rank 0 logs
+#: ``|CCL_WARN| value of NAME changed to be VALUE (default:DEFAULT)`` on its stdout
+#: (env_parser.hpp, set_value, LOG_WARN_ROOT).
+CCL_DEFAULTS = MappingProxyType({"CCL_WORKER_COUNT": "1", "CCL_WORKER_AFFINITY": "auto", "CCL_YIELD": "pause",
+                                 "CCL_ATL_SHM": "0", "CCL_ATL_TRANSPORT": "mpi", "CCL_PROCESS_LAUNCHER": "hydra",
+                                 "CCL_LOCAL_RANK": "-1", "CCL_LOCAL_SIZE": "-1"})
+_CCL_CHANGED = re.compile(rb"\|CCL_WARN\| value of (CCL_\w+) changed to be (.*) \(default:[^)]*\)\s*$")
+
+
+def ccl_changed(env: Mapping[str, str]) -> list[str]:
+    """The variables of :data:`CCL_DEFAULTS` that ``env`` sets to another value than
+    oneCCL's default, sorted (pure): each costs a ``value of ... changed`` warning on rank 0."""
+    return sorted(k for k, default in CCL_DEFAULTS.items() if k in env and env[k] != default)
+
+
+def ccl_expected_warning(env: Mapping[str, str]) -> Callable[[bytes], bool]:
+    """A predicate on a line of a rank's output (bytes, no newline): True for oneCCL's
+    ``|CCL_WARN| value of NAME changed to be VALUE (default:...)`` when ``env`` (the rank's
+    planned variables) sets NAME to exactly VALUE: a warning about a value the plan chose,
+    which the launcher's relay folds into the plan's one note (:func:`_ccl_for`). Any other
+    line, another value included, is False (pure)."""
+    def expected(line: bytes) -> bool:
+        m = _CCL_CHANGED.search(line)
+        return m is not None and env.get(m.group(1).decode()) == m.group(2).decode(errors="replace")
+    return expected
 
 
 def ccl_precedence(planned: Mapping[str, str], environ: Mapping[str, str], override_env: bool) -> tuple[dict[str, str], list[str]]:
@@ -647,6 +706,12 @@ def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, s
             notes.append(f"no exit hook for {program[0]!r} (not a Python interpreter): if its ranks never call "
                          "destroy_process_group(), they may abort at exit (docs/training.md)")
         return {}
+    dropped = [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if is_hook_folder(e)]
+    others = [e for e in dropped if os.path.normpath(e) != site_hook_dir()]
+    notes.append(f"exit hook installed: each rank's Python ends its default process group at exit "
+                 f"(sitecustomize in {site_hook_dir()}, first on PYTHONPATH"
+                 + (f"; other cpulaunch hook folders dropped from it: {', '.join(others)}" if others else "")
+                 + "); --no-exit-hook turns it off")
     return exit_hook_env(environ)
 
 
@@ -698,6 +763,11 @@ def _ccl_for(ctx: RankContext, instances, *, bound: bool = False, fabric, enviro
     env, kept = ccl_precedence(planned, environ, override_env)
     for note in kept:
         _note(notes, note)
+    changed = ccl_changed(env)
+    if changed:
+        _note(notes, f"oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of {', '.join(changed)} "
+                     "(set away from oneCCL's defaults by this plan or by the bindings): expected; a relayed console "
+                     "leaves out those naming the planned value (the ranks' logs keep them)")
     return env
 
 

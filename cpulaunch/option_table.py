@@ -237,7 +237,8 @@ OPTIONS: tuple[Option, ...] = (
            "Claim the planned cores host-wide so other cpulaunch jobs plan on the rest; when too few are "
            "free: fail (bare flag; names who holds them) or wait.", metavar="[fail|wait]", bare="fail",
            words=("fail", "wait")),
-    Option("--lease-dir", "lease_dir", PATH, P, "Folder of --share-host's leases.", metavar="DIR"),
+    Option("--lease-dir", "lease_dir", PATH, P, "Folder of --share-host's leases: a lease space of its own "
+           "(default: the host's, /run/cpulaunch and /tmp/cpulaunch).", metavar="DIR"),
     # ---------------------------------------------------------------- restrictions
     Option("--core-list", "core_list", STRING, R, "Use only these logical CPUs, e.g. 0-31,64-95.", metavar="CPULIST"),
     Option("--node-list", "node_list", STRING, R, "Use only the CPUs of these NUMA nodes, e.g. 0,2.",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -32,7 +33,9 @@ from cpulaunch import envvars
 from cpulaunch.distributed import (
     DistributedError,
     RankContext,
+    ccl_changed,
     ccl_env,
+    ccl_expected_warning,
     ccl_precedence,
     plan_ranks,
     select_backend,
@@ -64,7 +67,8 @@ NO_PROV = Fabric(LIB, None, (LIB.parent,))
 USER_PATHS = {"CCL_OFI_LIBRARY_PATH": "/mine/libfabric.so.1", "FI_PROVIDER_PATH": "/mine/prov"}
 LOADS = "oneccl_bindings_for_pytorch 2.8.0+xpu loads with torch 2.13.0+cpu"
 NOT_LOADING = (f"oneccl_bindings_for_pytorch 2.13.0+cpu ({SITE}) does not load with torch 2.13.0+cpu: "
-               "aborts the interpreter at import (SIGABRT)")
+               "aborts the interpreter at import (SIGABRT) (checked in a child process)")
+CACHED = "cached verdict: /c/ccl-binding-1.json; cpulaunch doctor --clear-cache removes it"
 NOT_FOUND = "oneCCL's libfabric (libfabric.so.1 with its prov/ folder) was not found (searched /p/lib/libfabric, /q)"
 NO_PROVIDER = ("libfabric /p/lib/libfabric/libfabric.so.1 has no provider folder beside it (prov/lib*-fi.so), "
                "so oneCCL finds no provider")
@@ -72,7 +76,12 @@ NO_PROVIDER = ("libfabric /p/lib/libfabric/libfabric.so.1 has no provider folder
 
 @pytest.mark.parametrize("requested, binding, fabric, environ, chosen", [
     ("auto", WORKS, FABRIC, {}, ("ccl", f"backend ccl: {LOADS} (checked in a child process)")),
-    ("ccl", WORKS._replace(cached=True), FABRIC, {}, ("ccl", f"backend ccl (asked for): {LOADS} (cached verdict)")),
+    ("ccl", WORKS._replace(cached=True, cache_file="/c/ccl-binding-1.json"), FABRIC, {},
+     ("ccl", f"backend ccl (asked for): {LOADS} ({CACHED})")),
+    ("auto", WORKS._replace(cache_file="/c/ccl-binding-1.json"), FABRIC, {},
+     ("ccl", f"backend ccl: {LOADS} (checked in a child process; verdict kept in /c/ccl-binding-1.json)")),
+    ("auto", ABORTS._replace(cached=True, cache_file="/c/ccl-binding-1.json"), FABRIC, {},
+     ("gloo", f"backend gloo: {NOT_LOADING.replace('checked in a child process', CACHED)}, so oneCCL is not used")),
     ("auto", ABORTS, FABRIC, {}, ("gloo", f"backend gloo: {NOT_LOADING}, so oneCCL is not used")),
     ("auto", MISSING, None, {}, ("gloo", ("backend gloo: oneccl_bindings_for_pytorch is not installed for /py, "
                                          "so oneCCL is not used"))),
@@ -81,7 +90,7 @@ NO_PROVIDER = ("libfabric /p/lib/libfabric/libfabric.so.1 has no provider folder
     ("auto", WORKS, NO_PROV, {}, ("gloo", f"backend gloo: {NO_PROVIDER}, so oneCCL is not used")),
     ("auto", WORKS, NO_PROV, {"FI_PROVIDER_PATH": "/mine"}, ("ccl", f"backend ccl: {LOADS} (checked in a child process)")),
     ("gloo", ABORTS, None, {}, ("gloo", "backend gloo (asked for)")),
-], ids=["works-any-version", "asked-cached", "aborts", "missing", "no-libfabric", "user-paths", "no-provider",
+], ids=["works-any-version", "asked-cached", "kept", "fails-cached", "aborts", "missing", "no-libfabric", "user-paths", "no-provider",
         "user-provider", "gloo-asked"])
 def test_backend_choice(requested, binding, fabric, environ, chosen):
     """The version string decides nothing: a working binding that calls itself 2.8.0+xpu is
@@ -197,7 +206,11 @@ def test_default_sets_one_core_aside_on_each_ranks_node(xeon):
         "CCL_WORKER_COUNT": "1", "CCL_WORKER_AFFINITY": "7,15", "CCL_ATL_SHM": "1", "CCL_LOCAL_RANK": "1",
         "CCL_LOCAL_SIZE": "2", "CCL_PROCESS_LAUNCHER": "none", "CCL_ATL_TRANSPORT": "ofi",
         envvars.CCL_WORKER_CPUS: "15", **RUNTIME}
-    assert rp.notes == ("b",)
+    assert rp.notes == ("b", "oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of "
+                        "CCL_ATL_SHM, CCL_ATL_TRANSPORT, CCL_LOCAL_RANK, CCL_LOCAL_SIZE, CCL_PROCESS_LAUNCHER, "
+                        "CCL_WORKER_AFFINITY (set away from oneCCL's defaults by this plan or by the bindings): "
+                        "expected; a relayed console leaves out those naming the planned value (the ranks' logs "
+                        "keep them)")
 
 
 SHARED = "each rank's oneCCL worker runs on the rank's first CPU and yields (CCL_YIELD=sched_yield)"
@@ -223,7 +236,7 @@ def test_one_core_ranks_run_with_the_worker_on_their_own_cpu(xeon, asked, count,
 
 
 def test_explicit_worker_cores_that_do_not_fit_fail_under_backend_ccl(xeon):
-    with pytest.raises(PlanError, match=r"^--ccl-worker-count 1 take 1 core\(s\) from each instance, but instance 0 "
+    with pytest.raises(PlanError, match=r"^--ccl-worker-count 1 takes 1 core\(s\) from each instance, but instance 0 "
                                         r"has only 1 \(CPUs 0\)"):
         ranks(xeon, asked="ccl", count=1, nproc="16")
 
@@ -334,8 +347,9 @@ def test_auto_picks_a_working_binding_whatever_its_version(stand_ins, sysroots):
     doc = plan_doc(stand_ins["works"], sysroot=sysroots[XEON])
     torch_version = host.dist_version("torch")
     assert doc["ddp"]["backend"] == "ccl"
-    assert backend_note(doc) in (f"backend ccl: oneccl_bindings_for_pytorch 2.8.0+xpu loads with torch {torch_version} "
-                                 f"({how})" for how in ("checked in a child process", "cached verdict"))
+    assert re.fullmatch(re.escape(f"backend ccl: oneccl_bindings_for_pytorch 2.8.0+xpu loads with torch {torch_version} (")
+                        + r"(checked in a child process; verdict kept in|cached verdict:) \S+/ccl-binding-\w+\.json"
+                        r"(; cpulaunch doctor --clear-cache removes it)?\)", backend_note(doc)), backend_note(doc)
     env = doc["instances"][0]["env"]
     fabric = libfinder.find_libfabric({"I_MPI_ROOT": stand_ins["works"]["I_MPI_ROOT"]})
     assert (env["CCL_OFI_LIBRARY_PATH"], env["FI_PROVIDER_PATH"]) == (str(fabric.library), str(fabric.providers))
@@ -348,23 +362,24 @@ def test_auto_never_picks_a_binding_that_aborts_at_import(stand_ins, sysroots):
     doc = plan_doc(stand_ins["aborts"], sysroot=sysroots[XEON])
     assert doc["ddp"]["backend"] == "gloo"
     assert "does not load with torch" in backend_note(doc)
-    assert backend_note(doc).endswith(": aborts the interpreter at import (SIGABRT), so oneCCL is not used")
+    assert re.search(r": aborts the interpreter at import \(SIGABRT\) \((checked in a child process; verdict kept in"
+                     r"|cached verdict:) \S+\.json(; cpulaunch doctor --clear-cache removes it)?\), so oneCCL is not used$",
+                     backend_note(doc)), backend_note(doc)
     assert not any(k.startswith("CCL_") for k in doc["instances"][0]["env"])
 
 
 @needs_torch
 @pytest.mark.parametrize("name, cause", [
-    ("aborts", ("aborts the interpreter at import (SIGABRT); rebuild it against this torch (docs/cluster.md), "
-               "or use --backend gloo")),
-    ("import-error", ("ImportError: undefined symbol: _ZN3c104Type; rebuild it against this torch "
-                     "(docs/cluster.md), or use --backend gloo")),
+    ("aborts", "aborts the interpreter at import (SIGABRT)"),
+    ("import-error", "ImportError: undefined symbol: _ZN3c104Type"),
 ])
 def test_backend_ccl_that_does_not_load_is_one_line(stand_ins, sysroots, name, cause):
     """Fails before issue 21 (the version matches: ccl was planned and the ranks died)."""
     proc = plan_doc(stand_ins[name], "--backend", "ccl", sysroot=sysroots[XEON], rc=2)
     (line,) = proc.stderr.splitlines()
     assert line.startswith("cpulaunch: error: --backend ccl: oneccl_bindings_for_pytorch ")
-    assert line.endswith(f"does not load with torch {host.dist_version('torch')}: {cause}")
+    assert f"does not load with torch {host.dist_version('torch')}: {cause} (" in line
+    assert line.endswith("); rebuild it against this torch (docs/cluster.md), or use --backend gloo")
 
 
 def test_missing_binding(stand_ins, sysroots):
@@ -434,6 +449,58 @@ def test_ranks_run_ccl_through_a_stand_in_that_registers_it(stand_ins, tmp_path)
     cpus = sorted(os.sched_getaffinity(0))[:2]
     lines = sorted(ln.split("rank ", 1)[1] for ln in proc.stdout.splitlines() if "rank " in ln)
     assert lines == [f"{r} ccl ccl 3 sched_yield {cpus[0]},{cpus[1]}" for r in (0, 1)]
+
+
+#: A stand-in that logs on rank 0 what oneCCL 2021.14 logs there at start-up for each
+#: variable set away from its default, plus a change to a value nobody planned and another
+#: warning: those two stay on the console.
+WARNS = """
+import os
+if os.environ.get("RANK") == "0":
+    for k, d in (("CCL_WORKER_AFFINITY", "auto"), ("CCL_YIELD", "pause"), ("CCL_ATL_SHM", "0"),
+                 ("CCL_ATL_TRANSPORT", "mpi"), ("CCL_PROCESS_LAUNCHER", "hydra"), ("CCL_LOCAL_RANK", "-1"),
+                 ("CCL_LOCAL_SIZE", "-1")):
+        print(f"|CCL_WARN| value of {k} changed to be {os.environ[k]} (default:{d})", flush=True)
+    print("|CCL_WARN| value of CCL_WORKER_COUNT changed to be 3 (default:1)", flush=True)
+    print("|CCL_WARN| another warning", flush=True)
+"""
+
+
+@needs_torch
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_oneccls_warnings_about_planned_values_fold_into_one_note(tmp_path):
+    """Rank 0 logs seven '|CCL_WARN| value of CCL_... changed' lines (one per variable the
+    plan or the bindings set away from oneCCL's defaults): the plan names the seven in one
+    note; the relayed console leaves them out; a change to another value and any other
+    warning stay; rank 0's log keeps every line."""
+    _, env = own_stand_in(tmp_path, WARNS)
+    seven = ["CCL_ATL_SHM", "CCL_ATL_TRANSPORT", "CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", "CCL_PROCESS_LAUNCHER",
+             "CCL_WORKER_AFFINITY", "CCL_YIELD"]
+    note = (f"oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of {', '.join(seven)} "
+            "(set away from oneCCL's defaults by this plan or by the bindings): expected; a relayed console leaves "
+            "out those naming the planned value (the ranks' logs keep them)")
+    args = ("--ddp", "--nproc-per-node", "2", "--backend", "ccl", "--allocator", "default", "--core-list",
+            ",".join(map(str, sorted(os.sched_getaffinity(0))[:2])))
+    plan = json.loads(run_cli(*args, "--dry-run", "--format", "json", "x.py", env=env, timeout=180).stdout)
+    assert plan["notes"].count(note) == 1
+    proc = run_cli(*args, "--log-dir", str(tmp_path / "logs"), sys.executable, "-c", "import oneccl_bindings_for_pytorch",
+                   env=env, timeout=300)
+    assert [ln for ln in proc.stdout.splitlines() if "CCL_WARN" in ln] == [
+        "[0] |CCL_WARN| value of CCL_WORKER_COUNT changed to be 3 (default:1)", "[0] |CCL_WARN| another warning"]
+    assert f"cpulaunch: note: {note}" in proc.stderr
+    (log,) = (tmp_path / "logs").glob("*/0/stdout.log")
+    assert sum("changed to be" in ln for ln in log.read_text().splitlines()) == 8
+
+
+def test_expected_warning_names_the_planned_value_only():
+    expected = ccl_expected_warning({"CCL_YIELD": "sched_yield", "CCL_WORKER_AFFINITY": "0,1"})
+    assert expected(b"|CCL_WARN| value of CCL_YIELD changed to be sched_yield (default:pause)")
+    assert expected(b"2026:11:27-10:00:00:(12) |CCL_WARN| value of CCL_WORKER_AFFINITY changed to be 0,1 (default:auto)")
+    assert not expected(b"|CCL_WARN| value of CCL_YIELD changed to be pause (default:sched_yield)")
+    assert not expected(b"|CCL_WARN| value of CCL_ATL_SHM changed to be 1 (default:0)")  # not planned here
+    assert not expected(b"|CCL_WARN| did not find MPI-launcher specific variables")
+    assert ccl_changed({"CCL_WORKER_COUNT": "1", "CCL_YIELD": "sched_yield", "CCL_ATL_TRANSPORT": "ofi"}) == [
+        "CCL_ATL_TRANSPORT", "CCL_YIELD"]
 
 
 @needs_torch
@@ -510,7 +577,7 @@ def test_cache_is_never_written_through_a_planted_link(tmp_path, sysroots):
     entry.unlink()
     entry.symlink_to(victim)
     doc = plan_doc(env, sysroot=sysroots[XEON])
-    assert backend_note(doc).endswith("(checked in a child process)")
+    assert backend_note(doc).endswith(f"(checked in a child process; verdict kept in {entry})")
     assert victim.read_text() == '{"key": {}, "loads": true, "why": ""}'
     assert entry.is_file() and not entry.is_symlink()
 
@@ -522,6 +589,99 @@ def test_an_unusable_cache_folder_costs_only_the_check(tmp_path, sysroots):
     env["XDG_CACHE_HOME"] = str(tmp_path / "file")
     doc = plan_doc(env, sysroot=sysroots[XEON])
     assert doc["ddp"]["backend"] == "ccl" and (tmp_path / "file").read_text() == ""
+
+
+#: A stand-in whose import fails unless LD_LIBRARY_PATH holds a folder named "fixed" (as a
+#: real binding fails without oneCCL's library folder on the loader's path).
+NEEDS_FIXED = ("import os\n"
+               "if 'fixed' not in [os.path.basename(p) for p in os.environ.get('LD_LIBRARY_PATH', '').split(':')]:\n"
+               "    raise ImportError('libccl.so.1: cannot open shared object file: No such file or directory')\n")
+
+
+@needs_torch
+def test_a_fixed_environment_changes_the_verdict(tmp_path, sysroots):
+    """The same binding fails under one LD_LIBRARY_PATH and loads under another: the failure
+    is cached under its own environment only (before issue 34 the second run was refused with
+    the stale reason); the note and the error name the cache file, and doctor --clear-cache
+    removes it."""
+    _, env = own_stand_in(tmp_path, NEEDS_FIXED)
+    broken = {**env, "LD_LIBRARY_PATH": str(tmp_path / "broken")}
+    note = backend_note(plan_doc(broken, sysroot=sysroots[XEON]))
+    (kept,) = (tmp_path / "cache" / "cpulaunch").glob("ccl-binding-*.json")
+    assert note.startswith("backend gloo: oneccl_bindings_for_pytorch 2.8.0+xpu (") and "libccl.so.1: cannot open" in note
+    assert note.endswith(f"(checked in a child process; verdict kept in {kept}), so oneCCL is not used")
+    assert stat_mode(kept) == 0o600 and stat_mode(kept.parent) == 0o700
+    proc = plan_doc(broken, "--backend", "ccl", sysroot=sysroots[XEON], rc=2)
+    assert f"(cached verdict: {kept}; cpulaunch doctor --clear-cache removes it); rebuild it" in proc.stderr
+    fixed = {**env, "LD_LIBRARY_PATH": str(tmp_path / "fixed")}
+    doc = plan_doc(fixed, sysroot=sysroots[XEON])
+    assert doc["ddp"]["backend"] == "ccl" and "checked in a child process" in backend_note(doc)
+    assert len(list(kept.parent.glob("ccl-binding-*.json"))) == 2
+    out = run_cli("doctor", "--clear-cache", env=fixed).stdout
+    assert out == f"removed 2 cached oneCCL verdict(s) from {kept.parent}\n"
+    assert list(kept.parent.iterdir()) == []
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o7777
+
+
+def planted(folder: Path, env: dict, loads: bool) -> Path:
+    """A verdict for the exact key a run with ``env`` computes, planted in ``folder``."""
+    full = {**os.environ, **env}
+    pkg = Path(env["PYTHONPATH"]) / "oneccl_bindings_for_pytorch"
+    key = host.verdict_key(sys.executable, host.dist_version("torch"), pkg, full)
+    path = folder / host.verdict_name(key)
+    path.write_text(json.dumps({"key": key, "loads": loads, "why": "planted"}))
+    return path
+
+
+@needs_torch
+@pytest.mark.parametrize("how", ["another-users-folder", "group-writable-folder", "world-writable-file"])
+def test_a_planted_verdict_is_ignored(tmp_path, sysroots, how):
+    """A failing binding and a verdict saying it loads, for its exact key: in a folder of
+    another user's (root with a user's HOME, as under sudo -E), in a folder of ours that
+    others may write, or in a file of ours that others may write. The run checks for itself
+    and keeps to gloo; it writes its own verdict only in a folder of its own alone."""
+    _, env = own_stand_in(tmp_path, NEEDS_FIXED)
+    folder = tmp_path / "cache" / "cpulaunch"
+    folder.mkdir(parents=True, mode=0o700)
+    path = planted(folder, env, loads=True)
+    if how == "another-users-folder":
+        if os.geteuid() != 0:
+            pytest.skip("plants as another user: needs root")
+        os.chown(folder, 65534, 65534)
+        os.chown(path, 65534, 65534)
+    elif how == "group-writable-folder":
+        folder.chmod(0o770)
+    else:
+        path.chmod(0o666)
+    before = path.read_text()
+    note = backend_note(plan_doc(env, sysroot=sysroots[XEON]))
+    assert note.startswith("backend gloo: ") and "libccl.so.1: cannot open" in note, note
+    if how == "world-writable-file":  # our own folder: the file is replaced by our own verdict (0600)
+        assert note.endswith(f"(checked in a child process; verdict kept in {path}), so oneCCL is not used")
+        assert stat_mode(path) == 0o600 and json.loads(path.read_text())["loads"] is False
+    else:  # not ours alone: neither read nor written
+        assert note.endswith("(checked in a child process), so oneCCL is not used")
+        assert path.read_text() == before
+
+
+@needs_torch
+def test_a_link_planted_at_the_cache_folder_is_never_written_through(tmp_path, sysroots):
+    """~/.cache/cpulaunch is a link to a folder of someone else's choosing: nothing is read
+    from it or written into it, and doctor --clear-cache removes nothing there."""
+    _, env = own_stand_in(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "cpulaunch").symlink_to(elsewhere)
+    keep = planted(elsewhere, env, loads=False)
+    doc = plan_doc(env, sysroot=sysroots[XEON])
+    assert doc["ddp"]["backend"] == "ccl" and backend_note(doc).endswith("(checked in a child process)")
+    assert list(elsewhere.iterdir()) == [keep]
+    assert run_cli("doctor", "--clear-cache", env=env).stdout.startswith("removed 0 cached oneCCL verdict(s)")
+    assert keep.exists()
 
 
 def test_cache_folder_follows_xdg():

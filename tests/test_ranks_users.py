@@ -246,7 +246,7 @@ def test_every_rank_gets_the_site_hook_first_on_pythonpath(sysroots, tmp_path):
     own = dry_run(sysroots[XEON], "--master-port", "29997", env={"PYTHONPATH": f"/src:{tmp_path}"})
     assert {i["env"]["PYTHONPATH"] for i in own["instances"]} == {f"{hook_dir()}:/src:{tmp_path}"}
     nested = dry_run(sysroots[XEON], "--master-port", "29997", env={"PYTHONPATH": f"/src:{hook_dir()}"})
-    assert {i["env"]["PYTHONPATH"] for i in nested["instances"]} == {f"/src:{hook_dir()}"}
+    assert {i["env"]["PYTHONPATH"] for i in nested["instances"]} == {f"{hook_dir()}:/src"}  # ours first, once
     slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0",
              "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "x1",
              "SLURM_JOB_ID": "7", "PYTHONPATH": "/src"}

@@ -1,8 +1,11 @@
-"""Issue 22: --share-host, jobs that share a host never stack. Real processes throughout:
-two jobs started at once get disjoint CPUs; a job killed by SIGKILL frees its cores; a
-second job fails naming the holder, or waits for it; --dry-run says who holds what; the
-lease folder and its files are never followed through links, and another user's file
-cannot keep a core from anybody (a forked child that became "nobody").
+"""Issues 22 and 34: --share-host, jobs that share a host never stack. Real processes
+throughout: jobs started at once get disjoint CPUs; a job killed by SIGKILL frees its
+cores; a second job fails naming the holder (a live process), or waits for it and wakes
+as soon as any CPU it can use frees; --dry-run says who holds what; lease files are never
+followed through links; another user can neither stall a job by locking its lease files
+(any lock mode) nor be handed a CPU whose lease file or folder was removed while held;
+three users (root and two made by the tests) share one lease space whatever their
+environment, in a private mount namespace with fresh /run and /tmp.
 
 No sleep wins a race here: each step waits, with a deadline, for a state it can see (a
 file written by the program, a line on stderr, a process gone).
@@ -14,22 +17,19 @@ import fcntl
 import json
 import os
 import select
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+import hostusers
 from conftest import REPO
 from test_launch_faults import NOBODY
 from test_launch_faults import shared as sticky  # noqa: F401 - a fixture: a sticky /tmp folder, root and setpriv
-from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine import lease
-from cpulaunch.machine import probe  # noqa: F401 - imported before a child drops its privileges
 
 #: The program each job runs: it writes its pid and affinity to OUT<instance>.json, then
 #: reads its FIFO until the test closes the write end.
@@ -45,9 +45,10 @@ with open(fifo + idx) as f:
 """
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to share")
+ONE_CORE = ("--ninstances", "1", "--ncores-per-instance", "1")
 
 
-def wait_for(predicate, what: str, timeout: float = 30.0):
+def wait_for(predicate, what: str, timeout: float = 60.0):
     """``predicate()``'s first true value, checked every 10 ms up to ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -60,21 +61,27 @@ def wait_for(predicate, what: str, timeout: float = 30.0):
 
 class Job:
     """One ``cpulaunch --share-host`` run of HOLD (``n`` instances), with a FIFO per
-    instance held open for writing by the test: closing it lets the instance end."""
+    instance held open for writing by the test: closing it lets the instance end.
+    ``user``: run as that user (through setpriv, with an interpreter it may run)."""
 
-    def __init__(self, tmp: Path, name: str, leases: Path, *args: str, n: int = 1, mode: str = "fail"):
+    def __init__(self, tmp: Path, name: str, leases: Path, *args: str, n: int = 1, mode: str = "fail",
+                 user: str | None = None, program: tuple = ()):
         self.out = str(tmp / f"{name}-out")
         fifo = str(tmp / f"{name}-fifo")
         self.writers = []
         for i in range(n):
             os.mkfifo(fifo + str(i))
+            os.chmod(fifo + str(i), 0o666)
             self.writers.append(os.open(fifo + str(i), os.O_RDWR | os.O_CLOEXEC))
         script = tmp / "hold.py"
         script.write_text(HOLD)
-        argv = [sys.executable, "-m", "cpulaunch", f"--share-host={mode}", "--lease-dir", str(leases),
-                "--allocator", "default", "--bind", "affinity", *args, sys.executable, str(script), self.out, fifo]
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        python, extra = (sys.executable, {}) if user is None else hostusers.user_python(user)
+        argv = [python, "-m", "cpulaunch", f"--share-host={mode}", "--lease-dir", str(leases),
+                "--allocator", "default", "--bind", "affinity", *args,
+                *(program or (python, str(script), self.out, fifo))]
+        self.proc = subprocess.Popen(hostusers.as_user(user, argv), cwd=REPO, env={**os.environ, **extra},
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
         self.n = n
 
     def report(self, i: int = 0) -> dict:
@@ -114,36 +121,54 @@ def jobs():
         job.kill()
 
 
+@pytest.fixture(scope="module")
+def users():
+    why = hostusers.missing()
+    if why:
+        pytest.skip(why)
+    made = hostusers.ensure_users()
+    for user in made:
+        if not hostusers.user_python(user)[0]:
+            pytest.skip(f"no Python that {user} may run with cpulaunch importable")
+    return made
+
+
 def start(jobs, *a, **k) -> Job:
     job = Job(*a, **k)
     jobs.append(job)
     return job
 
 
-def dry_run(leases: Path, *args: str, check: int = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "cpulaunch", "--share-host", "--lease-dir", str(leases),
-                           "--dry-run", "--allocator", "default", *args, "true"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+def dry_run(leases: Path, *args: str, check: int = 0, user: str | None = None) -> subprocess.CompletedProcess:
+    python, extra = (sys.executable, {}) if user is None else hostusers.user_python(user)
+    proc = subprocess.run(hostusers.as_user(user, [python, "-m", "cpulaunch", "--share-host", "--lease-dir",
+                                                   str(leases), "--dry-run", "--allocator", "default", *args, "true"]),
+                          cwd=REPO, capture_output=True, text=True, timeout=60, env={**os.environ, **extra})
     assert proc.returncode == check, proc.stderr
     return proc
+
+
+def lease_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.name.startswith("lease-"))
 
 
 def test_two_jobs_started_at_once_get_disjoint_cpus(tmp_path, leases, jobs):
     """Two single-core jobs, started back to back: each plans, claims, and on losing the
     race plans again; they end up on CPUs 0 and 1, and each program holds its lease
-    (exec'd: the lock file's holder in /proc/locks is the program's own pid)."""
-    one_core = ("--ninstances", "1", "--ncores-per-instance", "1")
-    a = start(jobs, tmp_path, "a", leases, *one_core)
-    b = start(jobs, tmp_path, "b", leases, *one_core)
+    (exec'd: /proc/locks names the program's own pid as the holder of its CPU's byte)."""
+    a = start(jobs, tmp_path, "a", leases, *ONE_CORE)
+    b = start(jobs, tmp_path, "b", leases, *ONE_CORE)
     ra, rb = a.report(), b.report()
     assert sorted(ra["cpus"] + rb["cpus"]) == [0, 1], (ra, rb)
     assert (ra["pid"], rb["pid"]) == (a.proc.pid, b.proc.pid)  # exec'd: no supervisor
-    holders = lease.parse_proc_locks(Path("/proc/locks").read_text())
+    base = lease._key_of(str(leases)) << 44
+    locks = lease.parse_proc_locks(Path("/proc/locks").read_text())
     for report in (ra, rb):
-        st = os.stat(leases / f"cpu{report['cpus'][0]}.lock")
-        assert holders[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] == report["pid"]
+        cpu = report["cpus"][0]
+        assert [pid for pid, _, start_, end in locks if start_ <= base + cpu <= (end or -1)] == [report["pid"]]
+    assert len(lease_files(leases)) == 2
     # a third job finds nothing free and names both holders, in one line
-    proc = dry_run(leases, *one_core, check=2)
+    proc = dry_run(leases, *ONE_CORE, check=2)
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("cpulaunch: error: --share-host: CPUs ")
     for report in (ra, rb):
         assert f"pid {report['pid']} ({sys.executable} " in proc.stderr  # its command, cut at 80 characters
@@ -153,7 +178,7 @@ def test_two_jobs_started_at_once_get_disjoint_cpus(tmp_path, leases, jobs):
 
 
 def test_dry_run_shows_who_holds_what_and_plans_on_the_rest(tmp_path, leases, jobs):
-    a = start(jobs, tmp_path, "a", leases, "--ninstances", "1", "--ncores-per-instance", "1")
+    a = start(jobs, tmp_path, "a", leases, *ONE_CORE)
     cpu = a.report()["cpus"][0]
     proc = dry_run(leases)
     lines = proc.stdout.splitlines()
@@ -197,6 +222,23 @@ def test_wait_mode_waits_for_the_holder_then_runs(tmp_path, leases, jobs):
     b.release()
 
 
+def test_wait_wakes_for_any_cpu_it_can_use(tmp_path, leases, jobs):
+    """Holders on CPU 0 and CPU 1, a waiter for one core: the holder of CPU 1 (not the
+    lowest held CPU) ends, and the waiter runs on CPU 1 while CPU 0 is still held."""
+    a = start(jobs, tmp_path, "a", leases, *ONE_CORE)
+    b = start(jobs, tmp_path, "b", leases, *ONE_CORE)
+    ra, rb = a.report(), b.report()
+    low, high = (a, b) if ra["cpus"] == [0] else (b, a)
+    w = start(jobs, tmp_path, "w", leases, *ONE_CORE, mode="wait")
+    ready, _, _ = select.select([w.proc.stderr], [], [], 30)
+    assert ready and "waiting for CPUs 0 held by" in w.proc.stderr.readline()
+    high.release()
+    assert w.report()["cpus"] == [1]
+    assert low.proc.poll() is None  # CPU 0's holder still runs
+    low.release()
+    w.release()
+
+
 def test_bare_flag_variable_and_words(tmp_path, leases):
     env = {**os.environ, "CPULAUNCH_SHARE_HOST": "1", "CPULAUNCH_LEASE_DIR": str(leases)}
     proc = subprocess.run([sys.executable, "-m", "cpulaunch", "--dry-run", "true"], cwd=REPO, env=env,
@@ -218,7 +260,46 @@ def test_bare_flag_variable_and_words(tmp_path, leases):
     assert not leases.exists()  # a dry run makes nothing
 
 
-# --------------------------------------------------------------------------- links and other users
+def test_bind_none_is_refused(leases):
+    proc = dry_run(leases, "--bind", "none", check=2)
+    assert proc.stderr == ("cpulaunch: error: --share-host claims the CPUs a job is bound to, and --bind none binds "
+                           "it to none (it would run on every CPU); drop --bind none, or --share-host\n")
+
+
+def test_a_request_that_cannot_fit_its_own_cpus_fails_at_once(tmp_path, leases, jobs):
+    """A job allowed CPU 0 only asks for 2 cores while another job holds CPU 1: in wait
+    mode it fails at once (it could never fit), without waiting for or blaming the holder."""
+    a = start(jobs, tmp_path, "a", leases, *ONE_CORE, "--core-list", "1")
+    assert a.report()["cpus"] == [1]
+    started = time.monotonic()
+    proc = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "cpulaunch", "--share-host", "wait",
+                           "--lease-dir", str(leases), "--allocator", "default", "--ncores-per-instance", "2",
+                           "true"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--ncores-per-instance 2 needs 2 physical cores, but only 1 are usable" in proc.stderr and "held by" not in proc.stderr
+    assert time.monotonic() - started < 30 and a.proc.poll() is None
+    a.release()
+
+
+def test_a_background_child_of_the_program_keeps_nothing(tmp_path, leases, jobs):
+    """The exec'd program starts a child that outlives it (with the lease's descriptor,
+    inherited): once the program has exited, the CPU is free and no dead pid is named
+    (a POSIX lock belongs to the process that took it and is not inherited by fork)."""
+    marker = tmp_path / "child"
+    program = (sys.executable, "-c", "import os, subprocess, sys; "
+               f"c = subprocess.Popen(['sleep', '600'], close_fds=False); open({str(marker)!r}, 'w').write(str(c.pid))")
+    a = start(jobs, tmp_path, "a", leases, "--ninstances", "1", program=program)
+    assert a.proc.wait(timeout=60) == 0
+    child = int(wait_for(lambda: marker.exists() and marker.read_text(), "the child's pid"))
+    try:
+        assert Path(f"/proc/{child}").exists()
+        proc = dry_run(leases, "--ninstances", "1")
+        assert proc.stdout.startswith("# instance 0: cpus 0-1") and "held by" not in proc.stdout
+    finally:
+        os.kill(child, 9)
+
+
+# --------------------------------------------------------------------------- links, locks and other users
 
 
 def test_lease_folder_that_is_a_link_is_refused(tmp_path):
@@ -234,109 +315,175 @@ def test_lease_folder_that_is_a_link_is_refused(tmp_path):
 
 
 def test_planted_links_and_fifos_are_never_followed(sticky, tmp_path):
-    """nobody plants cpu0.lock as a link to a precious file and cpu1.lock as a FIFO: a
-    real run coordinates neither (a note), never opens the link's target, never blocks."""
+    """nobody plants lease-* names as a link to a precious file and as a FIFO: a real run
+    never opens the link's target, never blocks on the FIFO, and takes both CPUs."""
     precious = tmp_path / "precious"
     precious.write_text("keep")
-    subprocess.run(NOBODY + ["ln", "-s", str(precious), str(sticky / "cpu0.lock")], check=True, timeout=20)
-    subprocess.run(NOBODY + ["mkfifo", str(sticky / "cpu1.lock")], check=True, timeout=20)
+    subprocess.run(NOBODY + ["ln", "-s", str(precious), str(sticky / "lease-1-aaaa")], check=True, timeout=20)
+    subprocess.run(NOBODY + ["mkfifo", str(sticky / "lease-2-bbbb")], check=True, timeout=20)
     before = precious.stat()
-    proc = dry_run(sticky)
-    assert ("# note: --share-host: the lease files of CPUs 0-1 are links, not regular files, not readable "
-            "or missing where only their owner may make them: those CPUs are not coordinated") in proc.stdout
+    assert "held by" not in dry_run(sticky).stdout
     proc = subprocess.run([sys.executable, "-m", "cpulaunch", "--share-host", "--lease-dir", str(sticky),
                            "--ninstances", "1", "true"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     after = precious.stat()
     assert precious.read_text() == "keep" and (after.st_mtime_ns, after.st_atime_ns) == (before.st_mtime_ns,
                                                                                         before.st_atime_ns)
-    assert (sticky / "cpu0.lock").is_symlink() and stat.S_ISFIFO((sticky / "cpu1.lock").lstat().st_mode)
+    assert (sticky / "lease-1-aaaa").is_symlink() and stat.S_ISFIFO((sticky / "lease-2-bbbb").lstat().st_mode)
 
 
-def _as_nobody(work) -> dict:
-    """Run ``work()`` in a forked child that became nobody (modules already imported: it
-    can no longer read the interpreter's folder); its JSON-ready result, or its error."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                result = {"ok": work()}
-            except CpulaunchError as exc:
-                result = {"error": str(exc)}
-            os.write(w, json.dumps(result).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
+LOCKER = """
+import fcntl, os, struct, sys
+path, mode, base = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    os.open(path, os.O_WRONLY)
+    print("opened for writing", flush=True)
+except PermissionError:
+    pass
+fd = os.open(path, os.O_RDONLY)
+if mode == "flock-sh":
+    fcntl.flock(fd, fcntl.LOCK_SH)
+elif mode == "flock-ex":
+    fcntl.flock(fd, fcntl.LOCK_EX)
+else:  # read locks on every byte the job does not hold (before its window, CPU 1, the pending and waiting bytes)
+    for start, length in ((0, base), (base + 1, 1), (base + 2**20, 2)):
+        fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack("hhqqi4x", fcntl.F_RDLCK, 0, start, length, 0))
+print("locked", flush=True)
+sys.stdin.read()
+"""
 
 
-def test_another_users_file_cannot_keep_a_core(sticky):
-    """In a shared sticky folder, root's cpu1.lock of mode 0600 cannot be opened by
-    nobody: nobody's job counts CPU 1 as free (not coordinated, a note), never as held,
-    and makes and locks its own cpu0.lock (0644)."""
-    fd = os.open(sticky / "cpu1.lock", os.O_CREAT | os.O_WRONLY, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # held by this test's process: a lock nobody cannot see
-    where = lease.Folder(str(sticky), True, True)
-
-    def work():
-        found = lease.read(where, [0, 1])
-        got, lost = lease.claim(where, [0, 1])
-        return {"held": sorted(found.held), "unusable": sorted(found.unusable),
-                "claimed": sorted(got.cpus), "lost": lost}
-
+@pytest.mark.parametrize("mode", ["flock-sh", "flock-ex", "fcntl-read"])
+def test_another_user_locking_a_lease_file_stalls_nobody(sticky, tmp_path, jobs, users, mode):
+    """A job of root's holds CPU 0; user 1 opens its lease file (it cannot open it for
+    writing) and locks it (flock shared or exclusive, or read locks on every byte the job
+    does not hold) and keeps it. User 2's dry run still sees exactly CPU 0 held and plans on CPU 1; once the
+    job ends, user 2's job gets both CPUs at once, the locks still held."""
+    u1, u2 = users
+    a = start(jobs, sticky, "a", sticky, *ONE_CORE, "--core-list", "0")
+    assert a.report()["cpus"] == [0]
+    (path,) = lease_files(sticky)
+    python, extra = hostusers.user_python(u1)
+    base = str(lease._key_of(str(sticky)) << 44)
+    locker = subprocess.Popen(hostusers.as_user(u1, [python, "-c", LOCKER, str(path), mode, base]), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, **extra})
     try:
-        assert _as_nobody(work) == {"ok": {"held": [], "unusable": [1], "claimed": [0], "lost": None}}
+        assert locker.stdout.readline() == "locked\n"
+        proc = dry_run(sticky, *ONE_CORE, user=u2)
+        assert proc.stdout.startswith("# instance 0: cpus 1,") and f"CPUs 0 held by pid {a.proc.pid} " in proc.stdout
+        a.release()
+        b = start(jobs, sticky, "b", sticky, "--ninstances", "1", user=u2)
+        assert b.report()["cpus"] == [0, 1]
+        b.release()
     finally:
-        os.close(fd)
-    st = (sticky / "cpu0.lock").stat()
-    assert st.st_uid == 65534 and stat.S_IMODE(st.st_mode) == 0o644
+        locker.communicate("", timeout=30)
 
 
-def test_a_users_own_folder():
-    """A user without /run/cpulaunch gets $XDG_RUNTIME_DIR/cpulaunch (mode 0700), else
-    /tmp/cpulaunch-<uid>; one planted by another user is refused in one line."""
-    if os.geteuid() != 0:
-        pytest.skip("becomes nobody: needs root")
-    if os.path.exists(lease.SHARED):
-        pytest.skip(f"{lease.SHARED} exists: every user's jobs use it")
-    parent = Path(tempfile.mkdtemp(prefix="cpulaunch-xdg-", dir="/tmp"))  # pytest's is root's alone
-    parent.chmod(0o755)
-    xdg = parent / "xdg"
-    xdg.mkdir(mode=0o700)
-    os.chown(xdg, 65534, 65534)
-    mine = Path("/tmp/cpulaunch-65534")
-    try:
-        got = _as_nobody(lambda: lease.folder(None, {"XDG_RUNTIME_DIR": str(xdg)}, create=True))
-        assert got == {"ok": [str(xdg / "cpulaunch"), False, True]}
-        assert stat.S_IMODE((xdg / "cpulaunch").stat().st_mode) == 0o700
-        got = _as_nobody(lambda: lease.folder(None, {}, create=True))
-        assert got == {"ok": [str(mine), False, True]} and mine.stat().st_uid == 65534
-        shutil.rmtree(mine)
-        mine.mkdir()
-        mine.chmod(0o755)  # planted by root: not nobody's
-        got = _as_nobody(lambda: lease.folder(None, {}, create=True))
-        assert got == {"error": f"--share-host: {mine} is not yours alone (owner uid 0, mode 0755); remove it, "
-                                "or pass --lease-dir with a folder of your own"}
-        mine.chmod(0o700)
-        got = _as_nobody(lambda: lease.folder(None, {}, create=True))
-        assert got == {"error": f"--share-host: {mine} cannot be opened (Permission denied); remove it, "
-                                "or pass --lease-dir DIR"}
-    finally:
-        shutil.rmtree(mine, ignore_errors=True)
-        shutil.rmtree(parent, ignore_errors=True)
+def test_three_users_start_at_once_and_never_share_a_cpu(sticky, users):
+    """24 one-core jobs in wait mode, 8 each from root and the two users, started at once
+    on a sticky lease folder: every job runs, and no two run on one CPU at the same time
+    (each program writes the interval it ran in; the figures of 200 such starts are
+    scripts/stress_share_host.py's)."""
+    program = sticky / "interval.py"
+    program.write_text("import json, os, sys, time\nt = time.time()\nend = t + 0.1\nwhile time.time() < end:\n"
+                       "    pass\nwith open(sys.argv[1], 'w') as f:\n"
+                       "    json.dump([sorted(os.sched_getaffinity(0)), t, time.time()], f)\n")
+    procs = []
+    for i in range(24):
+        user = (None, *users)[i % 3]
+        python, extra = (sys.executable, {}) if user is None else hostusers.user_python(user)
+        argv = [python, "-m", "cpulaunch", "--share-host", "wait", "--lease-dir", str(sticky), "--allocator",
+                "default", "--bind", "affinity", *ONE_CORE, python, str(program), str(sticky / f"run{i}.json")]
+        procs.append(subprocess.Popen(hostusers.as_user(user, argv), cwd=REPO, env={**os.environ, **extra},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    runs = [json.loads((sticky / f"run{i}.json").read_text()) for i in range(24)]
+    for cpu in (0, 1):
+        spans = sorted((t0, t1) for cpus, t0, t1 in runs if cpus == [cpu])
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+    assert sorted(len(cpus) for cpus, _, _ in runs) == [1] * 24
+
+
+def test_a_removed_lease_file_still_holds_its_cpu(tmp_path, leases, jobs):
+    """The lease file of a running job is removed (and a file planted at its name): the
+    next job is not handed that CPU (the locks live on the inode; /proc/locks names them)."""
+    a = start(jobs, tmp_path, "a", leases, *ONE_CORE, "--core-list", "0")
+    assert a.report()["cpus"] == [0]
+    (path,) = lease_files(leases)
+    path.unlink()
+    path.write_text("planted")
+    proc = dry_run(leases, *ONE_CORE, "--core-list", "0", check=2)
+    assert f"CPUs 0 held by pid {a.proc.pid} " in proc.stderr
+    a.release()
+    assert "held by" not in dry_run(leases, *ONE_CORE, "--core-list", "0").stdout
+
+
+def _scenario(name: str, users) -> dict:
+    proc = subprocess.run(hostusers.fresh([sys.executable, str(Path(__file__).parent / "share_scenario.py"),
+                                           name, *users]), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_one_lease_space_for_every_user_and_environment(users):
+    """In a fresh /run and /tmp (a private mount namespace: whatever the host's past):
+    user 1's first job, before root ever ran, makes /tmp/cpulaunch (1777) and takes CPU 0
+    with XDG_RUNTIME_DIR and HOME set; root's job makes /run/cpulaunch (1777), sees CPU 0
+    held and takes CPU 1; user 2 sees both holders, with or without XDG_RUNTIME_DIR, with
+    root's HOME as under sudo."""
+    got = _scenario("folders_and_environments", users)
+    u1 = hostusers.uid_of(users[0])
+    assert got["u1"]["cpus"] == [0] and got["root"]["cpus"] == [1]
+    assert got["after_u1"]["run"] is None and got["after_u1"]["tmp"] == ["0o1777", u1]
+    assert got["after_u1"]["files"] == [f"lease-{got['u1']['pid']}-" + got["after_u1"]["files"][0].split("-")[2]]
+    assert got["after_root"]["run"] == ["0o1777", 0] and len(got["after_root"]["files"]) == 1
+    for name, view in got["views"].items():
+        assert view["code"] == 2, (name, view)
+        assert f"CPUs 0 held by pid {got['u1']['pid']} (" in view["stderr"], (name, view)
+        assert f"CPUs 1 by pid {got['root']['pid']} (" in view["stderr"], (name, view)
+    assert [e["code"] for e in got["ends"]] == [0, 0]
+
+
+def test_a_planted_fallback_folder_traps_nobody(users):
+    """User 2 makes /tmp/cpulaunch first (0755, its own): user 1's job still runs, its
+    lease file in a private folder (a note says where), and root and user 2 see it held
+    through /proc/locks."""
+    got = _scenario("planted_fallback", users)
+    assert got["u1"]["cpus"] == [0] and got["end"]["code"] == 0
+    assert "this job's lease file is in /tmp/cpulaunch-lease-" in got["end"]["stderr"]
+    for view in (got["root_view"], got["u2_view"]):
+        assert view["code"] == 0 and f"CPUs 0 held by pid {got['u1']['pid']} (" in view["stdout"], view
+    # the exec'd program ran no clean-up: its private folder stays (no lock in it), /tmp's to age
+    assert len(got["private"]) == 1
+
+
+def test_folders_removed_while_held_hand_out_nothing(users):
+    """Root removes /run/cpulaunch and /tmp/cpulaunch while two users' jobs hold both CPUs,
+    then user 2 plants a new /tmp/cpulaunch: every view still names both holders; once they
+    end, the CPUs are free."""
+    got = _scenario("removed_while_held", users)
+    assert sorted(got["a"]["cpus"] + got["b"]["cpus"]) == [0, 1]
+    for view in (got["before"], got["gone"], got["planted"]):
+        assert view["code"] == 2, view
+        assert f"held by pid {got['a']['pid']} (" in view["stderr"] and f"by pid {got['b']['pid']} (" in view["stderr"]
+    assert [e["code"] for e in got["ends"]] == [0, 0]
+    assert got["after"]["code"] == 0 and "held by" not in got["after"]["stdout"]
 
 
 def test_parse_proc_locks():
-    text = ("1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF\n"
-            "1: -> FLOCK  ADVISORY  WRITE 4243 00:2a:1234 0 EOF\n"
-            "2: POSIX  ADVISORY  WRITE 77 fd:01:99 0 EOF\n"
-            "3: FLOCK  ADVISORY  READ 5 fd:01:x 0 EOF\n")
-    assert lease.parse_proc_locks(text) == {(0, 42, 1234): 4242}
+    text = ("1: POSIX  ADVISORY  WRITE 4242 00:2a:1234 5 7\n"
+            "1: -> POSIX  ADVISORY  WRITE 4243 00:2a:1234 5 7\n"
+            "2: FLOCK  ADVISORY  WRITE 77 fd:01:99 0 EOF\n"
+            "3: POSIX  ADVISORY  READ 5 fd:01:9 0 EOF\n"
+            "4: POSIX  ADVISORY  WRITE 6 fd:01:10 0 EOF\n"
+            "5: OFDLCK ADVISORY  WRITE -1 fd:01:11 0 EOF\n")
+    assert lease.parse_proc_locks(text) == [(4242, (0, 42, 1234), 5, 7), (6, (253, 1, 10), 0, None)]
+
+
+def test_decode():
+    base = 5 << 44
+    assert lease.decode([(base + 2, base + 3, 9), (base + 2**20, base + 2**20, 9), (base + 2**21 + 77,) * 2 + (9,)],
+                        5) == {"cpus": frozenset({2, 3}), "pending": True, "waiting": False, "ticket": 77, "pid": 9}
+    assert lease.decode([(0, None, 9), (base - 1, base + 1, 9)], 5) is None  # not leases: whole-file, outside

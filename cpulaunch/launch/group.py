@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import fcntl
 import os
+import re
 import select
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, envvars
 from cpulaunch import log as _log
 from cpulaunch.launch.spawn import (
     LaunchError,
@@ -32,7 +33,8 @@ from cpulaunch.launch.spawn import (
 )
 from cpulaunch.machine.exec import exit_code_of, signal_name
 
-__all__ = ["FORWARDED_SIGNALS", "STOPPING_SIGNALS", "KILL_TIMEOUT", "RELAY_TIMEOUT", "InstanceResult", "ProcessGroup"]
+__all__ = ["FORWARDED_SIGNALS", "STOPPING_SIGNALS", "KILL_TIMEOUT", "RELAY_TIMEOUT", "FLUSH_AFTER", "InstanceResult",
+           "ProcessGroup"]
 
 log = _log.get(__name__)
 
@@ -51,6 +53,9 @@ KILL_TIMEOUT = 5.0
 #: Seconds to wait, once every instance has exited, for the output relays to drain.
 RELAY_TIMEOUT = 2.0
 _CHUNK = 65536  # relay read size; also the longest line relayed in one piece
+#: Seconds the rest of a line waits for its end before it is shown anyway (a prompt or a
+#: progress bar printed without a newline reaches the console within this, plus the write).
+FLUSH_AFTER = 0.05
 
 
 # --------------------------------------------------------------------------- watchdog
@@ -163,8 +168,12 @@ def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the fo
 
 
 class _Console:
-    """One of the launcher's streams, shared by every relay: one write per batch of
-    whole lines under a lock, so lines of different instances never interleave.
+    """One of the launcher's streams, shared by every relay. Each write is one relay's
+    piece, tagged under the lock (:meth:`_LineState.tag`), so pieces of different
+    instances never interleave within a line: when a relay writes while another left the
+    console's current line open (its last byte was not a newline: a progress bar, a prompt),
+    a newline ends that line first and the other relay's next piece starts again with its
+    tag, marked as a continuation (``[0]+ ``).
 
     EPIPE (the reader went away, ``| head -1``) marks it ``closed``: relays then close
     their pipes so children get SIGPIPE as in a shell pipeline. Any other error (EIO,
@@ -179,28 +188,101 @@ class _Console:
         self.closed = False  # EPIPE
         self.failed = False  # any other error
         self.report: Callable[[str], None] = lambda msg: None
+        self._open: Optional[object] = None  # who left the current line open (None: at a line's start)
 
     @property
     def usable(self) -> bool:
         return not (self.closed or self.failed)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, state: Optional["_LineState"] = None) -> None:
+        """Write ``data``: a relay's raw bytes, tagged here with its ``state``; or (state
+        None) whole lines of the launcher's own."""
         with self.lock:
             if not self.usable:
                 return
-            try:
-                self.stream.write(data)
-                self.stream.flush()
+            owner = state if state is not None else self
+            head = b""
+            if self._open is not None and self._open is not owner:
+                head = b"\n"  # end the line another left open
+                if isinstance(self._open, _LineState):
+                    self._open.interrupted()
+            out = head + (state.tag(data) if state is not None else data)
+            if not out:
                 return
-            except BrokenPipeError:
-                self.closed = True
-                _point_at_devnull(self.stream)
-                return
-            except (OSError, ValueError) as exc:
-                self.failed = True
-                cause = getattr(exc, "strerror", None) or str(exc)
-                _point_at_devnull(self.stream)  # what stays buffered must not fail again at exit
-        self.report(f"cpulaunch: relaying output to {self.name} stopped: {cause}\n")
+            self._open = None if out.endswith(b"\n") else owner
+            cause = self._put(out)
+        if cause:
+            self.report(f"cpulaunch: relaying output to {self.name} stopped: {cause}\n")
+
+    def _put(self, data: bytes) -> str:
+        """Write and flush; returns why it failed ("" when it did not, or on EPIPE)."""
+        try:
+            self.stream.write(data)
+            self.stream.flush()
+            return ""
+        except BrokenPipeError:
+            self.closed = True
+            _point_at_devnull(self.stream)
+            return ""
+        except (OSError, ValueError) as exc:
+            self.failed = True
+            _point_at_devnull(self.stream)  # what stays buffered must not fail again at exit
+            return getattr(exc, "strerror", None) or str(exc)
+
+
+class _LineState:
+    """Where one relay's output stands on the console: at a line's start or within a line
+    (after a carriage return the line starts again: a progress bar rewrites it), and
+    whether its line was ended by another writer (then its next piece is a continuation).
+
+    :meth:`tag` puts ``tag`` before the first character of every line (after ``\r`` too,
+    so a bar redrawn with ``\r`` keeps its prefix; an empty line gets it, as before; the
+    ``\n`` of ``\r\n`` does not), and the continuation tag (``[0]+ ``) when the line was
+    ended by another writer meanwhile. Example with tag ``b"[0] "``:
+    ``b"a\nb"`` -> ``b"[0] a\n[0] b"``; then ``b"c\r 10%"`` -> ``b"c\r[0]  10%"``.
+    """
+
+    _SPLIT = re.compile(rb"(\r|\n)")
+
+    def __init__(self, tag: bytes) -> None:
+        self.prefix = tag
+        self.continued_prefix = tag.rstrip() + b"+ " if tag else b""
+        self.at_start = True
+        self.after_cr = False
+        self.continued = False
+
+    def interrupted(self) -> None:
+        """Another writer ended the console's line while this one's was open."""
+        if not self.at_start:
+            self.at_start, self.continued = True, True
+        self.after_cr = False
+
+    def tag(self, data: bytes) -> bytes:
+        if not self.prefix:
+            if data:
+                self.at_start = data.endswith((b"\n", b"\r"))
+            return data
+        out = []
+        for piece in self._SPLIT.split(data):
+            if not piece:
+                continue
+            if piece == b"\r":  # the line is drawn again from its start: a fresh line, not a continuation
+                self.at_start, self.after_cr, self.continued = True, True, False
+            elif piece == b"\n":
+                if self.at_start and not self.after_cr:
+                    out.append(self.prefix)
+                self.at_start, self.after_cr, self.continued = True, False, False
+            else:
+                if self.at_start:
+                    out.append(self.continued_prefix if self.continued else self.prefix)
+                self.at_start, self.after_cr, self.continued = False, False, False
+            out.append(piece)
+        return b"".join(out)
+
+    @property
+    def open(self) -> bool:
+        """Its line holds text not yet ended by a newline."""
+        return not self.at_start
 
 
 def _point_at_devnull(stream: IO[bytes]) -> None:
@@ -247,42 +329,53 @@ class _LogFile:
                 pass
 
 
-def _tagged(data: bytes, tag: bytes, continued: bool) -> bytes:
-    """Prefix each line of ``data`` (which ends with a newline) with ``tag``; the first
-    line is a continuation of an over-long line when ``continued``."""
-    if not tag:
-        return data
-    lines = data.split(b"\n")[:-1]
-    first = lines[0] if continued else tag + lines[0]
-    return b"\n".join([first] + [tag + line for line in lines[1:]]) + b"\n"
-
-
 class _Relay(threading.Thread):
-    """Copies a child's pipe to the console (whole lines, tagged) and its log (raw
-    bytes) until end of file, or until the console's reader has gone (then it closes
-    the pipe: the child gets SIGPIPE). Closes ``fd`` and the log when done.
+    """Copies a child's pipe to the console (tagged) and its log (raw bytes, exactly as
+    read) until end of file, or until the console's reader has gone (then it closes the
+    pipe: the child gets SIGPIPE). Closes ``fd`` and the log when done.
+
+    What goes to the console: everything up to the last ``\\n`` of what was read at once,
+    and all of it when a ``\\r`` follows that (a progress bar redrawn: its state is whole);
+    the rest of a line as soon as :data:`FLUSH_AFTER` seconds pass without more of it (a
+    prompt), or when it reaches :data:`_CHUNK` bytes (an endless line, relayed in pieces).
+    At end of file a line left open gets its newline.
 
     ``writing`` tells :meth:`ProcessGroup.close` whether it is blocked on the console (a
     slow reader such as a paused ``| less``: worth waiting for, as a shell would) or
     on the pipe (all processes gone, so some process outside the group holds it).
     """
 
-    def __init__(self, fd: int, tag: bytes, console: _Console, logfile: Optional[_LogFile], name: str) -> None:
+    def __init__(self, fd: int, tag: bytes, console: _Console, logfile: Optional[_LogFile], name: str,
+                 fold: Optional[Callable[[bytes], bool]] = None) -> None:
         super().__init__(name=name, daemon=True)
-        self.fd, self.tag, self.console, self.logfile = fd, tag, console, logfile
+        self.fd, self.console, self.logfile, self.fold = fd, console, logfile, fold
+        self.state = _LineState(tag)
         self.writing = False
 
     def _emit(self, data: bytes) -> None:
+        if self.fold is not None and b"\n" in data:  # whole lines the plan's notes stand for
+            *lines, tail = data.split(b"\n")
+            data = b"".join(line + b"\n" for line in lines if not self.fold(line)) + tail
+            if not data:
+                return
         self.writing = True
         try:
-            self.console.write(data)
+            self.console.write(data, self.state)
         finally:
             self.writing = False
 
     def run(self) -> None:
-        pending, continued, tag = b"", False, self.tag
+        pending, since = b"", 0.0
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         try:
             while True:
+                if pending:
+                    left = since + FLUSH_AFTER - time.monotonic()
+                    if left <= 0 or not poller.poll(max(int(left * 1000), 1)):
+                        self._emit(pending)  # the rest of a line, shown without waiting for its end
+                        pending = b""
+                        continue
                 try:
                     chunk = os.read(self.fd, _CHUNK)
                 except OSError:
@@ -293,18 +386,24 @@ class _Relay(threading.Thread):
                     self.logfile.write(chunk)
                 if self.console.closed:
                     return
+                if not pending:
+                    since = time.monotonic()
                 data = pending + chunk
                 cut = data.rfind(b"\n") + 1
+                if b"\r" in data[cut:]:  # a bar redrawn after \r: what follows it is whole, shown now
+                    cut = len(data)
                 if cut:
-                    self._emit(_tagged(data[:cut], tag, continued))
-                    pending, continued = data[cut:], False
+                    self._emit(data[:cut])
+                    pending, since = data[cut:], time.monotonic()
                 else:
                     pending = data
                 if len(pending) >= _CHUNK:  # bound memory: relay an endless line in pieces
-                    self._emit(pending if continued else tag + pending)
-                    pending, continued = b"", True
+                    self._emit(pending)
+                    pending = b""
             if pending:
-                self._emit(_tagged(pending + b"\n", tag, continued))
+                self._emit(pending)
+            if self.state.open:
+                self._emit(b"\n")
         finally:
             os.close(self.fd)
             if self.logfile is not None:
@@ -545,8 +644,13 @@ class ProcessGroup:
     def _start_relays(self, spec: ProcessSpec, out_r: int, err_r: int) -> None:
         tag = f"[{spec.index}] ".encode() if self.prefix_output else b""
         logs = self._open_logs(spec.index)
+        fold = None
+        if spec.env.get(envvars.DIST_BACKEND) == "ccl":  # oneCCL's warnings about the planned values: one note
+            from cpulaunch.distributed import ccl_expected_warning
+
+            fold = ccl_expected_warning(spec.env)
         for fd, console, logfile in ((out_r, self.out, logs[0]), (err_r, self.err, logs[1])):
-            relay = _Relay(fd, tag, console, logfile, name=f"{spec.label} {console.name}")
+            relay = _Relay(fd, tag, console, logfile, name=f"{spec.label} {console.name}", fold=fold)
             relay.start()
             self._relays.append((spec.index, relay))
 
@@ -558,15 +662,9 @@ class ProcessGroup:
         return _LogFile(out[0], out[1], self._say), _LogFile(err[0], err[1], self._say)
 
     def _say(self, message: str) -> None:
-        """A line of the launcher's own on stderr, whole, between relayed lines."""
-        with self.err.lock:
-            if not self.err.usable:
-                return
-            try:
-                self.err.stream.write(message.encode(errors="surrogateescape"))
-                self.err.stream.flush()
-            except (OSError, ValueError):
-                pass
+        """A line of the launcher's own on stderr, whole, between relayed lines (a line an
+        instance left open is ended first)."""
+        self.err.write(message.encode(errors="surrogateescape"))
 
     # ----- poll / signal / wait
 

@@ -194,11 +194,11 @@ def _encoded(data: Union[str, bytes]) -> bytes:
     return data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
 
 
-def replace_at(dir_fd: int, name: str, data: Union[str, bytes], shown: str) -> None:
+def replace_at(dir_fd: int, name: str, data: Union[str, bytes], shown: str, mode: int = 0o666) -> None:
     """Write ``data`` as ``name`` in the folder ``dir_fd``: to a new temporary file there
-    (O_EXCL, a random name), then rename()d over ``name``. rename(2) replaces a link
-    planted at the name, never follows it; a folder planted there fails (EISDIR). A str is
-    written as UTF-8, surrogate escapes as the bytes they stand for.
+    (O_EXCL, a random name, ``mode`` less the umask), then rename()d over ``name``.
+    rename(2) replaces a link planted at the name, never follows it; a folder planted there
+    fails (EISDIR). A str is written as UTF-8, surrogate escapes as the bytes they stand for.
 
     Raises:
         OSError: the write or the rename failed (the temporary file is removed);
@@ -207,7 +207,7 @@ def replace_at(dir_fd: int, name: str, data: Union[str, bytes], shown: str) -> N
     for _ in range(100):
         tmp = f".{name}.{os.urandom(6).hex()}.tmp"
         try:
-            fd = os.open(tmp, NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd)
+            fd = os.open(tmp, NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
             break
         except FileExistsError:
             continue

@@ -29,8 +29,9 @@ from cpulaunch.machine.engines import ENGINE_VARIABLES, RankContext, detect_engi
 if TYPE_CHECKING:
     from cpulaunch.machine.libfinder import Fabric
 
-__all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding", "cache_dir",
-           "rank_python", "ccl_collective_check", "CCL_MODULE", "CCL_CHECK_SECONDS"]
+__all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding",
+           "cache_dir", "clear_cache", "verdict_key", "verdict_name", "rank_python", "ccl_collective_check", "CCL_MODULE",
+           "CCL_CHECK_SECONDS"]
 
 
 class Host(NamedTuple):
@@ -218,6 +219,7 @@ class CclBinding(NamedTuple):
         why: how the import failed: ``"aborts the interpreter at import (SIGABRT)"``, the
             error's last line, or that it ran out of time; "" when it loads.
         cached: the verdict was read from the cache, not checked now.
+        cache_file: the file the verdict was read from or kept in; None when not kept.
     """
 
     python: str
@@ -227,6 +229,7 @@ class CclBinding(NamedTuple):
     loads: Optional[bool] = None
     why: str = ""
     cached: bool = False
+    cache_file: Optional[str] = None
 
 
 def cache_dir(environ: Mapping[str, str]) -> Optional[Path]:
@@ -259,31 +262,135 @@ def _binding_files(folder: Path) -> list:
     return out
 
 
-def _read_verdict(path: Path, key: dict) -> Optional[tuple]:
-    """(loads, why) cached at ``path`` for exactly ``key``, else None."""
-    import json  # not on the launch path (issue 12)
-    from cpulaunch.machine.files import UnusableFileError, read_regular
+#: Variables whose values decide whether the bindings import in the ranks' environment: the
+#: dynamic linker's (LD_LIBRARY_PATH, LD_PRELOAD...), Python's (PYTHONPATH, PYTHONHOME...),
+#: oneCCL's, libfabric's and Intel MPI's. Every one of them is in a verdict's key.
+VERDICT_VARIABLES = ("LD_", "PYTHON", "CCL_", "FI_", "I_MPI_")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
+
+def verdict_key(python: str, torch_version: Optional[str], folder: Path, environ: Mapping[str, str]) -> dict:
+    """What decides the import check, as the cache's key: the interpreter, torch's
+    version, the bindings' files (path, mtime, size) and every variable of
+    :data:`VERDICT_VARIABLES` in ``environ`` (a fixed LD_LIBRARY_PATH is another key, so a
+    failure it caused is not served again)."""
+    env = {k: v for k, v in sorted(environ.items()) if k.startswith(VERDICT_VARIABLES)}
+    return {"python": python, "torch": torch_version, "files": _binding_files(folder), "env": env}
+
+
+def verdict_name(key: dict) -> str:
+    """The cache file's name for ``key``: ``ccl-binding-<32 hex digits of its sha256>.json``."""
+    import hashlib
+    import json  # not on the launch path (issue 12)
+
+    return "ccl-binding-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".json"
+
+
+def _own_and_private(fd: int) -> bool:
+    """Whether the open folder or file ``fd`` is this user's and writable by nobody else."""
+    st = os.fstat(fd)
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _open_cache(folder: Path) -> Optional[int]:
+    """A descriptor of the cache folder when it is a real folder (not a link), this user's
+    and writable by nobody else; else None (root with a user's HOME, as under ``sudo -E``,
+    gets None: the folder is the user's)."""
     try:
-        data = json.loads(read_regular(str(path), cap=_VERDICT_BYTES))
-    except (OSError, ValueError, UnusableFileError):
+        fd = os.open(folder, _DIR_FLAGS)
+    except OSError:
         return None
+    if _own_and_private(fd):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _read_verdict(folder: Path, name: str, key: dict) -> Optional[tuple]:
+    """(loads, why) cached as ``name`` in ``folder`` for exactly ``key``, else None. Read
+    only from a folder and a regular file that are this user's and writable by nobody else,
+    never through a link."""
+    import json  # not on the launch path (issue 12)
+    import stat
+
+    dfd = _open_cache(folder)
+    if dfd is None:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _own_and_private(fd):
+            return None
+        data = json.loads(os.read(fd, _VERDICT_BYTES + 1)[:_VERDICT_BYTES])
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
     if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("loads"), bool):
         return None
     return data["loads"], str(data.get("why", ""))
 
 
-def _write_verdict(folder: Path, name: str, key: dict, loads: bool, why: str) -> None:
-    """Keep a verdict (whole or not at all, never through a planted link); a cache that
-    cannot be written costs the next run the check again, nothing more."""
+def _write_verdict(folder: Path, name: str, key: dict, loads: bool, why: str) -> bool:
+    """Keep a verdict (whole or not at all, mode 0600) in ``folder`` (made 0700 when
+    missing), never through a link planted at the folder's or the file's name, never in
+    a folder that is not this user's alone; a cache that cannot be written costs the next
+    run the check again, nothing more. Returns True when it was kept."""
     import json  # not on the launch path (issue 12)
-    from cpulaunch.machine.files import write_file
+    from cpulaunch.machine.files import replace_at
 
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        write_file(folder / name, json.dumps({"key": key, "loads": loads, "why": why}, sort_keys=True))
-    except OSError:
+        os.makedirs(folder.parent, mode=0o700, exist_ok=True)
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
         pass
+    except OSError:
+        return False
+    dfd = _open_cache(folder)
+    if dfd is None:
+        return False
+    try:
+        replace_at(dfd, name, json.dumps({"key": key, "loads": loads, "why": why}, sort_keys=True),
+                   str(folder / name), mode=0o600)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
+
+
+def clear_cache(folder: Optional[Path]) -> list[str]:
+    """Remove every cached oneCCL verdict (``ccl-binding-*.json``) of this user's from
+    ``folder`` (:func:`cache_dir`; ``cpulaunch doctor --clear-cache``); returns the files
+    removed. Only in a folder that is this user's alone; links and other users' files are
+    left (a name is unlinked, never followed).
+
+    Raises:
+        OSError: the folder exists but cannot be read.
+    """
+    import stat
+
+    if folder is None:
+        return []
+    dfd = _open_cache(folder)
+    if dfd is None:
+        return []
+    removed = []
+    try:
+        for entry in os.listdir(dfd):
+            if not (entry.startswith("ccl-binding-") and entry.endswith(".json")):
+                continue
+            st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                os.unlink(entry, dir_fd=dfd)
+                removed.append(str(folder / entry))
+    finally:
+        os.close(dfd)
+    return removed
 
 
 def _import_check(python: str, environ: Mapping[str, str]) -> tuple:
@@ -379,28 +486,29 @@ def ccl_binding(python: str, environ: Mapping[str, str], cache: Optional[Path]) 
     process of ``python`` with ``environ`` (the ranks' environment), because a binding built
     for another torch can abort the interpreter at import while its metadata looks right
     (issue 21). The verdict is kept in ``cache`` (a folder, :func:`cache_dir`; None: not
-    kept) under a key of ``python``, torch's version and each binding file's path, mtime and
-    size, so a run pays the 1.4-10 s check once per build. A check that ran out of time is
-    not kept.
+    kept) under a key of everything that decides it (:func:`verdict_key`: ``python``,
+    torch's version, each binding file's path, mtime and size, and the LD_*, PYTHON*,
+    CCL_*, FI_* and I_MPI_* variables), so a run pays the 1.4-10 s check once per build and
+    environment; it is read back only from a folder and file of this user's that nobody
+    else may write (:func:`_read_verdict`), and ``cpulaunch doctor --clear-cache`` removes
+    it (:func:`clear_cache`). A check that ran out of time is not kept.
 
     Returns:
         :class:`CclBinding` (``path`` None when not installed; then no import is tried).
     """
-    import json  # not on the launch path (issue 12)
-    import hashlib
-
     folder, version, torch_version = _locate(python, environ)
     if folder is None:
         return CclBinding(python, None)
-    key = {"python": python, "torch": torch_version, "files": _binding_files(folder)}
-    name = "ccl-binding-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".json"
-    hit = _read_verdict(cache / name, key) if cache is not None else None
+    key = verdict_key(python, torch_version, folder, environ)
+    name = verdict_name(key)
+    hit = _read_verdict(cache, name, key) if cache is not None else None
     if hit is not None:
-        return CclBinding(python, str(folder), version, torch_version, hit[0], hit[1], cached=True)
+        return CclBinding(python, str(folder), version, torch_version, hit[0], hit[1], cached=True,
+                          cache_file=str(cache / name))
     loads, why, keep = _import_check(python, environ)
-    if keep and cache is not None:
-        _write_verdict(cache, name, key, loads, why)
-    return CclBinding(python, str(folder), version, torch_version, loads, why)
+    kept = keep and cache is not None and _write_verdict(cache, name, key, loads, why)
+    return CclBinding(python, str(folder), version, torch_version, loads, why,
+                      cache_file=str(cache / name) if kept else None)
 
 
 #: A one-rank ccl world on a HashStore and one all_reduce (cpulaunch doctor's check).

@@ -70,9 +70,14 @@ def _forked_child() -> None:
 
 
 def install() -> bool:
-    """Register :func:`end_process_group` to run at exit (once per process; later calls do
-    nothing). Returns True when this call registered it."""
+    """Register :func:`end_process_group` to run at exit (once per process: later calls,
+    and calls on another copy of this module once the site hook's copy,
+    ``sys.modules["_cpulaunch_exithook"]``, is installed, do nothing). Returns True when
+    this call registered it."""
     if _STATE["installed"]:
+        return False
+    other = sys.modules.get("_cpulaunch_exithook")  # the copy cpulaunch's site hook loaded at start-up
+    if other is not None and other is not sys.modules.get(__name__) and getattr(other, "_STATE", {}).get("installed"):
         return False
     _STATE["installed"] = True
     atexit.register(end_process_group)

@@ -859,9 +859,11 @@ def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
     status = CclStatus(b.path, b.version, b.loads, b.why, lib, prov)
     what = f"oneccl_bindings_for_pytorch {b.version or '?'} ({b.path})"
     if not b.loads:
-        findings.append(Finding("ccl-binding", "warn", f"{what} does not load with torch {b.torch_version}: {b.why}",
+        cached = f" (cached verdict: {b.cache_file})" if b.cached else ""
+        findings.append(Finding("ccl-binding", "warn", f"{what} does not load with torch {b.torch_version}: {b.why}{cached}",
                                 "--backend auto uses gloo; --backend ccl is refused",
-                                "rebuild it against this torch (docs/cluster.md)"))
+                                "rebuild it against this torch (docs/cluster.md)"
+                                + ("; once fixed, cpulaunch doctor --clear-cache forgets the old verdict" if cached else "")))
         return status
     findings.append(Finding("ccl-binding", "ok", f"{what} loads with torch {b.torch_version}"))
     if not fabric.usable and not (environ.get("CCL_OFI_LIBRARY_PATH") and environ.get("FI_PROVIDER_PATH")):
@@ -1101,7 +1103,10 @@ def render_text(report: Report) -> str:
               default="bind", show_default=True,
               help="The --mem-policy of the launch to check numactl for (the launcher's own check).")
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
-def command(sysroot, fmt, mem_policy, strict):
+@click.option("--clear-cache", is_flag=True,
+              help="Remove the launcher's cached oneCCL verdicts ($XDG_CACHE_HOME/cpulaunch, else "
+                   "~/.cache/cpulaunch) and exit; the next --ddp run checks the bindings again.")
+def command(sysroot, fmt, mem_policy, strict, clear_cache):
     """What to know before trusting a pinned run on this machine, each finding with its fix.
 
     Exit status: 0 when no finding is an error (with --strict: no error and no warning),
@@ -1109,6 +1114,17 @@ def command(sysroot, fmt, mem_policy, strict):
     from cpulaunch import core
     from cpulaunch.machine import probe
     from cpulaunch.render import json_text
+
+    if clear_cache:
+        from cpulaunch.machine.host import cache_dir
+        from cpulaunch.machine.host import clear_cache as clear
+
+        folder = cache_dir(os.environ)
+        removed = clear(folder)
+        core.write_out(json_text({"cache": None if folder is None else str(folder), "removed": removed}) + "\n"
+                       if fmt == "json" else
+                       f"removed {len(removed)} cached oneCCL verdict(s) from {folder or 'no cache folder (no HOME)'}\n")
+        return 0
 
     probe.check_sysroot(sysroot)
     report = diagnose(sysroot, os.environ, live=probe.is_live(sysroot), mem_policy=MemPolicy(mem_policy))

@@ -1,0 +1,81 @@
+"""Other users and private mounts for tests that need them (issue 34): the tests make two
+unprivileged users of their own (``useradd -m``) and run commands as them with setpriv;
+a test that needs a host without ``/run/cpulaunch`` runs in a private mount namespace with
+fresh ``/run`` and ``/tmp`` (tmpfs), whatever the host's past. Root only; a test skips,
+naming what is missing, elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+#: The two users the tests make (and keep: making them again costs nothing).
+USERS = ("cpulaunch-u1", "cpulaunch-u2")
+
+#: Prefix of a shell line that runs the rest in a private mount namespace with fresh /run and /tmp.
+FRESH = ("unshare", "-m", "--propagation", "private", "sh", "-c",
+         'mount -t tmpfs -o mode=0755 tmpfs /run && mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$@"', "sh")
+
+
+def missing() -> str:
+    """Why these tests cannot run here ("" when they can)."""
+    if os.geteuid() != 0:
+        return "needs root (makes users, mounts in a private namespace)"
+    for tool in ("setpriv", "useradd", "unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    return ""
+
+
+def ensure_users() -> tuple[str, ...]:
+    """Make :data:`USERS` where missing; returns them."""
+    for name in USERS:
+        if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "-m", name], check=True, capture_output=True, timeout=60)
+    return USERS
+
+
+def as_user(name: str | None, argv) -> list:
+    """``argv`` run as ``name`` (None: as root) through setpriv, with its own groups."""
+    if name is None:
+        return list(argv)
+    return ["setpriv", f"--reuid={name}", f"--regid={name}", "--init-groups", *argv]
+
+
+def uid_of(name: str) -> int:
+    return int(subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
+
+
+def fresh(argv) -> list:
+    """``argv`` run in a private mount namespace with fresh /run and /tmp."""
+    return [*FRESH, *argv]
+
+
+def user_python(user: str) -> tuple[str, dict]:
+    """An interpreter ``user`` can run with cpulaunch and its dependencies importable, and
+    the variables it needs: this one when ``user`` may execute it, else the system's
+    ``python3.X`` of the same version with this environment's site-packages and the
+    checkout on PYTHONPATH (a venv made from a Python under /root, as pyenv's, is not
+    executable by other users). ``("", {})`` when there is none."""
+    import sysconfig
+
+    def runs(python: str, env: dict) -> bool:  # exec'd by a process of the user's (setpriv may exec more)
+        argv = ["env", *(f"{k}={v}" for k, v in env.items()), "sh", "-c", 'exec "$0" -c "import cpulaunch, click"',
+                python]
+        return subprocess.run(as_user(user, argv), capture_output=True, cwd=REPO).returncode == 0
+
+    if runs(sys.executable, {}):
+        return sys.executable, {}
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for folder in ("/usr/bin", "/usr/local/bin"):
+        candidate = os.path.join(folder, version)
+        env = {"PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])}
+        if os.access(candidate, os.X_OK) and runs(candidate, env):
+            return candidate, env
+    return "", {}
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
