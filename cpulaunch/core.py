@@ -181,22 +181,17 @@ def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, s
     is :mod:`cpulaunch.machine.lease`'s.
 
     Raises:
-        CpulaunchError: --sysroot given, several local tasks under an engine, --bind none,
-            the request does not fit in the job's own allowed CPUs (at once, whoever holds
+        CpulaunchError: several local tasks under an engine, the request does not fit in
+            the job's own allowed CPUs (at once, whoever holds
             what), the lease folder unusable, or the free cores too few (naming who holds
             the others).
     """
     from cpulaunch.machine import lease
     from cpulaunch.plan import PlanError
 
-    if not host.live:
-        raise CpulaunchError("--share-host coordinates the jobs of this machine; drop --sysroot")
     if host.engine is not None and host.engine.local_world_size > 1:
         raise CpulaunchError(f"--share-host does not apply under {host.engine.engine} with several tasks "
                              "on this machine (each would plan alone); start one cpulaunch per machine")
-    if opts.bind is BindMode.NONE:
-        raise CpulaunchError("--share-host claims the CPUs a job is bound to, and --bind none binds it to none "
-                             "(it would run on every CPU); drop --bind none, or --share-host")
     run = opts.output is Output.RUN
     whole = _prepare_plan(opts, topo, host, environ)  # a request that cannot fit at all fails here, at once
     with lease.Claimant(lease.space(opts.lease_dir, create=run), topo.online, topo.allowed,

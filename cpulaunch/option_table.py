@@ -391,7 +391,6 @@ RULES: tuple[Rule, ...] = (
          "cpulaunch does not restart a static rendezvous"),
     Rule("needs", ("rdzv_id", "rdzv_endpoint"), "the job id names an elastic rendezvous"),
     Rule("needs", ("lease_dir", "share_host"), "or drop it"),
-    Rule("conflicts", ("share_host", "sysroot"), "--share-host coordinates the jobs of this machine"),
 )
 
 #: The options --show-topology uses (it draws the machine; the others plan instances).

@@ -589,6 +589,13 @@ def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
         if idx is not None and ("," in str(idx) or "-" in str(idx)):
             raise c.error("instance_idx", "--print-env prints one instance; give one index, or use --dry-run "
                           "for several")
+    share_host = _share_host(c)
+    bind = BindMode(str(c.v.get("bind") or "numactl").lower())
+    if share_host and bind is BindMode.NONE:
+        raise OptionsError(f"{c.said('share_host')} claims the CPUs a job is bound to, and {c.said('bind')} binds it "
+                           "to none (it would run on every CPU); drop one of them")
+    if share_host and c.has("sysroot") and c.v.get("sysroot") not in (None, "/"):
+        raise OptionsError(f"{c.said('share_host')} coordinates the jobs of this machine; drop {c.said('sysroot')}")
     return Options(
         output=output,
         fmt=fmt,
@@ -596,7 +603,7 @@ def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
         request=_request(c),
         omp_runtime=str(c.v.get("omp_runtime") or "auto").lower(),
         allocator=str(c.v.get("allocator") or "auto").lower(),
-        bind=BindMode(str(c.v.get("bind") or "numactl").lower()),
+        bind=bind,
         override_env=bool(c.v.get("override_env")),
         program=tuple(c.v.get("program") or ()),
         no_python=bool(c.v.get("no_python")),
@@ -607,7 +614,7 @@ def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
         kmp_blocktime=c.v.get("kmp_blocktime"),
         verbose=int(c.v.get("verbose") or 0),
         aliases=tuple(a.name for a in table.ALIASES if values.get(a.dest) not in (None, False)),
-        share_host=_share_host(c),
+        share_host=share_host,
         lease_dir=c.v.get("lease_dir"),
         notes=tuple(c.notes),
     )

@@ -263,7 +263,7 @@ def test_bare_flag_variable_and_words(tmp_path, leases):
 def test_bind_none_is_refused(leases):
     proc = dry_run(leases, "--bind", "none", check=2)
     assert proc.stderr == ("cpulaunch: error: --share-host claims the CPUs a job is bound to, and --bind none binds "
-                           "it to none (it would run on every CPU); drop --bind none, or --share-host\n")
+                           "it to none (it would run on every CPU); drop one of them\n")
 
 
 def test_a_request_that_cannot_fit_its_own_cpus_fails_at_once(tmp_path, leases, jobs):
