@@ -21,7 +21,12 @@ violations below):
 4. a child process is started (subprocess, posix_spawn, fork, exec) only in
    ``machine/exec.py``, ``launch/`` and tune's trial runner;
 5. host files are opened (``open``, ``os.open``, ``mmap``, ``Path.read_*``/``write_*``/
-   ``open``) only in ``machine/`` and ``launch/`` (the run folder's files).
+   ``open``) only in ``machine/`` and ``launch/`` (the run folder's files);
+6. layers only look down (:data:`LAYERS`): base < machine < planning < launch < invocation
+   < cli; a module imports cpulaunch modules of its own layer or below, never above
+   (tools/, runtime/ and the alias modules stand beside: below cli, above the rest);
+7. a pure module reads no environment (``os.environ``, ``os.getenv``): the environment is
+   handed in as a mapping, as the host is.
 """
 
 from __future__ import annotations
@@ -61,6 +66,19 @@ SPAWNERS = ("cpulaunch/machine/exec.py", "cpulaunch/launch/", "cpulaunch/tools/t
 SPAWN_CALLS = {"Popen", "run", "call", "check_call", "check_output", "posix_spawn", "posix_spawnp",
                "fork", "forkpty", "execv", "execve", "execvp", "execvpe", "system", "popen"}
 SPAWN_OWNERS = {"subprocess", "os"}
+#: The layers, lowest first (rule 6): each may import its own and the ones below.
+LAYERS = (
+    ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py")),
+    ("machine", ("cpulaunch/machine/",)),
+    ("planning", ("cpulaunch/plan.py", "cpulaunch/option_table.py", "cpulaunch/options.py", "cpulaunch/distributed.py",
+                  "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/svg.py")),
+    ("launch", ("cpulaunch/launch/",)),
+    ("invocation", ("cpulaunch/core.py", "cpulaunch/api.py")),
+    ("cli", ("cpulaunch/cli.py", "cpulaunch/__main__.py")),
+)
+#: Beside the layers: above every layer but cli, which none of them may import.
+BESIDE = ("cpulaunch/tools/", "cpulaunch/runtime/", "cpulaunch/inference.py", "cpulaunch/torch_utils.py",
+          "cpulaunch/ddp_wrap.py", "cpulaunch/rank_entry.py")
 #: Where host files may be opened (rule 5).
 OPENERS = ("cpulaunch/machine/", "cpulaunch/launch/")
 FILE_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes"}
@@ -159,7 +177,41 @@ def violations(trees: dict) -> list:
     for path, tree in trees.items():
         imps = imports(path, tree)
         out += _runtime_rule(path, tree, imps) + _tools_rule(path, imps) + _pure_rule(path, tree, imps)
-        out += _spawn_rule(path, tree) + _open_rule(path, tree)
+        out += _spawn_rule(path, tree) + _open_rule(path, tree) + _layer_rule(path, imps)
+    return out
+
+
+def layer_of(path: str) -> Optional[int]:
+    """The index in :data:`LAYERS` of the module at ``path`` (len(LAYERS) - 1 for what
+    stands beside them: below cli only); None for the package's own ``__init__``."""
+    for i, (_, places) in enumerate(LAYERS):
+        if _in(path, places):
+            return i
+    if _in(path, BESIDE):
+        return len(LAYERS) - 1.5
+    return None
+
+
+def _module_path(module: str) -> Optional[str]:
+    base = PKG.parent / module.replace(".", "/")
+    if base.with_suffix(".py").exists():
+        return str(base.with_suffix(".py").relative_to(PKG.parent))
+    return None
+
+
+def _layer_rule(path: str, imps: list) -> list:
+    mine = layer_of(path)
+    if mine is None:
+        return []
+    out = []
+    for imp in imps:
+        target = _module_path(imp.module) if imp.module.startswith("cpulaunch.") else None
+        theirs = layer_of(target) if target else None
+        if theirs is None or theirs <= mine or target.startswith(("cpulaunch/runtime/", "cpulaunch/tools/")):
+            continue  # runtime and tools have their own rules (1, 2)
+        name = LAYERS[int(theirs)][0] if theirs == int(theirs) else "tools/runtime"
+        here = LAYERS[int(mine)][0] if mine == int(mine) else "tools/runtime"
+        out.append(f"{path}:{imp.line}: layer {here} imports {imp.module} of layer {name} above it")
     return out
 
 
@@ -207,6 +259,8 @@ def _pure_rule(path: str, tree: ast.Module, imps: list) -> list:
     for node, _ in _walk(tree):
         if isinstance(node, ast.Call) and (_os_call(node) or _called(node) == "open"):
             out.append(f"{path}:{node.lineno}: pure module calls {ast.unparse(node.func)}")
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "environb") and ast.unparse(node.value) == "os":
+            out.append(f"{path}:{node.lineno}: pure module reads os.environ (take the environment as an argument)")
     return out
 
 
@@ -295,6 +349,16 @@ PLANTED = {
     "a fork in verify": ("cpulaunch/tools/verify.py", "import os\ndef f():\n    os.fork()\n", "starts a process"),
     "doctor opens a file": ("cpulaunch/tools/doctor.py", "def f(p):\n    return p.read_text()\n", "opens a file"),
     "an alias that grew code": ("cpulaunch/inference.py", "def helper():\n    pass\n", "an alias holds only"),
+    "the host reader climbs to planning": ("cpulaunch/machine/host.py", "from cpulaunch.options import Options\n",
+                                           "layer machine imports cpulaunch.options of layer planning"),
+    "planning climbs to launch": ("cpulaunch/plan.py", "def f():\n    from cpulaunch.launch import spawn\n",
+                                  "layer planning imports cpulaunch.launch.spawn of layer launch"),
+    "launch climbs to the invocation": ("cpulaunch/launch/group.py", "from cpulaunch import core\n",
+                                        "layer launch imports cpulaunch.core of layer invocation"),
+    "a tool climbs to cli": ("cpulaunch/tools/doctor.py", "from cpulaunch.cli import main\n",
+                             "layer tools/runtime imports cpulaunch.cli of layer cli"),
+    "rendering reads the environment": ("cpulaunch/render.py", "import os\nHOME = os.environ.get('HOME')\n",
+                                        "pure module reads os.environ"),
 }
 
 
