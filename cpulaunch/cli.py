@@ -185,8 +185,7 @@ def help_rows(section: "table.Section") -> list[tuple[str, str]]:
         if o.section is section:
             names = f"{o.short}, {o.name}" if o.short else o.name
             value = o.metavar or ("{" + ",".join(o.kind.choices) + "}" if o.kind.name == "choice" else "")
-            default = f" [default: {o.default}]" if o.default not in (None, 0, False) and o.dest != "sysroot" else ""
-            rows.append((f"{names} {value}".strip(), o.help + default))
+            rows.append((f"{names} {value}".strip(), o.help))
     if section is table.Section.OUTPUT:
         rows += [("--version", "Print the version and exit."), ("-h, --help", "Print this help and exit.")]
     if section is table.Section.COMPAT:

@@ -76,12 +76,12 @@ def _ccl_problem(binding, fabric, environ: Mapping[str, str]) -> Optional[tuple]
     if binding is None or binding.path is None:
         where = f"for {binding.python}" if binding is not None else "in this Python environment"
         return (f"oneccl_bindings_for_pytorch is not installed {where}",
-                ("build intel/torch-ccl against this torch (its README; docs/cluster.md names the "
-                f"versions that ran together), {gloo}"))
+                ("install oneccl_bindings_for_pytorch built for this torch (Intel's own wheels stop at torch "
+                 f"2.8: build intel/torch-ccl against the installed torch), {gloo}"))
     if binding.loads is False:
         what = f"oneccl_bindings_for_pytorch {binding.version or ''} ({binding.path})".replace("  ", " ")
         return (f"{what} does not load with torch {binding.torch_version or '?'}: {binding.why} "
-                f"({_verdict_source(binding)})", f"rebuild it against this torch (docs/cluster.md), {gloo}")
+                f"({_verdict_source(binding)})", f"rebuild it against the installed torch, {gloo}")
     from cpulaunch.machine.libraries import REGISTRY
 
     install = REGISTRY["libfabric"].install.split(" (")[0]
@@ -704,7 +704,8 @@ def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, s
     if not runs_python(program, python):
         if program:
             notes.append(f"no exit hook for {program[0]!r} (not a Python interpreter): if its ranks never call "
-                         "destroy_process_group(), they may abort at exit (docs/training.md)")
+                         "destroy_process_group(), they may abort at exit; end each rank's program with "
+                         "torch.distributed.destroy_process_group()")
         return {}
     dropped = [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if is_hook_folder(e)]
     others = [e for e in dropped if os.path.normpath(e) != site_hook_dir()]

@@ -203,7 +203,12 @@ def option_variable(long_name: str) -> str:
 
 
 def _lib_help(kind: str) -> str:
-    return "; ".join(f"{lib.choice}: {lib.help}" for lib in REGISTRY.values() if lib.kind == kind and lib.selectable)
+    """The registry's choices of one kind for help: ``"intel (Intel OpenMP...), gnu (...)"``."""
+    return ", ".join(f"{lib.choice} ({lib.summary})" for lib in REGISTRY.values() if lib.kind == kind and lib.selectable)
+
+
+def _choices(enum_type) -> str:
+    return ", ".join(m.value for m in enum_type)
 
 
 P, R, M, D, O = Section.PLACEMENT, Section.RESTRICTIONS, Section.MEMORY, Section.DISTRIBUTED, Section.OUTPUT
@@ -247,21 +252,23 @@ OPTIONS: tuple[Option, ...] = (
            "Run only these instances (e.g. 0,2); --print-env: which one.", metavar="I[,I...]"),
     # ---------------------------------------------------------------- memory and libraries
     Option("--mem-policy", "mem_policy", _choice(MemPolicy), M,
-           "NUMA memory policy on the nodes of each instance's CPUs.", default="bind"),
+           "NUMA memory policy on the nodes of each instance's CPUs: " + _choices(MemPolicy) + ".",
+           default="bind", metavar="POLICY"),
     Option("--bind", "bind", _choice(BindMode), M,
-           "How to bind: numactl (CPUs and memory), affinity (CPUs only), none.", default="numactl"),
+           "numactl (CPUs and memory), affinity (CPUs only) or none.", default="numactl", metavar="HOW"),
     Option("--omp-runtime", "omp_runtime", _choice(OPENMP_CHOICES), M,
-           "OpenMP runtime (auto: torch's own) - " + _lib_help("openmp") + ".", default="auto"),
+           "OpenMP runtime: auto (torch's own), " + _lib_help("openmp") + ".", default="auto", metavar="NAME"),
     Option("--allocator", "allocator", _choice(ALLOCATOR_CHOICES), M,
-           "Allocator to preload (auto: tcmalloc if installed; default: the C library's) - "
-           + _lib_help("allocator") + ".", default="auto"),
+           "Allocator to preload: auto (tcmalloc if installed), default (the C library's), "
+           + _lib_help("allocator") + ".", default="auto", metavar="NAME"),
     Option("--kmp-blocktime", "kmp_blocktime", _integer(0), M,
            "KMP_BLOCKTIME in ms for --omp-runtime intel (default 1, the tuning guide's).", metavar="MS"),
     Option("--omp-places", "omp_places", FLAG, M, "Pin GNU OpenMP threads with OMP_PLACES/OMP_PROC_BIND."),
     Option("--override-env", "override_env", FLAG, M,
            "cpulaunch's values win over ones already in your environment."),
     Option("--inference-path", "inference_path", _choice(("auto", "eager", "onednn-graph", "inductor")), M,
-           "Tell the program which inference path cpulaunch.optimize() takes."),
+           "The path cpulaunch.optimize() takes in the program: auto, eager, onednn-graph or inductor.",
+           metavar="PATH"),
     # ---------------------------------------------------------------- distributed
     Option("--ddp", "ddp", FLAG, D, "Distributed training: one rank per socket (see --nproc-per-node)."),
     Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag; implies --ddp)."),
@@ -283,8 +290,8 @@ OPTIONS: tuple[Option, ...] = (
            "Times torchrun's agent restarts the ranks after a failure (elastic; default 0).", metavar="N",
            requires_ddp=True),
     Option("--backend", "backend", _choice(("auto", "gloo", "ccl")), D,
-           "Process-group backend (auto: ccl when oneccl_bindings_for_pytorch loads with this torch and "
-           "oneCCL's libfabric is found, else gloo).", requires_ddp=True),
+           "Process-group backend: auto (ccl when oneccl_bindings_for_pytorch loads with this torch and "
+           "oneCCL's libfabric is found, else gloo), gloo or ccl.", metavar="NAME", requires_ddp=True),
     Option("--ccl-worker-count", "ccl_worker_count", _integer(0), D,
            "With ccl: cores per rank set aside for oneCCL's workers (default 1 when each rank has a core to "
            "spare; 0: none).", metavar="N", requires_ddp=True),
@@ -302,8 +309,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--show-topology", "show_topology", FLAG, O, "Draw sockets, NUMA nodes, cores and SMT siblings.",
            sources=_ACTION),
     Option("--format", "fmt", _choice(Format), O,
-           "--dry-run: text|json|svg; --print-env: shell|dotenv|json|omp-bind|vllm|sglang; --show-topology: "
-           "text|json|svg.", sources=_ACTION),
+           "--dry-run: text, json, svg; --print-env: shell, dotenv, json, omp-bind, vllm, sglang; "
+           "--show-topology: text, json, svg.", metavar="FMT", sources=_ACTION),
     Option("--sysroot", "sysroot", PATH, O, "Read the machine from this root (like lscpu --sysroot).",
            default="/", metavar="DIR", sources=frozenset({"flag", "env", "api"})),
     Option("--config", "config", PATH, O,

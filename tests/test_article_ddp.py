@@ -73,7 +73,7 @@ def test_amp_refusal_text_names_the_measured_slowdown():
     assert amp_refusal(Bf16Support.NATIVE) is None
     assert amp_refusal(Bf16Support.NONE) == (
         "--amp: this CPU has no bf16 instructions (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo), so bf16 "
-        "autocast would be emulated: it trained at 0.09x fp32's speed on an AVX2-only CPU (docs/training.md); "
+        "autocast would be emulated: it trained at 0.09x fp32's speed on an AVX2-only CPU; "
         "drop --amp to train in fp32, or pass --bf16 to force bf16 autocast")
     assert amp_refusal(Bf16Support.EMULATED) == amp_refusal(Bf16Support.NONE)
     assert amp_refusal(Bf16Support.UNKNOWN).startswith(

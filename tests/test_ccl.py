@@ -102,9 +102,10 @@ GLOO = "or use --backend gloo"
 
 
 @pytest.mark.parametrize("binding, fabric, message", [
-    (MISSING, None, ("--backend ccl: oneccl_bindings_for_pytorch is not installed for /py; build intel/torch-ccl "
-                    f"against this torch (its README; docs/cluster.md names the versions that ran together), {GLOO}")),
-    (ABORTS, FABRIC, f"--backend ccl: {NOT_LOADING}; rebuild it against this torch (docs/cluster.md), {GLOO}"),
+    (MISSING, None, ("--backend ccl: oneccl_bindings_for_pytorch is not installed for /py; install "
+                    "oneccl_bindings_for_pytorch built for this torch (Intel's own wheels stop at torch 2.8: build "
+                    f"intel/torch-ccl against the installed torch), {GLOO}")),
+    (ABORTS, FABRIC, f"--backend ccl: {NOT_LOADING}; rebuild it against the installed torch, {GLOO}"),
     (WORKS, NO_FABRIC, (f"--backend ccl: {NOT_FOUND}; pip install impi-rt==2021.14.2, or set CCL_OFI_LIBRARY_PATH "
                        f"and FI_PROVIDER_PATH; {GLOO}")),
     (WORKS, NO_PROV, (f"--backend ccl: {NO_PROVIDER}; set FI_PROVIDER_PATH to its providers' folder or pip install "
@@ -379,7 +380,7 @@ def test_backend_ccl_that_does_not_load_is_one_line(stand_ins, sysroots, name, c
     (line,) = proc.stderr.splitlines()
     assert line.startswith("cpulaunch: error: --backend ccl: oneccl_bindings_for_pytorch ")
     assert f"does not load with torch {host.dist_version('torch')}: {cause} (" in line
-    assert line.endswith("); rebuild it against this torch (docs/cluster.md), or use --backend gloo")
+    assert line.endswith("); rebuild it against the installed torch, or use --backend gloo")
 
 
 def test_missing_binding(stand_ins, sysroots):

@@ -268,7 +268,7 @@ def test_the_exit_hook_is_off_on_request_and_for_a_program_that_is_not_python(sy
     assert [i["env"].get("PYTHONPATH") for i in doc["instances"]] == [None, None]
     assert [n for n in doc["notes"] if n.startswith("no exit hook")] == [
         ("no exit hook for 'sh' (not a Python interpreter): if its ranks never call destroy_process_group(), "
-         "they may abort at exit (docs/training.md)")]
+         "they may abort at exit; end each rank's program with torch.distributed.destroy_process_group()")]
     assert "PYTHONPATH" not in run_cli("--ddp", "--no-exit-hook", "--dry-run", "python", "x.py").stdout
 
 

@@ -51,7 +51,7 @@ def amp_refusal(support) -> Optional[str]:
     else:
         why = "this CPU has no bf16 instructions (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo)"
     return (f"--amp: {why}, so bf16 autocast would be emulated: it trained at {EMULATED_SPEED:.2f}x "
-            "fp32's speed on an AVX2-only CPU (docs/training.md); drop --amp to train in fp32, or "
+            "fp32's speed on an AVX2-only CPU; drop --amp to train in fp32, or "
             "pass --bf16 to force bf16 autocast")
 
 

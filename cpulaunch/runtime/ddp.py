@@ -733,7 +733,7 @@ def init_process_group(backend: str | None = None, **kwargs):
         except ImportError as exc:  # pragma: no cover - not installable here
             raise RuntimeError(
                 "backend 'ccl' needs oneccl_bindings_for_pytorch, which failed to import "
-                f"({exc}); build it against this torch (docs/cluster.md, oneCCL) or run with --backend gloo"
+                f"({exc}); install it built for this torch or run with --backend gloo"
             ) from exc
     kwargs.setdefault("init_method", "env://")
     dist.init_process_group(backend=backend, **kwargs)

@@ -852,7 +852,8 @@ def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
     b = host.ccl_binding(sys.executable, environ, host.cache_dir(environ))
     if b.path is None:
         findings.append(Finding("ccl-binding", "info", "oneccl_bindings_for_pytorch is not installed: "
-                                "--ddp uses gloo", fix="docs/cluster.md: the versions that ran together"))
+                                "--ddp uses gloo", fix="to use oneCCL: install oneccl_bindings_for_pytorch built "
+                                "for this torch, and impi-rt for oneCCL's libfabric"))
         return CclStatus(None, None, None, "", None, None)
     fabric = libfinder.find_libfabric(environ)
     lib, prov = (str(p) if p else None for p in (fabric.library, fabric.providers))
@@ -862,7 +863,7 @@ def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
         cached = f" (cached verdict: {b.cache_file})" if b.cached else ""
         findings.append(Finding("ccl-binding", "warn", f"{what} does not load with torch {b.torch_version}: {b.why}{cached}",
                                 "--backend auto uses gloo; --backend ccl is refused",
-                                "rebuild it against this torch (docs/cluster.md)"
+                                "rebuild it against the installed torch"
                                 + ("; once fixed, cpulaunch doctor --clear-cache forgets the old verdict" if cached else "")))
         return status
     findings.append(Finding("ccl-binding", "ok", f"{what} loads with torch {b.torch_version}"))
@@ -877,7 +878,8 @@ def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
     findings.append(Finding("ccl-collective", "ok", "a one-rank ccl all_reduce ran") if ok else Finding(
         "ccl-collective", "error", f"a one-rank ccl all_reduce failed: {why}",
         "--backend auto would choose ccl and the ranks would fail at their first collective",
-        "check the oneCCL variables against docs/cluster.md, or use --backend gloo"))
+        "check the CCL_* and FI_* variables in your environment (unset them to test cpulaunch's own), or "
+        "use --backend gloo"))
     return CclStatus(b.path, b.version, True, "", lib, prov, ok, why, env)
 
 

@@ -87,7 +87,9 @@ _CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--hel
 
 
 @click.command(context_settings=_CONTEXT, epilog="\b\nAxes for --space:\n" + "\n".join(
-    f"  {a:<14} {h}" for a, h in AXIS_HELP.items()) + "\n\nMethod, files and metric line: docs/tune.md")
+    f"  {a:<14} {h}" for a, h in AXIS_HELP.items()) + "\n\nThe program prints its score as a line CPULAUNCH_METRIC name=value (higher is better unless "
+    "--lower-is-better); each configuration runs --trials-per-config times, interleaved, and trials on a busy "
+    "machine are run again.")
 @click.option("--budget", default="10m", show_default=True,
               help="Time for the whole search: 90s, 10m, 1h30m (trials recorded by an earlier run count).")
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
