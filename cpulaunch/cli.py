@@ -52,6 +52,11 @@ SOURCES_RULE = ("Every option can also come from CPULAUNCH_<OPTION> (--log-dir: 
                 "--config file; torchrun's --name_with_underscores spellings are accepted.")
 
 
+#: The spellings that take a value in the next word (``--ninstances 2``).
+VALUE_SPELLINGS = {s for o in table.OPTIONS if o.kind.name not in ("flag", "count") for s in table.spellings(o.name)} \
+    | {s for a in table.ALIASES if a.value is None for s in table.spellings(a.name)}
+
+
 def split_argv(args: list[str], value_opts: set[str]) -> tuple[list[str], list[str], dict]:
     """Split the words after ``cpulaunch`` into (cpulaunch's words, the program's words,
     what the user typed).
@@ -387,8 +392,34 @@ def main(argv=None) -> int:
         code = _fail(f"cpulaunch: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug in "
                      "cpulaunch; run with -v for the traceback and report it)", INTERNAL_EXIT)
     code = 0 if code is None else int(code)
+    if code and sub is None and _evaluated_print_env(args):
+        _write_stdout(_eval_fails())
     _quiet_exit(code)
     return code
+
+
+def _evaluated_print_env(args: list[str]) -> bool:
+    """``--print-env`` was asked for in a form a shell evaluates (shell, dotenv, vllm,
+    sglang): then a failure prints text whose evaluation fails too (``eval "$(cpulaunch
+    --print-env ...)"`` must not return 0 and run the program unbound)."""
+    ours, _, typed = split_argv(list(args), VALUE_SPELLINGS)
+    words = {"1", "true", "yes", "on", "y", "t"}
+    asked = "print_env" in typed or os.environ.get("CPULAUNCH_PRINT_ENV", "").strip().lower() in words
+    fmt = (typed.get("fmt") or (None, None))[1] or os.environ.get("CPULAUNCH_FORMAT") or "shell"
+    return asked and fmt.strip().lower() not in ("json", "omp-bind")
+
+
+def _eval_fails() -> str:
+    from cpulaunch.render import EVAL_FAILS
+
+    return EVAL_FAILS
+
+
+def _write_stdout(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+    except (OSError, ValueError):
+        pass
 
 
 def _quiet_exit(code: int) -> None:

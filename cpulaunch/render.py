@@ -113,6 +113,10 @@ class RenderedInstance(NamedTuple):
         prefix: the binding prefix alone (``numactl ...``), empty if none.
         affinity: CPUs to set with sched_setaffinity before exec (bind="affinity").
         label: "instance 1" / "rank 1", for messages.
+        kept: planned variables whose value in the user's environment was kept (no
+            ``--override-env``): name -> (the user's value, cpulaunch's planned value). The
+            instance inherits them; ``--print-env`` prints them, so a script written for
+            another shell has them too.
     """
 
     index: int
@@ -125,6 +129,7 @@ class RenderedInstance(NamedTuple):
     prefix: tuple[str, ...]
     affinity: Optional[tuple[int, ...]] = None
     label: str = ""
+    kept: Mapping[str, tuple[str, str]] = MappingProxyType({})
 
 
 class Rendered(NamedTuple):
@@ -284,9 +289,11 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
     for inst in plan.instances:
         planned = _planned_tunables(inst, settings)
         env: dict = {}
+        kept: dict = {}
         for name, value in planned.items():
             user = settings.environ.get(name)
             if user is not None and user != value and not settings.override_env:
+                kept[name] = (user, value)
                 if name not in kept_note_done:
                     notes.append(
                         f"{name}={user} from your environment kept (cpulaunch planned "
@@ -323,6 +330,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
                 prefix=tuple(prefix),
                 affinity=affinity,
                 label=f"{settings.label} {inst.index}",
+                kept=dict(sorted(kept.items())),
             )
         )
     return Rendered(instances=tuple(out), num_instances=plan.num_instances,
@@ -348,26 +356,58 @@ def _print_prefix(inst: RenderedInstance, taskset: Optional[str]) -> str:
     return shlex.join(binding_prefix(inst, taskset))
 
 
+#: The shell function --print-env defines: the program runs under the instance's binding,
+#: with no word splitting of $CPULAUNCH_PREFIX (zsh does none): ``cpulaunch_run python x.py``.
+RUN_FUNCTION = "cpulaunch_run"
+#: What --print-env prints instead of an environment when cpulaunch fails: evaluated, it
+#: fails (exit status 1), so ``set -e`` stops and ``eval "$(...)" || exit`` exits, in bash,
+#: zsh and dash alike, rather than running the program unbound.
+EVAL_FAILS = "false\n"
+
+
 def shell_exports(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> str:
     """POSIX ``export NAME='value'`` lines, safe to ``eval`` whatever the values hold
-    (every value single-quoted by shlex.quote), and ``CPULAUNCH_PREFIX``: the binding
-    command to put in front of the program (``$CPULAUNCH_PREFIX python x.py``)."""
+    (values that need it quoted by shlex.quote), every planned variable included: one the
+    user exported and cpulaunch keeps is exported with the kept value after a ``:`` line
+    saying so (``:`` is the comment every shell parses, zsh's interactive eval included).
+    Then ``CPULAUNCH_PREFIX``, the binding command, and the function :data:`RUN_FUNCTION`
+    that runs its arguments under it (``cpulaunch_run python x.py``; no word splitting)."""
     import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
 
-    lines = [f"export {k}={shlex.quote(v)}" for k, v in inst.env.items()]
-    lines.append(f"export CPULAUNCH_PREFIX={shlex.quote(_print_prefix(inst, taskset))}")
+    lines = []
+    for k, v in _with_kept(inst).items():
+        if k in inst.kept:
+            lines.append(": " + shlex.quote(_kept_text(k, inst.kept[k])))
+        lines.append(f"export {k}={shlex.quote(v)}")
+    prefix = binding_prefix(inst, taskset)
+    lines.append(f"export CPULAUNCH_PREFIX={shlex.quote(shlex.join(prefix))}")
+    lines.append(f"{RUN_FUNCTION}() {{ {shlex.join(prefix) + ' ' if prefix else ''}\"$@\"; }}")
     return "\n".join(lines) + "\n"
 
 
 def dotenv_lines(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> str:
     """``NAME='value'`` lines for POSIX sh's ``set -a; . ./FILE; set +a`` (the target this
-    format is written for: every value single-quoted by shlex.quote, so ``$``, backticks,
-    backslashes and newlines come back exactly as they are)."""
+    format is written for: values that need it single-quoted by shlex.quote, so ``$``,
+    backticks, backslashes and newlines come back exactly as they are), every planned
+    variable included (a kept one with its kept value, after a ``#`` comment line)."""
     import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
 
-    env = dict(inst.env)
-    env[envvars.PREFIX] = _print_prefix(inst, taskset)
-    return "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
+    out = []
+    for k, v in {**_with_kept(inst), envvars.PREFIX: _print_prefix(inst, taskset)}.items():
+        if k in inst.kept:
+            out.append("# " + one_line(_kept_text(k, inst.kept[k])) + "\n")
+        out.append(f"{k}={shlex.quote(v)}\n")
+    return "".join(out)
+
+
+def _with_kept(inst: RenderedInstance) -> dict:
+    """The instance's variables with the kept ones at their kept values, sorted."""
+    return dict(sorted({**inst.env, **{k: user for k, (user, _) in inst.kept.items()}}.items()))
+
+
+def _kept_text(name: str, values: tuple) -> str:
+    user, planned = values
+    return f"{name}: your value kept (cpulaunch planned {planned}; --override-env uses it)"
 
 
 def omp_bind_string(rendered: "Rendered") -> str:
@@ -408,6 +448,7 @@ def instance_dict(inst: RenderedInstance) -> dict[str, Any]:
         "mem_policy": inst.mem_policy,
         "env": dict(inst.env),
         "argv": list(inst.argv),
+        **({"kept": {k: {"yours": u, "planned": p} for k, (u, p) in inst.kept.items()}} if inst.kept else {}),
     }
 
 
