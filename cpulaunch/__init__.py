@@ -2,16 +2,39 @@
 
 Data flows one way: probe (read the host) -> Topology -> Plan -> render (env/argv) -> launch.
 Nothing runs at import: no logging configuration, no environment changes, no torch.
-The Python API (:func:`plan_instances`, :func:`bind_current_process`) is loaded on first use.
+
+The public API, loaded on first use (``dir(cpulaunch)`` lists it):
+
+- planning and launching: :func:`plan_instances` (the plan ``cpulaunch --dry-run`` shows),
+  :func:`run` (run it from Python and get the exit code);
+- inside the program: :func:`bind_current_process` (apply an instance to this process),
+  :func:`dataloader_kwargs` (DataLoader workers on the cores set aside for them),
+  :func:`optimize` (the inference path), :func:`cpu_autocast` (bf16 where the CPU has it);
+- distributed training: :func:`init_process_group`, :func:`wrap_ddp`,
+  :func:`convert_sync_batchnorm` / :class:`SyncBatchNorm`;
+- :class:`CpulaunchError`, the one error type of every mistake a user can fix.
+
+Everything else is internal: modules' own names may change between releases.
 """
 
 __version__ = "0.2.0"
 
-__all__ = ["plan_instances", "bind_current_process", "__version__"]
-
-
 #: The lazy API: name -> the module that defines it, imported at first use.
-_LAZY = {"plan_instances": "cpulaunch.api", "bind_current_process": "cpulaunch.runtime.bind"}
+_LAZY = {
+    "plan_instances": "cpulaunch.api",
+    "run": "cpulaunch.api",
+    "bind_current_process": "cpulaunch.runtime.bind",
+    "dataloader_kwargs": "cpulaunch.runtime.dataloader",
+    "optimize": "cpulaunch.runtime.inference",
+    "cpu_autocast": "cpulaunch.runtime.amp",
+    "init_process_group": "cpulaunch.runtime.ddp",
+    "wrap_ddp": "cpulaunch.runtime.ddp",
+    "convert_sync_batchnorm": "cpulaunch.runtime.syncbn",
+    "SyncBatchNorm": "cpulaunch.runtime.syncbn",
+    "CpulaunchError": "cpulaunch.errors",
+}
+
+__all__ = [*_LAZY, "__version__"]
 
 
 def __getattr__(name):

@@ -14,7 +14,7 @@ import shlex
 from typing import Mapping, Optional
 
 
-__all__ = ["plan_instances"]
+__all__ = ["plan_instances", "run"]
 
 def plan_instances(program=("true",), environ: Optional[Mapping[str, str]] = None, **options):
     """Plan instances as the CLI would, in-process (no subprocess, no launch).
@@ -55,6 +55,41 @@ def plan_instances(program=("true",), environ: Optional[Mapping[str, str]] = Non
     values.update(dry_run=True, program=_program(program))
     opts = opts_mod.from_values(values, frozenset(n for n in options if options[n] is not None), words)
     return core.prepare(opts, env).rendered
+
+
+def run(program, environ: Optional[Mapping[str, str]] = None, **options) -> int:
+    """Run ``program``'s instances as ``cpulaunch [options] program`` would, from Python, and
+    return their exit code; this process stays: it starts, binds and watches the
+    instances (never exec), relays their output, and stops them on SIGINT/SIGTERM/SIGHUP.
+    Call it from the main thread (it handles those signals while they run). (Not named
+    ``launch``: that is the package of the process machinery, ``cpulaunch.launch``.)
+
+    Args:
+        program: the program's argv (see :func:`plan_instances`); ``.py`` first words run
+            with this interpreter.
+        environ: the instances' base environment, str -> str (default: os.environ; never
+            modified). CPULAUNCH_* option variables in it are not read as options.
+        **options: cpulaunch's options by their python names, typed as for
+            :func:`plan_instances` (``ninstances=2``, ``log_dir="logs"``).
+
+    Returns:
+        int: the exit code, as the command line's: 0, the first failing instance's code, or
+        128+N when signal N ended it.
+
+    Raises:
+        cpulaunch.errors.CpulaunchError: the options, the program or the plan (one line).
+        TypeError: ``environ`` is not a mapping of str to str.
+    """
+    from cpulaunch import core, options as opts_mod
+
+    env = _check_environ(environ)
+    values, words = _parse_options(options)
+    values["program"] = _program(program)
+    opts = opts_mod.from_values(values, frozenset(n for n in options if options[n] is not None), words)
+    if opts.launch.verify_after is not None:
+        raise opts_mod.OptionsError("run: verify is the command line's (cpulaunch --verify); drop it")
+    opts = opts._replace(launch=opts.launch._replace(exec_single=False))
+    return core.run(opts, env)
 
 
 def _parse_options(options: Mapping) -> tuple:

@@ -112,6 +112,9 @@ class LaunchOptions(NamedTuple):
         stdin_instance: index of the instance that reads the launcher's stdin; None =
             the only instance when there is one, else none (all read /dev/null).
         verify_after: seconds after start at which to inspect the processes (--verify).
+        exec_single: a run of one instance replaces cpulaunch (exec) when nothing needs
+            it to stay (the command line); False: cpulaunch always starts and watches the
+            instances and returns their exit code (:func:`cpulaunch.run`, in-process).
     """
 
     log_dir: Optional[Path] = None
@@ -120,6 +123,7 @@ class LaunchOptions(NamedTuple):
     prefix_output: bool = True
     stdin_instance: Optional[int] = None
     verify_after: Optional[float] = None
+    exec_single: bool = True
 
 
 class Options(NamedTuple):

@@ -23,12 +23,13 @@ LIVE_OUTPUT_ENV = {"PYTHONUNBUFFERED": "1"}
 
 def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
     """True when cpulaunch starts the instances itself and relays their output through pipes
-    (several instances, ``--log-dir``, ``--verify``, or an elastic --ddp run's torchrun:
-    ``elastic``); False when the one instance is exec'd with cpulaunch's own stdin, stdout
+    (several instances, ``--log-dir``, ``--verify``, an elastic --ddp run's torchrun:
+    ``elastic``, or an in-process :func:`cpulaunch.run`); False when the one instance is exec'd with cpulaunch's own stdin, stdout
     and stderr. The one rule for :func:`execute` and for the env :func:`prepare` plans
     (:data:`LIVE_OUTPUT_ENV`), so --dry-run shows what a run gets."""
     lopts = opts.launch
-    return n_instances != 1 or elastic or lopts.log_dir is not None or lopts.verify_after is not None
+    return (not lopts.exec_single or n_instances != 1 or elastic or lopts.log_dir is not None
+            or lopts.verify_after is not None)
 
 
 def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",

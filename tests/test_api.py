@@ -185,3 +185,39 @@ def test_bind_current_process_refuses_a_non_bool_set_env(sysroots):
     with pytest.raises(TypeError) as info:
         cpulaunch.bind_current_process(inst, set_env="no")
     assert "set_env" in one_line(info.value)
+
+
+# --------------------------------------------------------------------------- one public API (issue 32)
+
+
+def test_the_public_api_is_the_package_and_each_name_lives_once():
+    names = [n for n in cpulaunch.__all__ if n != "__version__"]
+    assert set(names) == set(cpulaunch._LAZY) and set(names) <= set(dir(cpulaunch))
+    for name in names:
+        obj = getattr(cpulaunch, name)
+        assert obj.__module__ == cpulaunch._LAZY[name], name
+        assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
+    from cpulaunch import ddp_wrap, distributed
+
+    assert distributed.wrap_ddp is cpulaunch.wrap_ddp is ddp_wrap.wrap_ddp  # the old paths are the same object
+
+
+def test_run_returns_the_programs_exit_code_and_this_process_stays(tmp_path):
+    """In-process launch: never exec'd over the caller, even for one instance."""
+    marker = tmp_path / "ran"
+    code = cpulaunch.run([sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x'); raise SystemExit(3)"],
+                         allocator="default", environ={"PATH": os.environ["PATH"]})
+    assert code == 3 and marker.read_text() == "x"
+
+
+def test_run_supervises_several_instances(capfd):
+    code = cpulaunch.run("python -c 'import os; print(os.environ[\"CPULAUNCH_INSTANCE_INDEX\"])'", ninstances=2,
+                         allocator="default", environ={"PATH": os.environ["PATH"]})
+    out = capfd.readouterr().out
+    assert code == 0 and sorted(out.splitlines()) == ["[0] 0", "[1] 1"], out
+
+
+def test_run_refuses_verify_in_one_line():
+    with pytest.raises(CpulaunchError) as info:
+        cpulaunch.run("true", verify=True)
+    assert one_line(info.value) == "run: verify is the command line's (cpulaunch --verify); drop it"
