@@ -184,8 +184,9 @@ def main(argv=None) -> int:
 
 
 def print_text_report(args, opt, result, preloads, elapsed, build_s, calls) -> None:
-    index = result["instance_index"]
-    tag = f"[instance {index}] " if index is not None else ""
+    # cpulaunch puts "[i] " before each line of instance i when several run; a tag of our own
+    # would say it twice ("[1] [instance 1] ..."), so there is none.
+    tag = ""
     print(f"{tag}{args.model} ({args.size}) batch {args.batch_size} {args.dtype} on {opt.path}"
           f" (requested {opt.report['requested_path']}): "
           f"{result['samples_per_s']:.2f} samples/s, median {result['ms_per_iter_median']:.2f} "

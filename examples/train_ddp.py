@@ -656,8 +656,12 @@ def main(argv: list[str] | None = None) -> int:
     rank, world_size, local_rank = world_from_env()
     out = sys.stderr if args.json else sys.stdout
 
+    # Started by cpulaunch, each line already comes with "[i] " (its local rank) when several
+    # ranks run; started otherwise (torchrun, srun), the rank says who it is.
+    tag = "" if os.environ.get("CPULAUNCH_INSTANCE_INDEX") is not None else f"[rank {rank}/{world_size}] "
+
     def say(msg: str) -> None:
-        print(f"[rank {rank}/{world_size}] {msg}", file=out, flush=True)
+        print(f"{tag}{msg}", file=out, flush=True)
 
     if args.amp and not args.bf16:
         from cpulaunch.runtime.amp import amp_refusal
