@@ -46,7 +46,7 @@ import pytest
 
 from conftest import REPO
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 MARKER = re.compile(r"^<!--\s*commands:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^\s*```\s*([\w+-]*)\s*$")
 SHELLS = ("sh", "bash")
