@@ -117,7 +117,7 @@ def test_allocator_really_preloaded(probe_py, allocator):
 
 def test_intel_openmp_really_used(probe_py):
     """libiomp5 preloaded is mapped, and KMP_VERSION=true makes it print its banner
-    (libgomp stays mapped too, so its presence proves nothing: ../shared/PLATFORM.md)."""
+    (libgomp stays mapped too, so its presence proves nothing)."""
     path = find("iomp5")
     proc = run_cli("--omp-runtime", "intel", "--allocator", "default", PY, probe_py, "--torch",
                    env={"KMP_VERSION": "true"})
