@@ -252,8 +252,8 @@ def test_config_folder_and_missing_file(tmp_path):
 
 
 def _documented_variables() -> dict:
-    """docs/reference/cli.md's table of option -> variable: {"--format": "CPULAUNCH_FORMAT", "--help": None}."""
-    text = (REPO / "docs" / "reference" / "cli.md").read_text()
+    """docs/reference/options.md's table of option -> variable: {"--format": "CPULAUNCH_FORMAT", "--help": None}."""
+    text = (REPO / "docs" / "reference" / "options.md").read_text()
     start = text.index("<!-- option variables: begin -->")
     end = text.index("<!-- option variables: end -->")
     rows = re.findall(r"^\| `(-[-a-z0-9]+)` \| (?:`(CPULAUNCH_[A-Z0-9_]+)`|none[^|]*) \|", text[start:end], re.M)
@@ -268,7 +268,7 @@ def _long_name(param) -> str:
 
 
 def test_every_option_has_the_variable_the_docs_give():
-    """Walks every option of the click command (hidden aliases too) against docs/reference/cli.md,
+    """Walks every option of the click command (hidden aliases too) against docs/reference/options.md,
     so a new option cannot drift: the variable is the long name in capitals with "_"."""
     ctx = click.Context(cli.command)
     assert ctx.auto_envvar_prefix is None, "names derived from parameter names drift (fmt -> CPULAUNCH_FMT)"
