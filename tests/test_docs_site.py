@@ -102,3 +102,14 @@ def test_the_options_page_keeps_its_generated_block():
     begin, end = text.find("<!-- options-table:begin"), text.find("<!-- options-table:end -->")
     assert 0 <= begin < end, "the markers of the generated block are missing or out of order"
     assert "| `--ninstances` |" in text[begin:end]
+
+
+def test_readme_links_lead_somewhere():
+    """README.md is not part of the site (a repository's front page), so mkdocs does not check
+    its links: every relative link must name a file or folder of the repository."""
+    text = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    relative = [link.split("#", 1)[0] for link in links if not re.match(r"^[a-z]+:|^#", link)]
+    assert "docs/guide/quick-start.md" in relative
+    missing = [link for link in relative if not (REPO / link).exists()]
+    assert not missing, missing
