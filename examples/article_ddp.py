@@ -7,7 +7,7 @@ on a machine with 4 GPUs. Here it runs on CPU cores::
     cpulaunch --ddp --nproc-per-node 2 --pass-local-rank python examples/article_ddp.py --amp
 
 Every line that differs from the GPU program carries a ``# CPU:`` comment saying what it was
-and why it changed; docs/training.md ("From the article's GPU program to CPU") walks through
+and why it changed; docs/guide/training.md ("From the article's GPU program to CPU") walks through
 them. Everything else is the article's: ``--local_rank`` from the command line used as the
 rank, ``convert_sync_batchnorm``, DDP, a ``DistributedSampler`` with ``set_epoch``, and an
 AMP step. The program, like the article's, is for one machine: it takes its rank from

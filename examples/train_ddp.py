@@ -41,7 +41,7 @@ DDP run.
   (what workers and their placement change); the first step (worker start-up) is untimed.
 
 The loop follows PyTorch's advice for DDP on CPU; the model is wrapped by
-``cpulaunch.ddp_wrap.wrap_ddp`` (docs/training.md says where each option comes from and what
+``cpulaunch.ddp_wrap.wrap_ddp`` (docs/guide/training.md says where each option comes from and what
 it does on CPU with gloo):
 
 - ``gradient_as_bucket_view=True`` (``--no-bucket-view`` turns it off): gradients are views
@@ -89,7 +89,7 @@ instead (``wrap_ddp(model, sync_batchnorm=True)``, which calls
 ``cpulaunch.distributed.convert_sync_batchnorm`` before wrapping): every BatchNorm layer
 normalises with the statistics of the global batch (one all_gather in its forward, one
 all_reduce in its backward), so the 2-rank run matches the single process on the global
-batch, running statistics included (docs/training.md has the cost). ``--freeze-bn`` puts
+batch, running statistics included (docs/guide/training.md has the cost). ``--freeze-bn`` puts
 BatchNorm in eval mode (the models' calibrated running statistics are used and not updated;
 the affine weights still train), which makes the cnn per-sample and therefore comparable
 too, without communication. The bert model (LayerNorm, no dropout) is per-sample as it is.
@@ -690,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
 
     backend = None
     if world_size > 1:
-        from cpulaunch.distributed import init_process_group
+        from cpulaunch import init_process_group
         backend = init_process_group()
 
     # Every rank builds the same weights (the builders seed themselves); DDP also

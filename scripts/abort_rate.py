@@ -3,7 +3,7 @@
 Issue 24 item 8: a rank whose program never calls ``destroy_process_group()`` (Lightning's
 DDP strategy does not) sometimes dies after its last step with "terminate called without an
 active exception" (SIGABRT, exit 134; pytorch#190489). cpulaunch's exit hook (a
-``sitecustomize`` first on each Python rank's PYTHONPATH, docs/training.md) ends the group
+``sitecustomize`` first on each Python rank's PYTHONPATH, docs/guide/training.md) ends the group
 before the interpreter finalizes. This script runs ``cpulaunch --ddp --nproc-per-node 2``
 on ``tests/ranks_users_prog.py lightning`` (a tiny Trainer(strategy=...) that never destroys
 the group) in rounds; each round runs every variant with the hook on and off (``--no-exit-hook``),

@@ -140,7 +140,7 @@ def cpulaunch(*args: str) -> list[str]:
 
 
 def plan(cpulaunch_args: list[str], env: dict[str, str]) -> dict:
-    """cpulaunch's dry-run plan (docs/plan-json.md) for ``cpulaunch_args`` + ``true``."""
+    """cpulaunch's dry-run plan (docs/reference/plan-json.md) for ``cpulaunch_args`` + ``true``."""
     proc = subprocess.run(cpulaunch(*cpulaunch_args, "--dry-run", "--format", "json", "true"),
                           env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:

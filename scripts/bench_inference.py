@@ -12,7 +12,7 @@ once, so a burst of foreign load hits all paths alike). Reported per path:
 - build cost: trace/compile plus the warm-up calls, seconds;
 - max abs diff of the outputs against eager fp32 on the unmodified model (for the bf16
   rows too, so eager bf16 shows its own rounding error), and that diff relative to the
-  largest output magnitude; MISMATCH when over the tolerance of docs/inference.md;
+  largest output magnitude; MISMATCH when over the tolerance of docs/guide/inference.md;
 - oneDNN fusion groups (onednn-graph).
 
 Then, per model and dtype, what ``optimize(path="auto")`` picks at the first batch size.

@@ -15,7 +15,7 @@ names, or a temporary one, is shared read-write). The exit code is the last comm
 ``pytest -m live`` checks) and prints each step's exit code and time; ``--save-fixture``
 then writes its dumps and the plans recorded in the guest to tests/fixtures/live-*/.
 Needs qemu-system-x86, a Debian linux-image-amd64, busybox-static and virtme-ng
-(docs/live-machines.md); the guest is software-emulated, 20-50x slower than the host.
+(docs/dev/live-machines.md); the guest is software-emulated, 20-50x slower than the host.
 """
 
 from __future__ import annotations

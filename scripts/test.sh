@@ -6,8 +6,8 @@
 # .venv (created here if it is missing; never the global interpreter), after installing
 # into it what the tests, `cpulaunch tune` and the bench scripts need: the extras test,
 # tune and bench (torch and numpy come with the torch extra; intel-openmp for the
-# --omp-runtime intel tests). Every command README.md and docs/*.md show then runs in it
-# (tests/test_docs_commands.py runs them).
+# --omp-runtime intel tests), users and docs. Every command README.md and docs/ show then runs in
+# it (tests/test_docs_commands.py runs them), and the docs site builds (tests/test_docs_site.py).
 #
 # As root it installs the Debian packages (numactl, allocators, MPICH, Slurm, munge, binutils
 # for doctor's readelf check, Chromium and a font for the test that renders --format svg) so
@@ -39,7 +39,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "creating the virtual environment $VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
-# virtme-ng: vng, which boots the live machines (docs/live-machines.md; .ci/run's live step);
-# [users]: Lightning and accelerate, which tests/test_ranks_users.py runs under cpulaunch.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users]' intel-openmp virtme-ng
+# virtme-ng: vng, which boots the live machines (docs/dev/live-machines.md; .ci/run's live step);
+# [users]: Lightning and accelerate, which tests/test_ranks_users.py runs under cpulaunch;
+# [docs]: mkdocs-material and mkdocstrings, with which tests/test_docs_site.py builds the site.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users,docs]' intel-openmp virtme-ng
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

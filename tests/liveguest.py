@@ -1,5 +1,5 @@
 """Live multi-socket machines: a real Linux kernel booted under QEMU with the CPU and NUMA
-layout we choose, running this checkout's cpulaunch (issue 23, docs/live-machines.md).
+layout we choose, running this checkout's cpulaunch (issue 23, docs/dev/live-machines.md).
 
 The guest is started by virtme-ng (``vng``) with software emulation (TCG; ``/dev/kvm``
 exists on the development machines but a vCPU never runs there) and shares the host's

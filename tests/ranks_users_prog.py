@@ -124,7 +124,7 @@ def run_lightning(args) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         strategy = DDPStrategy(ddp_comm_hook=default_hooks.fp16_compress_hook)
-    elif strategy == "wrap-ddp-fp16":  # docs/training.md's recipe: the strategy wraps with wrap_ddp
+    elif strategy == "wrap-ddp-fp16":  # docs/guide/training.md's recipe: the strategy wraps with wrap_ddp
         strategy = _wrap_ddp_strategy(comm_hook="fp16")
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randn(64, 1, generator=generator))
@@ -141,7 +141,7 @@ def run_lightning(args) -> None:
 
 
 def _wrap_ddp_strategy(**wrap_options):
-    """docs/training.md's Lightning recipe: a DDPStrategy whose model is wrapped by
+    """docs/guide/training.md's Lightning recipe: a DDPStrategy whose model is wrapped by
     cpulaunch's wrap_ddp (whose hooks run on CPU), with post-local SGD's averaging after
     each optimizer step."""
     from lightning.pytorch.strategies import DDPStrategy

@@ -1,7 +1,7 @@
 """scripts/bench_ccl.py where oneccl_bindings_for_pytorch cannot run: the one-line skip (a
 binding that aborts the interpreter at import must not take the script with it), and the
 pure parts (variant grammar, the variables each variant gets, the launcher's libfabric
-lookup). The benchmark itself needs the binding and oneCCL's runtime (docs/cluster.md)."""
+lookup). The benchmark itself needs the binding and oneCCL's runtime (docs/guide/ddp.md)."""
 
 from __future__ import annotations
 

@@ -256,7 +256,7 @@ def test_issue_23_seven_and_five_follow_the_nodes(trees):
     ("hw-nvidiagpunumanodes", ["--ninstances", "2", "--ncores-per-instance", "1"], ["0", "4"], ["0", "8"]),
 ])
 def test_the_hwloc_plans_the_rule_changes(sysroots, machine, args, before, now):
-    """docs/placement.md's table: the plans of the dumps that issue 22 changes (through the
+    """docs/guide/placement.md's table: the plans of the dumps that issue 22 changes (through the
     command, which reads the caches), and the plans before: the same machine without its
     caches, and --equal-sizes."""
     p = plan_json(sysroots[machine], *args)

@@ -8,7 +8,7 @@ string, one that aborts the interpreter at import, one that raises ImportError) 
 libfabric is a stand-in too (a copy of a real ELF shared object of this machine, laid out
 as the impi-rt wheel lays libfabric out). The real-binding tests skip with one reason when
 oneccl_bindings_for_pytorch does not load with this torch; they run where it does
-(docs/cluster.md: ``PATH=<venv>/bin:$PATH python -m pytest tests/test_ccl.py``).
+(docs/guide/ddp.md: ``PATH=<venv>/bin:$PATH python -m pytest tests/test_ccl.py``).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def test_one_rank_per_host_has_no_shm_and_open_mpi_uses_pmix():
 @given(st.data())
 def test_worker_list_always_one_oneccl_accepts(data):
     """Whatever the plan: CCL_WORKER_COUNT >= 1 and exactly LOCAL_SIZE x count entries,
-    local rank i's slice being its own first CPUs (oneCCL's rule, docs/cluster.md)."""
+    local rank i's slice being its own first CPUs (oneCCL's rule, docs/guide/ddp.md)."""
     size = data.draw(st.integers(1, 8))
     workers = [sorted(data.draw(st.sets(st.integers(0, 255), min_size=1, max_size=4))) for _ in range(size)]
     local = data.draw(st.integers(0, size - 1))
@@ -755,7 +755,7 @@ def real_binding():
     the module's real-binding tests skip with the reason."""
     binding = host.ccl_binding(sys.executable, dict(os.environ), host.cache_dir(os.environ))
     if binding.path is None:
-        pytest.skip(f"oneccl_bindings_for_pytorch is not installed for {sys.executable} (docs/cluster.md)")
+        pytest.skip(f"oneccl_bindings_for_pytorch is not installed for {sys.executable} (docs/guide/ddp.md)")
     if not binding.loads:
         pytest.skip(f"oneccl_bindings_for_pytorch does not load with this torch: {binding.why}")
     if not libfinder.find_libfabric().usable:

@@ -1,4 +1,4 @@
-"""Every shell command README.md and docs/*.md show runs as shown (issue 24).
+"""Every shell command README.md and the pages under docs/ (guide, reference, dev) show runs as shown (issue 24).
 
 What counts as a command:
 
@@ -24,7 +24,8 @@ in the environment the tests run in (scripts/test.sh's .venv: its ``python`` and
 ``cpulaunch`` first on PATH; when the ``cpulaunch`` there is not this checkout's, a
 wrapper running this checkout's), with a user's variables (no PYTHONUNBUFFERED,
 PYTHONDONTWRITEBYTECODE, CPULAUNCH_*, OMP_*, KMP_*, LD_PRELOAD), and ``DUMP`` as the docs
-define it (``/tmp/d/32intel64-2p8co2t+8ve``, unpacked by the docs' own command).
+define it (``/tmp/d/32intel64-2p8co2t+8ve``, unpacked by the docs' own command: the quick
+start's "The two-socket dump", README's collapsed block).
 Untagged blocks with no ``$`` line must not hold a command-like line (tag them ``text``):
 a command cannot hide from this test.
 """
@@ -46,7 +47,7 @@ import pytest
 
 from conftest import REPO
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 MARKER = re.compile(r"^<!--\s*commands:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^\s*```\s*([\w+-]*)\s*$")
 SHELLS = ("sh", "bash")
@@ -164,22 +165,25 @@ ALL_COMMANDS = [c for b in ALL_BLOCKS for c in commands_of(b)]
 
 
 def test_commands_are_found_and_markers_are_well_formed():
-    """The test sees the docs' commands (README's main job, cluster.md's one-machine
-    block, ...), every marker belongs to a block and says why a block is not run."""
+    """The test sees the docs' commands (README's main job and its three uses, the pages in
+    docs/'s subfolders, ...), every marker belongs to a block and says why a block is not run."""
     scripts = "".join(c.script for c in ALL_COMMANDS)
-    for expected in ("cpulaunch python examples/infer.py", "cpulaunch --ddp --nproc-per-node 2 python",
-                     "cpulaunch doctor --strict", "torchrun --standalone --nproc-per-node 2"):
-        assert expected in scripts
+    for expected in ("cpulaunch python examples/infer.py", "cpulaunch --ddp --nproc-per-node 2 python examples/ddp_min.py",
+                     "cpulaunch --print-env --ninstances 2 --instance-idx 1",
+                     "cpulaunch doctor --strict", "torchrun --nproc-per-node 2 --no-python cpulaunch --ddp",
+                     "cpulaunch --sysroot $DUMP --print-env --format omp-bind --instances-per-node"):
+        assert expected in scripts, expected
+    assert {p.parent.name for p in DOCS} >= {"guide", "reference", "dev"}, "the pages in docs/'s subfolders are read"
     grammar = re.compile(r"^(not run: .{10,}|long: .{10,}|exit \d+|output)$")
     for b in ALL_BLOCKS:
         for item in b.marker:
-            assert grammar.match(item), f"{b.path.name}:{b.line}: marker item {item!r} (say why it is not run)"
+            assert grammar.match(item), f"{b.path.relative_to(REPO)}:{b.line}: marker item {item!r} (say why it is not run)"
     for path in DOCS:
         lines = path.read_text().splitlines()
         for n, line in enumerate(lines):
             if MARKER.match(line.strip()):
                 nxt = next((x for x in lines[n + 1:] if x.strip()), "")
-                assert FENCE.match(nxt), f"{path.name}:{n + 1}: a marker must come right before a block"
+                assert FENCE.match(nxt), f"{path.relative_to(REPO)}:{n + 1}: a marker must come right before a block"
 
 
 def test_no_command_hides_in_an_untagged_block():
@@ -187,7 +191,7 @@ def test_no_command_hides_in_an_untagged_block():
         if b.lang or any(ln.startswith("$ ") for ln in b.lines):
             continue
         looks = [ln for ln in b.lines if COMMAND_LIKE.match(ln)]
-        assert not looks, (f"{b.path.name}:{b.line}: {looks[0]!r} looks like a command in an untagged "
+        assert not looks, (f"{b.path.relative_to(REPO)}:{b.line}: {looks[0]!r} looks like a command in an untagged "
                            "block: put it in a ```sh block, prefix it with '$ ', or tag the block text")
 
 

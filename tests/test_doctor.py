@@ -149,7 +149,7 @@ def test_this_machine_torch_without_import():
     runtime = {"libgomp": "gnu", "libiomp5": "intel", "libomp": "llvm"}
     assert torch["openmp_library"] == (omp[0] if omp else None)
     assert torch["openmp"] == (runtime[re.match(r"(lib\w+?)[.-]", omp[0]).group(1)] if omp else None)
-    # torch 2.13 CPU wheels link GNU OpenMP (PLATFORM.md).
+    # torch 2.13 CPU wheels link GNU OpenMP (their bundled torch/lib/libgomp.so.1).
     if importlib.metadata.version("torch").startswith("2.13"):
         assert (torch["openmp"], torch["openmp_library"]) == ("gnu", "libgomp.so.1")
 

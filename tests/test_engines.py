@@ -281,7 +281,7 @@ def test_sbatch_cpulaunch_ddp_end_to_end(slurm, cpulaunch_ddp, exit_code):
     allowed = srun_baseline(slurm)
     cmd = " ".join(shlex.quote(str(a)) for a in
                    [*cpulaunch_ddp, PY, DDP, "--exit-code", exit_code, "--exit-rank", 1])
-    # docs/cluster.md's batch script, on one node instead of two.
+    # docs/guide/ddp.md's batch script, on one node instead of two.
     script = (
         "#!/bin/bash\n"
         "#SBATCH --job-name=cpulaunch-ddp\n"
@@ -306,7 +306,7 @@ def mpirun_baseline(mpich) -> dict[int, list[int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("hosts", ["default", "hosts", "hostfile"])
 def test_mpirun_cpulaunch_ddp_allreduce(mpich, cpulaunch_ddp, hosts, tmp_path):
-    """``mpirun -n 2``, and docs/cluster.md's ``-hosts``/``-f hostfile -ppn 2`` forms with
+    """``mpirun -n 2``, and docs/guide/ddp.md's ``-hosts``/``-f hostfile -ppn 2`` forms with
     this one host in place of two."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two disjoint ranks need 2 usable CPUs")
@@ -356,7 +356,7 @@ def two_machines_on_this_host(argv_for_node, timeout=180.0) -> dict:
 
 @pytest.mark.slow
 def test_static_rendezvous_two_nodes_on_one_host(cpulaunch_ddp):
-    """docs/cluster.md's static recipe (--nnodes 2 --node-rank N --master-addr/--master-port),
+    """docs/guide/ddp.md's static recipe (--nnodes 2 --node-rank N --master-addr/--master-port),
     both "machines" on this host, with --iface lo."""
     (port,) = free_ports(1)
 
@@ -374,7 +374,7 @@ def test_static_rendezvous_two_nodes_on_one_host(cpulaunch_ddp):
 
 @pytest.mark.slow
 def test_elastic_rendezvous_two_nodes_on_one_host(cpulaunch_ddp):
-    """docs/cluster.md's elastic recipe (--rdzv-endpoint HOST:PORT), both on this host."""
+    """docs/guide/ddp.md's elastic recipe (--rdzv-endpoint HOST:PORT), both on this host."""
     (port,) = free_ports(1)
 
     def argv(node_rank):

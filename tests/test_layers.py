@@ -1,6 +1,6 @@
 """The package's shape, held by reading its code (ast), never by running it (issue 20).
 
-Roles and who may import whom (docs/design.md draws them):
+Roles and who may import whom (docs/dev/design.md draws them):
 
 - ``cpulaunch/`` flat: the launcher's pipeline (cli, options, core, plan, distributed, render,
   svg, cpulist, errors, envvars, log, api) and the documented aliases;
@@ -311,7 +311,7 @@ def test_the_package_keeps_its_roles():
 
 
 def test_the_layout_is_what_the_docs_draw():
-    """The roles' folders exist with the modules docs/design.md names, and no module sits
+    """The roles' folders exist with the modules docs/dev/design.md names, and no module sits
     outside them but the flat pipeline's."""
     flat = {p.name for p in PKG.glob("*.py")}
     assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "svg.py",
@@ -319,11 +319,11 @@ def test_the_layout_is_what_the_docs_draw():
                     "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
         "machine", "launch", "tools", "runtime"}
-    design = (REPO / "docs" / "design.md").read_text()
+    design = (REPO / "docs" / "dev" / "design.md").read_text()
     for p in sorted(PKG.rglob("*")):
         name = p.name + "/" if p.is_dir() else p.name
         if p.suffix == ".py" and p.name != "__init__.py" or p.is_dir() and p.name != "__pycache__":
-            assert name in design, f"docs/design.md does not name {rel(p)}"
+            assert name in design, f"docs/dev/design.md does not name {rel(p)}"
 
 
 # --------------------------------------------------------------------------- the checker sees breaks

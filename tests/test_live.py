@@ -117,7 +117,7 @@ def test_allocator_really_preloaded(probe_py, allocator):
 
 def test_intel_openmp_really_used(probe_py):
     """libiomp5 preloaded is mapped, and KMP_VERSION=true makes it print its banner
-    (libgomp stays mapped too, so its presence proves nothing: ../shared/PLATFORM.md)."""
+    (libgomp stays mapped too, so its presence proves nothing)."""
     path = find("iomp5")
     proc = run_cli("--omp-runtime", "intel", "--allocator", "default", PY, probe_py, "--torch",
                    env={"KMP_VERSION": "true"})
@@ -230,7 +230,7 @@ def test_launch_path_records_are_not_built_from_string_annotations():
 def test_objects_frozen_before_the_last_collection_at_exit():
     """Issue 12/20: the entry point moves every live object to the permanent generation
     before the interpreter's last collection at exit (measured: about 6% of a 1,024-CPU
-    ``--dry-run``'s instructions, docs/performance.md); the collector itself is left alone
+    ``--dry-run``'s instructions, docs/dev/measurements.md); the collector itself is left alone
     while the plan is prepared (it runs as Python's defaults say). Seen from a real run: an
     atexit hook reads the freeze count and whether the collector is enabled."""
     code = ("import sys, gc, atexit, runpy\n"

@@ -296,7 +296,7 @@ def live_skip_reason(config) -> str | None:
     ``live`` marker (a plain pytest never starts one), and need qemu, vng and a kernel."""
     expr = config.getoption("markexpr") or ""
     if "live" not in expr or "not live" in expr:
-        return "live guests boot only under pytest -m live (minutes each: docs/live-machines.md)"
+        return "live guests boot only under pytest -m live (minutes each: docs/dev/live-machines.md)"
     return MISSING
 
 

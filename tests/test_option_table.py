@@ -182,3 +182,8 @@ def test_a_cpulaunch_inside_an_instance_plans_as_a_plain_one(tmp_path):
                                                                       for i in plain["instances"]]
     for i in nested["instances"]:
         assert "CPULAUNCH_DATALOADER_CPUS" not in i["env"] and "CPULAUNCH_PLANNED_INFERENCE_PATH" not in i["env"]
+def test_the_docs_reference_is_the_tables():
+    proc = subprocess.run([sys.executable, "scripts/options_doc.py", "--check"], cwd=REPO)
+    assert proc.returncode == 0, "docs/reference/options.md differs: run python scripts/options_doc.py"
+
+

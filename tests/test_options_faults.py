@@ -252,41 +252,6 @@ def test_config_folder_and_missing_file(tmp_path):
 # --------------------------------------------------------------------------- CPULAUNCH_<OPTION>
 
 
-def _documented_variables() -> dict:
-    """docs/cli.md's table of option -> variable: {"--format": "CPULAUNCH_FORMAT", "--help": None}."""
-    text = (REPO / "docs" / "cli.md").read_text()
-    start = text.index("<!-- option variables: begin -->")
-    end = text.index("<!-- option variables: end -->")
-    rows = re.findall(r"^\| `(-[-a-z0-9]+)` \| (?:`(CPULAUNCH_[A-Z0-9_]+)`|none[^|]*) \|", text[start:end], re.M)
-    assert rows, "the table is empty"
-    table = {opt: var or None for opt, var in rows}
-    assert len(table) == len(rows), "an option is listed twice"
-    return table
-
-
-def _long_name(param) -> str:
-    return next(o for o in param.opts if o.startswith("--"))
-
-
-def test_every_option_has_the_variable_the_docs_give():
-    """Walks every option of the click command (hidden aliases too) against docs/cli.md,
-    so a new option cannot drift: the variable is the long name in capitals with "_"."""
-    ctx = click.Context(cli.command)
-    assert ctx.auto_envvar_prefix is None, "names derived from parameter names drift (fmt -> CPULAUNCH_FMT)"
-    table = _documented_variables()
-    seen = {}
-    for p in cli.command.get_params(ctx):
-        if not isinstance(p, click.Option):
-            continue
-        name = _long_name(p)
-        seen[name] = p.envvar
-        if name in ("--help", "--version"):
-            assert p.envvar is None, name
-            continue
-        assert p.envvar == "CPULAUNCH_" + name[2:].upper().replace("-", "_"), (name, p.envvar)
-    assert seen == table
-
-
 def test_cpulaunch_format_changes_dry_run_output():
     """Before: CPULAUNCH_FORMAT was ignored (click read CPULAUNCH_FMT) and the text form came out."""
     proc = run_cli("--dry-run", "--allocator", "default", "true", env={"CPULAUNCH_FORMAT": "json"})

@@ -211,7 +211,7 @@ def test_accelerate_on_two_nodes_each_process_has_its_global_and_node_rank():
 @needs_lightning
 @pytest.mark.parametrize("strategy, hook", [("fp16-hook", None), ("wrap-ddp-fp16", "fp16_compress_hook")])
 def test_lightning_ignores_ddp_comm_hook_on_cpu_and_wrap_ddp_is_the_way(strategy, hook):
-    """docs/training.md: DDPStrategy(ddp_comm_hook=...) registers no hook on CPU (Lightning
+    """docs/guide/training.md: DDPStrategy(ddp_comm_hook=...) registers no hook on CPU (Lightning
     does it for CUDA only); a DDPStrategy whose _setup_model calls wrap_ddp does."""
     proc = run_cli("--ddp", "--nproc-per-node", "2", "--allocator", "default", "python", PROG, "lightning",
                    "--devices", "2", "--strategy", strategy, env={"PYTHONPATH": str(REPO)}, timeout=240,

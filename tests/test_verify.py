@@ -234,7 +234,7 @@ def test_openmp_runtimes_mapped():
     iomp5, gomp = _lib("iomp5"), _torch_gomp()
     real_iomp5, real_gomp = os.path.realpath(iomp5), os.path.realpath(gomp)
     base = dict(index=0, bound_cpus=tuple(ALLOWED))
-    # --omp-runtime intel: libiomp5 preloaded while torch's libgomp stays mapped (PLATFORM.md).
+    # --omp-runtime intel: libiomp5 preloaded while torch's libgomp stays mapped (LD_DEBUG=bindings).
     with child("ready()", env={"LD_PRELOAD": f"{iomp5} {gomp}"}) as (pid, _):
         both = procfs.inspect(pid)
     assert dict(both.openmp) == {"intel": real_iomp5, "gnu": real_gomp}

@@ -147,7 +147,7 @@ REGISTRY: dict[str, Library] = {
     )
 }
 
-#: What ``auto`` means, as data (choices; PLATFORM.md, docs/performance.md): ``--allocator
+#: What ``auto`` means, as data (choices; measured: docs/dev/measurements.md): ``--allocator
 #: auto`` preloads tcmalloc when it is found (1.0-1.4x measured here; jemalloc 0.68-0.91x),
 #: else the C library's malloc; ``--omp-runtime auto`` keeps the runtime torch links
 #: (libiomp5 measured within noise of it).

@@ -774,7 +774,7 @@ def _trace(io: Any, flat: Tuple[Any, ...]) -> Any:
     """torch.jit.trace of the flat wrapper; torch's own tracer errors become one line.
 
     check_trace=False: re-running the trace check under autocast fails with "Cannot insert
-    a Tensor that requires grad as a constant" (see PLATFORM.md)."""
+    a Tensor that requires grad as a constant" (torch 2.13; docs/guide/inference.md)."""
     import torch
 
     try:

@@ -29,7 +29,7 @@ Every file is read through the probe's bounded reader
 1 MiB of a sysfs or procfs file): a FIFO, a device or an oversized file in place of one
 becomes a ``file-not-read:<path>`` finding naming it, never a hang.
 
-Cost: no torch import, no py-cpuinfo (about 1 s per call here: PLATFORM.md), at most one
+Cost: no torch import, no py-cpuinfo (about 1.1 s per call here: docs/dev/measurements.md), at most one
 ``numactl`` run and the library search; well under 2 s. With oneCCL's bindings installed,
 two children more: the import check (1.4-10 s here, once per build: cached) and the
 one-rank collective (a few seconds). torch's ``libtorch_cpu.so``

@@ -38,7 +38,7 @@ Rules of :func:`compare` (each a warning):
   allocators mapped.
 - *OpenMP*: two OpenMP runtimes mapped. With Intel OpenMP planned, torch's own libgomp
   stays mapped next to the preloaded libiomp5 (it is linked, but its symbols are bound to
-  libiomp5: PLATFORM.md), so "intel + gnu" is expected then; libiomp5 missing is a warning.
+  libiomp5, as LD_DEBUG=bindings shows), so "intel + gnu" is expected then; libiomp5 missing is a warning.
 - *memory*: with ``mem_policy`` "bind", less than :data:`MIN_BOUND_SHARE` of the instance's
   anonymous memory on the bound nodes, or a process whose memory policy (numa_maps) is not
   the planned one. Anonymous pages only: file pages sit in the shared page cache wherever
