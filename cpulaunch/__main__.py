@@ -15,7 +15,7 @@ def main() -> None:
     generation (:func:`gc.freeze`), so the interpreter's last full collection at exit does
     not walk click's, typing's and the topology's objects only to find nothing to free.
     Measured here: 8-9 ms of every ``--dry-run``/``--print-env`` run (issue 12,
-    docs/performance.md). Objects are still freed by reference counting as modules are
+    docs/dev/measurements.md). Objects are still freed by reference counting as modules are
     cleared, atexit handlers run and the standard streams are flushed as usual; an exec'd
     launch never gets here (the program replaced this process).
     """

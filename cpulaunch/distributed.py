@@ -119,7 +119,7 @@ def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) 
         environ: the user's environment (their own CCL_OFI_LIBRARY_PATH and
             FI_PROVIDER_PATH count as found).
 
-    Rules (issue 21, docs/cluster.md): ccl needs the bindings installed, loading with this
+    Rules (issue 21, docs/guide/ddp.md): ccl needs the bindings installed, loading with this
     torch (the child's verdict; the version string proves nothing either way: the working
     build calls itself 2.8.0+xpu under torch 2.13, a stale one with matching metadata
     aborts at import), and libfabric with its provider folder. ``auto`` picks ccl when all
@@ -327,7 +327,7 @@ def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     console script such as ``lightning``), needs no cpulaunch in the rank's interpreter,
     and leaves the program's argv, ``__main__`` and tracebacks as they are; the
     ``sitecustomize`` Python would have run (the distribution's, a venv's, the user's) is
-    run after it (docs/training.md, "Ranks that abort at exit").
+    run after it (docs/guide/training.md, "Ranks that abort at exit").
     """
     hook, user = site_hook_dir(), environ.get("PYTHONPATH", "")
     kept = [e for e in user.split(os.pathsep) if not is_hook_folder(e)] if user else []
@@ -355,7 +355,7 @@ def ccl_runtime_env(fabric) -> dict[str, str]:
     (:class:`cpulaunch.machine.libfinder.Fabric`, or None): ``CCL_OFI_LIBRARY_PATH`` (the
     library file; without it oneCCL dlopens "libfabric.so" and fails: "could not open the
     library") and ``FI_PROVIDER_PATH`` (its providers; without it "can't find suitable
-    provider"). docs/cluster.md, measured with impi-rt 2021.14.2."""
+    provider"). docs/guide/ddp.md, measured with impi-rt 2021.14.2."""
     env = {}
     if fabric is not None and fabric.library is not None:
         env["CCL_OFI_LIBRARY_PATH"] = str(fabric.library)
@@ -367,7 +367,7 @@ def ccl_runtime_env(fabric) -> dict[str, str]:
 def ccl_env(ctx: RankContext, workers: Sequence[Sequence[int]], *, dedicated: bool,
             runtime: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
     """oneCCL's variables for one rank (pure). Rules measured with oneCCL 2021.14 on this
-    project's machine (docs/cluster.md, "oneCCL on this machine").
+    project's machine (docs/guide/ddp.md, "oneCCL on this machine").
 
     Args:
         ctx: the rank (its local rank and the ranks on its machine).
@@ -751,7 +751,7 @@ def _ccl_for(ctx: RankContext, instances, *, bound: bool = False, fabric, enviro
         instances: this machine's planned ranks in local-rank order; with ``bound`` (the
             engine bound each rank itself, so a rank cannot know its neighbours' CPUs) this
             rank's own instance alone, whose worker CPUs are then listed once per local
-            rank: each rank reads its own slice (measured: docs/cluster.md), never ``auto``.
+            rank: each rank reads its own slice (measured: docs/guide/ddp.md), never ``auto``.
     """
     if bound:
         workers = [_worker_cpus(instances[0])] * ctx.local_world_size

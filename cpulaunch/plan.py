@@ -799,7 +799,7 @@ def _fill(c: int, q: int, big: int, small: int) -> tuple:
 
 # --------------------------------------------------------------------------- cache domains
 #
-# Issue 22 (docs/placement.md): instances follow the machine's domains. Balanced sizes
+# Issue 22 (docs/guide/placement.md): instances follow the machine's domains. Balanced sizes
 # that cut through an L3 make two instances share it; whole domains keep each instance's
 # L3 (AMD's CCX/CCD, the unit AMD's EPYC tuning guides tell to place work on) to itself.
 

@@ -1,6 +1,6 @@
 """Plan -> per-instance environment and argv, and their text forms. Pure.
 
-Environment precedence (documented in docs/plan-json.md): cpulaunch computes *planned*
+Environment precedence (documented in docs/reference/plan-json.md): cpulaunch computes *planned*
 values; a *tunable* the user already set in their environment keeps the user's value
 (with a note) unless ``override_env``; *identity* variables (instance index, rank
 variables) are always cpulaunch's. ``LD_PRELOAD`` is merged: the user's entries are kept,
@@ -15,7 +15,7 @@ Rules and where they come from:
   spinning after 1 ms): the tuning guide and Intel's OpenMP documentation.
 - GNU OpenMP: no ``GOMP_CPU_AFFINITY``: with torch's bundled libgomp it can drop torch
   to one thread (pytorch#149422). ``OMP_PROC_BIND``/``OMP_PLACES`` are left unset by
-  default (measured within noise here: docs/performance.md).
+  default (measured within noise here: docs/dev/measurements.md).
 - jemalloc's ``MALLOC_CONF`` comes from the library registry (tuning guide value).
 """
 
@@ -423,7 +423,7 @@ def bind_lines(rendered: "Rendered", stack: str) -> str:
     vLLM (CPU backend; vllm/envs.py): ``VLLM_CPU_OMP_THREADS_BIND`` (its
     ``VLLM_CPU_NUM_OF_RESERVED_CPU`` applies only to ``auto`` binding, so it is not
     printed with explicit lists). SGLang (CPU backend): ``SGLANG_CPU_OMP_THREADS_BIND``.
-    Values are shell-quoted; docs/integrations.md has the versions checked.
+    Values are shell-quoted; docs/guide/integrations.md has the versions checked.
     """
     import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
 
@@ -438,7 +438,7 @@ def bind_lines(rendered: "Rendered", stack: str) -> str:
 
 
 def instance_dict(inst: RenderedInstance) -> dict[str, Any]:
-    """One instance in the JSON schema of docs/plan-json.md."""
+    """One instance in the JSON schema of docs/reference/plan-json.md."""
     return {
         "index": inst.index,
         "cpus": list(inst.cpus),

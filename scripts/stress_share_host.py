@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Stress --share-host with real jobs: many concurrent starts by three users, and a long
-wait queue; prints the figures as JSON (docs/placement.md quotes them).
+wait queue; prints the figures as JSON (docs/guide/placement.md quotes them).
 
 * ``starts``: ``--jobs`` (200) one-core jobs in ``--share-host wait``, all started at once,
   in turn as root and the two users the tests make (``useradd -m cpulaunch-u1`` and

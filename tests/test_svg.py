@@ -126,11 +126,11 @@ def test_ddp_ranks_and_helper_cpus(sysroots):
 
 
 def test_the_docs_picture_is_what_cpulaunch_draws(sysroots):
-    # docs/cli.md shows it (and README may): it must not drift from the code
+    # docs/reference/cli.md shows it (and README may): it must not drift from the code
     shown = (REPO / "docs" / "images" / "plan-xeon-per-socket.svg").read_text()
     assert shown == _svg(sysroots, XEON, "--instances-per-socket", "--dry-run"), (
         "redraw it: cpulaunch --sysroot DUMP --instances-per-socket --dry-run --format svg true "
-        "> docs/images/plan-xeon-per-socket.svg (DUMP: the Xeon dump unpacked, docs/cli.md)")
+        "> docs/images/plan-xeon-per-socket.svg (DUMP: the Xeon dump unpacked, docs/reference/cli.md)")
 
 
 def test_svg_applies_to_dry_run_and_show_topology_only(sysroots):

@@ -211,7 +211,7 @@ class CclBinding(NamedTuple):
         path: the package's folder; None when it is not installed (no module spec).
         version: its package metadata's version, shown only: it decides nothing (the build
             that works with torch 2.13 here calls itself 2.8.0+xpu, and the stale tag
-            v2.7.0+cpu aborts the interpreter under torch >= 2.8: docs/cluster.md).
+            v2.7.0+cpu aborts the interpreter under torch >= 2.8: docs/guide/ddp.md).
         torch_version: torch's metadata version, None when torch is not installed.
         loads: True when ``import torch, oneccl_bindings_for_pytorch`` succeeded in a
             child process of this Python; False when it did not (``why``); None when not

@@ -2,7 +2,7 @@
 runs on one machine claim the cores they plan, so that a second job plans on the rest,
 waits for them, or fails naming the job that holds them. No daemon.
 
-The design (docs/placement.md, "Jobs that share a host", gives the figures measured):
+The design (docs/guide/placement.md, "Jobs that share a host", gives the figures measured):
 
 - *A lease is a set of POSIX record locks* (fcntl(2) ``F_SETLK``), write locks on bytes of
   a file of the job's own. The bytes say what the locks mean: within a window of 2**44
@@ -57,7 +57,7 @@ The design (docs/placement.md, "Jobs that share a host", gives the figures measu
   turns out to be one anyway (a name swapped between ``stat`` and ``open``) is kept open
   for the lease's life, never closed.
 
-Measured here (an "AMD EPYC" with 2 vCPUs shared with other work; docs/placement.md and
+Measured here (an "AMD EPYC" with 2 vCPUs shared with other work; docs/guide/placement.md and
 scripts/stress_share_host.py): a read with 40 lease files in view costs 0.65 ms without
 /proc/locks and 1.05 ms with it once warm, but the first read of /proc/locks after a pause
 costs an RCU grace period (16 ms seen; the kernel takes its file-lock semaphore for

@@ -8,7 +8,7 @@ must be a loadable ELF shared object for this machine (class and ``e_machine`` c
 so a 32-bit or foreign-arch file is passed over.
 
 oneCCL's libfabric is looked for apart (:func:`find_libfabric`): only where Intel's wheels
-and oneAPI put it, and only with its provider folder beside it (issue 21, docs/cluster.md).
+and oneAPI put it, and only with its provider folder beside it (issue 21, docs/guide/ddp.md).
 """
 
 import os
@@ -193,7 +193,7 @@ class Fabric(NamedTuple):
         providers: the provider folder beside it (``prov``, holding at least one loadable
             ``lib*-fi.so``); None when the library found has none. impi-rt's libfabric has
             no provider built in: without ``FI_PROVIDER_PATH`` at this folder oneCCL's first
-            collective fails with "can't find suitable provider" (docs/cluster.md).
+            collective fails with "can't find suitable provider" (docs/guide/ddp.md).
         searched: the folders looked in, in order (for messages).
     """
 
@@ -240,7 +240,7 @@ def find_libfabric(environ: Optional[Mapping[str, str]] = None, prefix: str = sy
     Looks in :func:`fabric_dirs` for ``libfabric.so.1`` (ELF-checked, as every library of
     the registry) with a ``prov`` folder beside it holding a loadable ``lib*-fi.so``; the
     first folder that has both wins. A system libfabric elsewhere is not taken: the one
-    that ran with oneCCL here is impi-rt's (docs/cluster.md).
+    that ran with oneCCL here is impi-rt's (docs/guide/ddp.md).
 
     Returns:
         a :class:`Fabric`; when no folder has both, the first library found (or None) and

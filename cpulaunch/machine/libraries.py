@@ -10,7 +10,7 @@ click choices are generated from :data:`REGISTRY`.
 oneCCL's run time (issue 21) is in the registry too, never offered as a choice:
 ``libfabric``, the transport oneCCL dlopens. :func:`cpulaunch.machine.libfinder.find_libfabric`
 finds it where Intel's wheels put it, with the provider folder beside it, which libfabric
-needs (docs/cluster.md).
+needs (docs/guide/ddp.md).
 """
 
 import os
@@ -136,7 +136,7 @@ REGISTRY: dict[str, Library] = {
             kind="ccl-runtime",
             choice="libfabric",
             filenames=("libfabric.so.1",),
-            # The versions that ran together here: docs/cluster.md (newer oneccl-cpu wheels
+            # The versions that ran together here: docs/guide/ddp.md (newer oneccl-cpu wheels
             # do not load; 2022.2 needs a libfabric that is not on PyPI).
             install="pip install impi-rt==2021.14.2 (puts lib/libfabric/libfabric.so.1 and "
                     "lib/libfabric/prov/ under the Python prefix)",

@@ -282,7 +282,7 @@ class Topology(_TopologyFields):
             ``cpulist.parse(text, limit=topo.cpu_limit)``.
         caches: the L3 and L2/cluster domains (:class:`Caches`); None where they were
             not read (the probe reads them only for a plan that divides a socket or node,
-            and for ``--show-topology``: docs/placement.md).
+            and for ``--show-topology``: docs/guide/placement.md).
 
     A NamedTuple like the other records (immutable; change one with ``._replace()``;
     equal when the fields are). ``core_of`` and ``node_of`` are O(1): each builds its map

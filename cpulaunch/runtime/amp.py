@@ -13,7 +13,7 @@ The PyTorch training article's AMP step is ``with torch.cuda.amp.autocast(): ...
   ``bf16`` on aarch64 (:class:`cpulaunch.runtime.inference.Bf16Support`). Elsewhere oneDNN
   emulates bf16 with conversions: this project's DDP benchmark measured bf16 autocast at
   :data:`EMULATED_SPEED` of fp32's samples/s (cnn, 2 gloo ranks, on an AVX2-only AMD EPYC,
-  docs/training.md), so :func:`cpu_autocast` refuses it there instead of running 11x
+  docs/guide/training.md), so :func:`cpu_autocast` refuses it there instead of running 11x
   slower.
 
 torch is imported inside the function, never at module import.
@@ -29,7 +29,7 @@ __all__ = ["AmpError", "EMULATED_SPEED", "amp_refusal", "cpu_autocast"]
 
 #: bf16 autocast's samples/s as a fraction of fp32's where bf16 is emulated: 0.089, measured
 #: by ``scripts/bench_ddp.py --options`` (variant bf16-autocast) on 2026-11-22 on a 2-vCPU
-#: AMD EPYC without avx512_bf16 or AMX (docs/training.md, "DDP options measured").
+#: AMD EPYC without avx512_bf16 or AMX (docs/guide/training.md, "DDP options measured").
 EMULATED_SPEED = 0.089
 
 

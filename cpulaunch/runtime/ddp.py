@@ -578,7 +578,7 @@ def wrap_ddp(model, *, static_graph: Optional[bool] = None, gradient_as_bucket_v
             :class:`cpulaunch.runtime.syncbn.SyncBatchNorm`
             (:func:`cpulaunch.runtime.syncbn.convert_sync_batchnorm`, over
             ``process_group``): training-mode statistics over the global batch of all
-            ranks, on CPU, at 2 collectives per BatchNorm layer per step (docs/training.md).
+            ranks, on CPU, at 2 collectives per BatchNorm layer per step (docs/guide/training.md).
             Default False: each rank normalises by its own shard, as plain DDP does.
             ``torch.nn.SyncBatchNorm`` itself cannot be used: DDP refuses it on CPU.
         **ddp_kwargs: passed to DDP unchanged (``bucket_cap_mb``, ``find_unused_parameters``,
@@ -711,8 +711,8 @@ def init_process_group(backend: str | None = None, **kwargs):
     It also registers an exit handler (:func:`cpulaunch.runtime.exithook.install`) that
     destroys the default process group before the interpreter finalizes when the program
     has not (and did not end with an uncaught exception): without it a gloo rank sometimes
-    aborts at exit with "terminate called without an active exception" (issue 24 item 8;
-    pytorch#190489). Registered after the group exists, it runs before the exit handlers
+    aborts at exit with "terminate called without an active exception"
+    (pytorch#190489). Registered after the group exists, it runs before the exit handlers
     registered earlier; calling ``destroy_process_group()`` yourself stays right.
 
     Returns the backend name used.
@@ -720,7 +720,7 @@ def init_process_group(backend: str | None = None, **kwargs):
     Raises:
         RuntimeError: backend "ccl" asked for but ``oneccl_bindings_for_pytorch`` cannot be
             imported (Intel's index has builds up to torch 2.8 only: build it against this
-            torch, docs/cluster.md "oneCCL", or use gloo).
+            torch, docs/guide/ddp.md "oneCCL", or use gloo).
     """
     import torch.distributed as dist
 

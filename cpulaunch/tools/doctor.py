@@ -3,7 +3,7 @@
 :func:`diagnose` reads the machine at ``root`` (``/`` or a ``--sysroot`` dump) and the
 current Python environment, and returns a frozen :class:`Report`: findings (each with a
 severity and a fix) plus sections of facts. :func:`render_text` and :func:`to_json` are
-pure; the JSON keys are documented in docs/doctor.md.
+pure; the JSON keys are documented in docs/guide/doctor.md.
 
 What comes from where:
 
@@ -115,7 +115,7 @@ class Finding:
     """One thing the doctor found.
 
     Attributes:
-        id: stable identifier (docs/doctor.md lists them), e.g. "numa-balancing".
+        id: stable identifier (docs/guide/doctor.md lists them), e.g. "numa-balancing".
         severity: one of :data:`SEVERITIES`.
         summary: one line.
         detail: why it matters (may be empty).
@@ -301,7 +301,7 @@ class EnvironmentStatus:
 
 @dataclass(frozen=True)
 class CclStatus:
-    """oneCCL, for ``cpulaunch --ddp --backend ccl`` (issue 21; docs/cluster.md).
+    """oneCCL, for ``cpulaunch --ddp --backend ccl`` (issue 21; docs/guide/ddp.md).
 
     Attributes:
         binding: the folder of oneccl_bindings_for_pytorch, None when not installed.
@@ -336,7 +336,7 @@ class Report:
     Attributes:
         root: the root read (``/`` or the ``--sysroot`` folder).
         live: the root is this running machine (numactl may be run).
-        findings: in check order; see docs/doctor.md for the ids.
+        findings: in check order; see docs/guide/doctor.md for the ids.
     """
 
     root: str
@@ -985,7 +985,7 @@ def exit_code(report: Report, *, strict: bool = False) -> int:
 
 
 def to_json(report: Report) -> dict[str, Any]:
-    """The report as JSON-ready data; keys documented in docs/doctor.md (pure).
+    """The report as JSON-ready data; keys documented in docs/guide/doctor.md (pure).
     CPU and node sets are kernel list strings ("0-3,8"); absent facts are null."""
     fmt = cpulist.format
     t, n, i, s, e, tr = (report.topology, report.numactl, report.isa, report.settings,

@@ -9,7 +9,7 @@ Reading and judging are apart:
   against a :class:`ProcessView` -> warnings naming the instance and what differs;
 - :func:`verify` does both for a list of (pid, Expected) and returns a
   :class:`VerifyReport`; :func:`render_text` and :func:`report_json` (the ``verify.json``
-  written into a run's log folder, docs/doctor.md) are pure.
+  written into a run's log folder, docs/guide/doctor.md) are pure.
 
 Rules of :func:`compare` (each a warning):
 
@@ -542,7 +542,7 @@ def _expected_json(e: Optional[Expected], pid: int) -> Optional[dict]:
 
 
 def report_json(report: VerifyReport) -> dict[str, Any]:
-    """The report as JSON-ready data (what ``verify.json`` holds; docs/doctor.md). Strings
+    """The report as JSON-ready data (what ``verify.json`` holds; docs/guide/doctor.md). Strings
     taken from /proc keep their real value (JSON escapes control characters)."""
     out = []
     for r in report.instances:

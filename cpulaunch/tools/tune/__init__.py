@@ -3,7 +3,7 @@
 Every trial is a real run, ``python -m cpulaunch [FLAGS] -- PROGRAM ...``, started as a
 subprocess with ``sys.executable``: what tune measures is exactly what a user runs, and
 the winner is saved as ``DIR/best.toml`` for ``cpulaunch --config DIR/best.toml ...``.
-The whole method (space, budget, metric, noise rules, resume) is in docs/tune.md; the
+The whole method (space, budget, metric, noise rules, resume) is in docs/guide/tune.md; the
 short form:
 
 * **Space** (:func:`build_space`): axes ``instances`` (the topology's natural splits,

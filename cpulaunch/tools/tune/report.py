@@ -51,7 +51,7 @@ __all__ = [
 
 
 
-#: tune's exit code when its recommendation stands on busy trials (docs/tune.md).
+#: tune's exit code when its recommendation stands on busy trials (docs/guide/tune.md).
 BUSY_EXIT = 3
 
 

@@ -1,6 +1,6 @@
 """How ``cpulaunch tune`` searches and decides: the grid, the coarse and fine stages fitted
 into the budget, the statistics of a configuration's trials and the noise rule by which
-one beats another (docs/tune.md, "Search" and "Measurement"). Pure: records in, stages
+one beats another (docs/guide/tune.md, "Search" and "Measurement"). Pure: records in, stages
 and outcomes out.
 """
 

@@ -1,5 +1,5 @@
 """The search space of ``cpulaunch tune``: its axes, the configurations on them, and how a
-configuration becomes cpulaunch flags and best.toml keys (docs/tune.md, "Space").
+configuration becomes cpulaunch flags and best.toml keys (docs/guide/tune.md, "Space").
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = [
 
 #: Axes of the search space, in the order configurations are keyed, printed and flagged.
 AXES = ("instances", "allocator", "omp-runtime", "kmp-blocktime", "omp-places", "smt")
-#: What each axis is, for --help and docs/tune.md.
+#: What each axis is, for --help and docs/guide/tune.md.
 AXIS_HELP = {
     "instances": "how many instances (and so cores per instance): 1, per socket, per NUMA node, "
                  "powers of two up to the cores, latency mode (4 cores each)",

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-#: The line a program prints to report its metric (docs/tune.md).
+#: The line a program prints to report its metric (docs/guide/tune.md).
 METRIC_PREFIX = "CPULAUNCH_METRIC"
 #: Name of the metric when the program prints none: the wall time of the whole run.
 WALL_METRIC = "wall_s"
@@ -169,7 +169,7 @@ def _is_count(v, low: int) -> bool:
 def record_problem(rec) -> Optional[str]:
     """Why ``rec`` (one parsed line of trials.jsonl) is not a trial record tune can use,
     or None. The fields the search and the report rely on must have their types
-    (docs/tune.md): ``key`` a string; ``status`` ok/failed/timeout; ``stage``
+    (docs/guide/tune.md): ``key`` a string; ``status`` ok/failed/timeout; ``stage``
     warmup/grid/coarse/fine; ``round`` an integer >= 0 and ``attempt`` >= 1 (when given);
     ``config`` an object; ``cost_s`` and ``wall_s`` finite numbers >= 0; ``busy`` and
     ``repeat`` booleans (when given); an ``ok`` record's ``metric`` a string and ``value``

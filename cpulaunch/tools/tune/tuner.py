@@ -312,7 +312,7 @@ class Tuner:
 
     def run_trial(self, config: Mapping[str, object], stage: str, rnd: int, attempt: int,
                   deadline: float) -> dict[str, Any]:
-        """Run one trial and append its record (see docs/tune.md for the fields)."""
+        """Run one trial and append its record (see docs/guide/tune.md for the fields)."""
         argv = self.argv(config)
         started = _now_iso()
         t0 = self.clock()
