@@ -530,17 +530,43 @@ def one_line(text: str) -> str:
     return "".join(out)
 
 
-def command_text(env: Mapping[str, str], argv: Sequence[str]) -> str:
+#: Columns of a dry run's command lines: longer commands continue on the next line after a
+#: backslash, as a person writes them (a word is never cut).
+TEXT_WIDTH = 100
+
+
+def command_text(env: Mapping[str, str], argv: Sequence[str], width: Optional[int] = None) -> str:
     """One shell command that runs ``argv`` with ``env`` added: ``env NAME=VALUE ... prog
     args``, every word quoted (shlex.quote). A program whose name holds ``=`` would be read
-    by env(1) as one more assignment, so it is run through ``sh -c 'exec "$0" "$@"'``."""
+    by env(1) as one more assignment, so it is run through ``sh -c 'exec "$0" "$@"'``.
+
+    ``width``: continue the command on new lines (`` \`` then two spaces) so that each
+    line holds at most ``width`` columns where its words allow; the program starts a line
+    of its own. None: one line."""
     import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
 
     words = ["env"] + [f"{k}={v}" for k, v in env.items()]
     argv = list(argv)
     if argv and "=" in argv[0]:
         words += ["sh", "-c", 'exec "$0" "$@"']
-    return " ".join(shlex.quote(w) for w in words + argv)
+    if width is None:
+        return " ".join(shlex.quote(w) for w in words + argv)
+    return " \\\n".join(_fill([shlex.quote(w) for w in words], width)
+                         + _fill([shlex.quote(w) for w in argv], width, "  "))
+
+
+def _fill(words: list, width: int, first: str = "") -> list:
+    """``words`` in lines of at most ``width`` columns (a longer word alone), the first line
+    starting with ``first``, the others with two spaces."""
+    lines, line = [], first
+    for w in words:
+        if line.strip() and len(line) + 1 + len(w) + 2 > width:
+            lines.append(line)
+            line = "  "
+        line += ("" if not line.strip() else " ") + w
+    if line.strip():
+        lines.append(line)
+    return lines
 
 
 def dry_run_text(rendered: Rendered) -> str:
@@ -557,7 +583,7 @@ def dry_run_text(rendered: Rendered) -> str:
                 + (f", memory {inst.mem_policy} {cpulist.format(inst.mem_nodes)}" if inst.mem_nodes else "")
                 + (f", affinity {cpulist.format(inst.affinity)}" if inst.affinity else ""))
         lines.append(one_line(head))
-        lines.append(command_text(inst.env, inst.argv))
+        lines.append(command_text(inst.env, inst.argv, TEXT_WIDTH))
     for note in rendered.notes:
         lines.append(f"# note: {one_line(note)}")
     return "\n".join(lines) + "\n"

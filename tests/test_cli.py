@@ -136,7 +136,9 @@ def test_newline_in_a_value_cannot_inject_through_dry_run_text(tmp_path):
     marker = tmp_path / "injected"
     env = {"OMP_NUM_THREADS": f"1\ntouch {marker} #"}
     text = run_cli("--dry-run", "--allocator", "default", "true", env=env).stdout
-    assert all(line.startswith(("# ", "env ")) for line in text.splitlines())
+    lines = text.splitlines()  # a comment, a command, or the command's continuation after " \\"
+    assert all(line.startswith(("# ", "env ")) or (line.startswith("  ") and prev.endswith(" \\"))
+               for prev, line in zip([""] + lines, lines))
     subprocess.run(["bash"], input=text, text=True, timeout=30, env={**os.environ, **env})
     assert not marker.exists()
 
@@ -185,7 +187,7 @@ def test_program_named_like_an_assignment_runs_from_dry_run_text(tmp_path):
     prog.chmod(0o755)
     env = {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
     text = run_cli("--dry-run", "--bind", "none", "--allocator", "default", "a=b", "x", env=env).stdout
-    cmd = [line for line in text.splitlines() if line.startswith("env ")][0]
+    cmd = text[text.index("env "):].split("\n# ")[0]  # the command, with its continuation lines
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env={**os.environ, **env})
     assert out.stdout.strip() == "ran-a=b x"
 

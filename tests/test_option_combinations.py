@@ -162,7 +162,7 @@ def blame_problem(message: str, given: set[str]) -> str | None:
 def _instances_of_text(text: str) -> list:
     """(cpulist, env, argv) of each instance of a --dry-run text."""
     out, header = [], None
-    for line in text.splitlines():
+    for line in text.replace(" \\\n  ", " ").splitlines():  # a command's continuation lines joined
         m = re.match(r"# (?:instance|rank) (\d+): cpus ([0-9,-]+?)(?:,? |$)", line)
         if m:
             header = m.group(2)

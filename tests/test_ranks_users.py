@@ -83,7 +83,8 @@ def test_dry_run_text_shows_them(sysroots):
     proc = run_cli("--sysroot", str(sysroots[XEON]), "--ddp", "--dry-run", "--allocator", "default",
                    "--nnodes", "2", "--node-rank", "1", "--master-addr", "h0", "--master-port", "29999",
                    "python", "t.py")
-    lines = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    text = proc.stdout.replace(" \\\n  ", " ")  # each command on one line: continuations joined
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
     assert len(lines) == 2
     for r, line in enumerate(lines):
         for word in (f"RANK={2 + r}", "NODE_RANK=1", "GROUP_RANK=1", "GROUP_WORLD_SIZE=2",
