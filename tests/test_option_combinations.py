@@ -325,7 +325,7 @@ def test_the_checker_passes_the_sample(machines):
 def test_the_checker_finds_a_crash_in_a_note(machines, monkeypatch):
     """run_cpu's comparison note as it was: it divided by the size when the size was a
     list (``--ncores-per-instance 1,1`` ended in exit 70)."""
-    from cpulaunch import core
+    from cpulaunch import placement
 
     def old_run_cpu_placement(topo, req):
         cores = [sorted(topo.allowed.intersection(c.cpus)) for c in topo.cores]
@@ -336,7 +336,7 @@ def test_the_checker_finds_a_crash_in_a_note(machines, monkeypatch):
         count = req.ninstances or len(units) // n
         return [tuple(units[i * n:(i + 1) * n]) for i in range(count)]
 
-    monkeypatch.setattr(core, "run_cpu_placement", old_run_cpu_placement)
+    monkeypatch.setattr(placement, "run_cpu_placement", old_run_cpu_placement)
     found = _finds(machines[-1:], SAMPLE[:1])
     assert found and "exit 70" in found[0] and "TypeError" in found[0], found
 
