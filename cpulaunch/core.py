@@ -97,7 +97,7 @@ def cache_need(opts: Options, environ: Mapping[str, str]) -> bool:
     if req.instances_per_l3 or req.ncores_per_instance or req.latency_mode:
         return True
     ranks = opts.ddp.nproc_per_node if opts.ddp is not None else None
-    if ranks is not None and ranks.isdigit() and int(ranks) > 1:
+    if ranks is not None and (ranks.isdigit() and int(ranks) > 1 or ranks.lower() in ("auto", "cpu")):
         return True
     return any(v in environ for v in ENGINE_VARIABLES)
 
@@ -141,12 +141,13 @@ def _library_path(host, name: str, option: str, fallback: str) -> object:
 
 def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
     """True when cpulaunch starts the instances itself and relays their output through pipes
-    (several instances, ``--log-dir``, ``--verify``, or an elastic --ddp run's torchrun:
-    ``elastic``); False when the one instance is exec'd with cpulaunch's own stdin, stdout
+    (several instances, ``--log-dir``, ``--verify``, ``--follow-cpuset``, or an elastic --ddp
+    run's torchrun: ``elastic``); False when the one instance is exec'd with cpulaunch's own stdin, stdout
     and stderr. The one rule for :func:`execute` and for the env :func:`prepare` plans
     (:data:`LIVE_OUTPUT_ENV`), so --dry-run shows what a run gets."""
     lopts = opts.launch
-    return n_instances != 1 or elastic or lopts.log_dir is not None or lopts.verify_after is not None
+    return (n_instances != 1 or elastic or lopts.log_dir is not None or lopts.verify_after is not None
+            or lopts.follow_cpuset)
 
 
 def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",

@@ -448,3 +448,38 @@ def test_use_env_is_the_default_and_contradicts_pass_local_rank(sysroots):
         "--pass-local-rank; drop one of them"]
     proc = run_cli("--pass-local-rank", "--dry-run", "python", "train.py", check_rc=2)
     assert proc.stderr.strip() == "cpulaunch: error: --pass-local-rank applies to --ddp only; add --ddp or drop it"
+
+
+# --------------------------------------------------------------------------- rank counts and the CPU quota (issue 35)
+
+
+def test_ddp_default_and_auto_stay_within_the_quota(sysroots):
+    """The default (one rank per socket) and ``auto`` (one per usable core) plan no more
+    ranks than the quota runs at once, naming it; ``socket`` asked for plans as asked, with
+    the planner's note. Real quotas: tests/test_cgroups.py."""
+    from cpulaunch.machine import probe
+    from cpulaunch.plan import Request, plan
+
+    topo = probe.probe(str(sysroots[XEON]))._replace(quota_cpus=1.0, quota_source="/sys/fs/cgroup/cpu/pod")
+    notes: list = []
+    req = distributed.rank_request(Request(), None, topo, notes=notes)
+    assert req.ninstances == 1 and notes == [
+        "--ddp: 1 rank(s), as many as a CPU quota of 1 CPU (cgroup /sys/fs/cgroup/cpu/pod) runs at once, not one "
+        "per socket (2); pass --nproc-per-node socket for one per socket anyway"]
+    notes = []
+    p = plan(topo, distributed.rank_request(Request(), "socket", topo, notes=notes))
+    assert notes == [] and len(p.instances) == 2
+    assert ("--nproc-per-node socket: 2 instances under a CPU quota of 1 CPU (cgroup /sys/fs/cgroup/cpu/pod), which "
+            "runs 1 at a time: they take turns on its CPU time; planned as asked (fewer instances fit the quota)") \
+        in p.notes
+    topo = topo._replace(quota_cpus=3.5)
+    notes = []
+    assert distributed.rank_request(Request(), "auto", topo, notes=notes).ninstances == 3
+    assert notes[0].startswith("--nproc-per-node auto: 3 rank(s), as many as a CPU quota of 3.5 CPUs")
+    notes = []
+    assert distributed.rank_request(Request(), "auto", topo._replace(quota_cpus=None), notes=notes).ninstances == 16
+    assert notes == ["--nproc-per-node auto: 16 rank(s), one per usable core (16 cores, CPUs 0-31 allowed by cgroup "
+                     "cpuset /sys/fs/cgroup/cpuset/cpuset.effective_cpus)"]
+    # under an engine, auto means the ranks it started
+    notes = []
+    assert distributed.rank_request(Request(), "auto", topo, local_size=2, notes=notes).instances_per_socket == 1
