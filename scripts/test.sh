@@ -41,5 +41,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # virtme-ng: vng, which boots the live machines (docs/live-machines.md; .ci/run's live step);
 # [users]: Lightning and accelerate, which tests/test_ranks_users.py runs under cpulaunch.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users]' intel-openmp virtme-ng
+# [ray]: Ray Train, which tests/test_ray_train.py and examples/ray_train.py run.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users,ray]' intel-openmp virtme-ng
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
