@@ -237,3 +237,34 @@ def test_a_grow_beyond_the_first_plan(tmp_path, follow):
     said = stderr.read_text()
     assert ("instance 0: 2 CPUs now (0-1), but its OpenMP pool keeps the 1 thread(s) it started with; restart it "
             "to use them all" in said) == follow
+
+
+# --------------------------------------------------------------------------- the option's rules
+
+
+@pytest.mark.parametrize("other, said", [
+    (("--share-host",), "--share-host"),
+    (("--sysroot", str(REPO)), f"--sysroot {REPO}"),
+    (("--ddp", "--rdzv-endpoint", "127.0.0.1:29400"), "--rdzv-endpoint 127.0.0.1:29400"),
+])
+def test_follow_cpuset_refuses_what_it_cannot_follow(other, said):
+    proc = subprocess.run([PY, "-m", "cpulaunch", "--follow-cpuset", *other, "--dry-run", "true"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        f"cpulaunch: error: --follow-cpuset cannot be combined with {said}: --follow-cpuset re-pins"), proc.stderr
+
+
+def test_follow_cpuset_in_a_dry_run_is_noted_and_keeps_the_launcher():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a user's shell has none
+
+    def dry(*args):
+        proc = subprocess.run([PY, "-m", "cpulaunch", *args, "--dry-run", "--format", "json", "true"],
+                              capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+        return json.loads(proc.stdout)
+
+    doc = dry("--follow-cpuset")
+    assert ("--follow-cpuset acts only when the program runs; --dry-run shows the commands such a run starts"
+            in doc["notes"])
+    # one instance is supervised (not exec'd) under --follow-cpuset, so its output is relayed
+    assert doc["instances"][0]["env"]["PYTHONUNBUFFERED"] == "1"
+    assert "PYTHONUNBUFFERED" not in dry()["instances"][0]["env"]  # exec'd: its output is its own
