@@ -16,9 +16,9 @@ Ray's default (OMP_NUM_THREADS = the worker's CPUs, nothing pinned) for comparis
     python examples/ray_train.py
     python examples/ray_train.py --no-bind --steps 200 --json out.json   # what bench_ray.py runs
 
-Needs ``pip install 'ray[train]'`` (Ray 2.60 ran here). Ray writes its session files under
-/tmp/ray; ``ray.shutdown()`` at the end stops the processes this script started (never run
-``ray stop`` on a shared machine: it stops every Ray process there).
+Needs ``pip install 'ray[train]'`` (Ray 2.60 ran here). Ray's session files go to a
+temporary folder removed at the end; ``ray.shutdown()`` stops the processes this script
+started (never run ``ray stop`` on a shared machine: it stops every Ray process there).
 """
 
 from __future__ import annotations
@@ -124,8 +124,11 @@ def main(argv=None) -> int:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     with tempfile.TemporaryDirectory(prefix="ray-train-") as out:
+        # Ray's session files (logs, sockets) in this run's own folder, removed with it (by
+        # default each run leaves a session folder under /tmp/ray)
         ray.init(num_cpus=args.workers, include_dashboard=False, object_store_memory=128 << 20,
-                 log_to_driver=False, runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}})
+                 log_to_driver=False, runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}},
+                 _temp_dir=str(Path(out, "ray")))
         try:
             trainer = TorchTrainer(
                 train_func,
