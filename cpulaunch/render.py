@@ -540,7 +540,7 @@ def command_text(env: Mapping[str, str], argv: Sequence[str], width: Optional[in
     args``, every word quoted (shlex.quote). A program whose name holds ``=`` would be read
     by env(1) as one more assignment, so it is run through ``sh -c 'exec "$0" "$@"'``.
 
-    ``width``: continue the command on new lines (`` \`` then two spaces) so that each
+    ``width``: continue the command on new lines (a backslash, then two spaces) so that each
     line holds at most ``width`` columns where its words allow; the program starts a line
     of its own. None: one line."""
     import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
