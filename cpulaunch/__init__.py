@@ -12,6 +12,7 @@ The public API, loaded on first use (``dir(cpulaunch)`` lists it):
   :func:`optimize` (the inference path), :func:`cpu_autocast` (bf16 where the CPU has it);
 - distributed training: :func:`init_process_group`, :func:`wrap_ddp`,
   :func:`convert_sync_batchnorm` / :class:`SyncBatchNorm`;
+- Ray Train: :func:`bind_ray_train_worker` (bind a Ray Train worker as ``--ddp`` would);
 - :class:`CpulaunchError`, the one error type of every mistake a user can fix.
 
 Everything else is internal: modules' own names may change between releases.
@@ -31,6 +32,7 @@ _LAZY = {
     "wrap_ddp": "cpulaunch.runtime.ddp",
     "convert_sync_batchnorm": "cpulaunch.runtime.syncbn",
     "SyncBatchNorm": "cpulaunch.runtime.syncbn",
+    "bind_ray_train_worker": "cpulaunch.runtime.ray_train",
     "CpulaunchError": "cpulaunch.errors",
 }
 

@@ -49,7 +49,8 @@ PROGRAM_RULE = ("The program starts at the first word that is not one of cpulaun
                 "or at -m MODULE / -c CODE; a program ending in .py runs with this Python.")
 #: Where else options come from, for --help.
 SOURCES_RULE = ("Every option can also come from CPULAUNCH_<OPTION> (--log-dir: CPULAUNCH_LOG_DIR) or a "
-                "--config file; torchrun's --name_with_underscores spellings are accepted.")
+                "--config file; torchrun's --name_with_underscores spellings are accepted, and under --ddp "
+                "torchrun's PET_<OPTION> variables (PET_NNODES), as Kubeflow sets them in a pod.")
 
 
 #: The spellings that take a value in the next word (``--ninstances 2``).
@@ -245,7 +246,7 @@ def _run(**values):
     config = ctx.meta.get("cpulaunch.config_words", {})
     spelled.update({n: s for n, s in config.items() if source(n) is click.core.ParameterSource.DEFAULT_MAP})
     _configure_logging(values.get("verbose") or 0)
-    opts = options.from_values(values, given, options.Words(spelled))
+    opts = options.from_values(values, given, options.Words(spelled), environ=os.environ)
     return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
 
 

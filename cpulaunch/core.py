@@ -286,6 +286,33 @@ def _specs(rendered: Rendered) -> list:
             for i in rendered.instances]
 
 
+# --------------------------------------------------------------------------- --follow-cpuset (issue 35)
+
+
+def _follower(p: Prepared, environ: Mapping[str, str]):
+    """``--follow-cpuset``'s watcher (:class:`cpulaunch.launch.follow.Follower`): it plans
+    again through :func:`_prepare_plan`, the run's own planning, on the topology of the CPUs
+    the job may use now; with a count, as that many instances (:func:`_with_count`)."""
+    from cpulaunch.launch.follow import Follower
+
+    def replan(topo: Topology, count: Optional[int]) -> Rendered:
+        opts = p.opts if count is None else _with_count(p.opts, count)
+        return _prepare_plan(opts, topo, p.host, environ).rendered
+
+    return Follower(p.topo, p.rendered, p.plan.num_instances, replan)
+
+
+def _with_count(opts: Options, count: int) -> Options:
+    """``opts`` planning ``count`` instances (``--ninstances count``; ``--nproc-per-node
+    count`` under --ddp), the other placement modes dropped."""
+    if opts.ddp is not None:
+        return opts._replace(ddp=opts.ddp._replace(nproc_per_node=str(count), words=()))
+    req = opts.request._replace(ninstances=count, instances_per_socket=None, instances_per_node=None,
+                                instances_per_l3=None, latency_mode=False, throughput_mode=False,
+                                ncores_per_instance=None, words=())
+    return opts._replace(request=req)
+
+
 def _run_info(p: Prepared) -> str:
     from cpulaunch import render as r
 
@@ -332,13 +359,16 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
 
     def check(pids: Mapping[int, int], run) -> None:
         verified.append(pids)
-        verifier(p.rendered, p.settings, pids, run)
+        verifier(follower.rendered if follower is not None else p.rendered, p.settings, pids, run)
 
     after = (lopts.verify_after, check) if lopts.verify_after is not None and verifier else None
+    follower = _follower(p, environ) if lopts.follow_cpuset else None  # run_group closes it
+    if follower is not None:
+        specs = [s._replace(env={**s.env, **follower.env()}) for s in specs]
     outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
-        stdin_for=stdin_for, after=after,
+        stdin_for=stdin_for, after=after, watch=follower,
     )
     if after is not None and not verified:  # the check never ran: say why, in one line
         starts = [r.start for r in outcome.results if r.start is not None]

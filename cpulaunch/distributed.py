@@ -143,43 +143,93 @@ def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) 
     return "ccl", f"backend ccl{asked}: {loads.replace('  ', ' ')} ({how})"
 
 
-def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None, said: str = ""):
+def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None, said: str = "",
+                 notes: Optional[list] = None):
     """The planner request for this machine's ranks (pure).
 
     Args:
         req: the user's :class:`cpulaunch.plan.Request` (placement modes must be unset).
-        spec: ``--nproc-per-node``: "socket" (default), "node" or a number, or None.
+        spec: ``--nproc-per-node``: "socket" (default), "node", "auto" (or "cpu", its
+            synonym in torchrun and Kubeflow) or a number, or None.
         topo: the machine.
-        local_size: ranks the engine started on this machine; with ``spec`` None it
-            decides: as many as sockets -> per socket, as many as NUMA nodes -> per node,
-            else that many instances.
-        said: how the user gave ``spec`` (``--nproc_per_node 4``), so that the planner's
-            messages name it; default: ``--nproc-per-node SPEC``, or how the engine set it.
+        local_size: ranks the engine started on this machine; with ``spec`` None or
+            ``auto`` it decides: as many as sockets -> per socket, as many as NUMA nodes ->
+            per node, else that many instances.
+        said: how the user gave ``spec`` (``--nproc_per_node 4``, ``PET_NPROC_PER_NODE=auto``),
+            so that the planner's messages name it; default: ``--nproc-per-node SPEC``, or
+            how the engine set it.
+        notes: where the notes on the count go (the limits below), if given.
+
+    Rules (issue 35): ``auto`` is torchrun's count on a CPU machine (one process per CPU
+    this process may use, ``torch._utils.cpu_count()``) in cpulaunch's unit, one rank per
+    usable physical core (:func:`cpulaunch.plan.usable_cores`; each rank with its budget
+    cores: ``--dataloader-workers`` and the like), and at most the ranks the cgroup CPU
+    quota runs at once (:func:`cpulaunch.plan.quota_limit`). The default, one rank per
+    socket, is lowered to that quota limit too. Both say so in a note naming the limit.
+    An explicit count (or ``socket``/``node``) above it plans as asked, with the
+    planner's note (:mod:`cpulaunch.plan`, rule 6).
 
     Raises:
         DistributedError: a placement mode was given with --ddp, or ``spec`` is invalid.
     """
+    from cpulaunch.plan import quota_limit, quota_text, usable_cores
 
+    said_notes = [] if notes is None else notes
+    notes = _Notes(said_notes)
     if req.modes() or req.ncores_per_instance:
         given = req.said((req.modes() or ("ncores_per_instance",))[0])
         raise DistributedError(f"{given} cannot be combined with --ddp: --ddp places one rank per socket "
-                               "(use --nproc-per-node socket|node|N)")
-    spec = (spec or "").lower() or None
+                               "(use --nproc-per-node socket|node|auto|N)")
+    spec = (spec or "").strip().lower() or None
+    limit = quota_limit(topo)
     if spec is not None:
         said = said or f"--nproc-per-node {spec}"
-    elif local_size is not None:
+    if spec in ("auto", "cpu") and local_size is not None:
+        notes.append(f"{said}: {local_size} rank(s), as many as the engine started on this machine")
+        spec = None
+    if spec in ("auto", "cpu"):
+        per_rank = 1 + req.dataloader_workers + req.reserve_cores + req.ccl_workers
+        cores = usable_cores(topo, req)
+        count = max(1, cores // per_rank)
+        why = f"one per usable core ({cores} {'core' if cores == 1 else 'cores'}, CPUs " \
+              f"{_fmt(topo.allowed)} allowed by {topo.allowed_source})" if per_rank == 1 else \
+              f"one per {per_rank} usable cores (each rank's cores and its set-aside ones; {cores} usable)"
+        if limit is not None and limit < count:
+            notes.append(f"{said}: {limit} rank(s), as many as {quota_text(topo)} runs at once "
+                         f"({count} by the cores: {why})")
+            count = limit
+        else:
+            notes.append(f"{said}: {count} rank(s), {why}")
+        name = said.split(" ")[0].split("=")[0] if said.startswith("-") else said
+        return req._replace(ninstances=count, words=req.words + (("ninstances", name, said),))
+    if spec is None and local_size is not None:
         sockets = {c.socket for c in topo.cores if set(c.cpus) & topo.allowed}
         nodes = {c.node for c in topo.cores if set(c.cpus) & topo.allowed}
         spec = "socket" if local_size == len(sockets) else "node" if local_size == len(nodes) else str(local_size)
         said = f"{local_size} ranks started on this machine"
-    else:
+    elif spec is None:
         spec, said = "socket", "--ddp (one rank per socket)"
+        sockets = {c.socket for c in topo.cores if set(c.cpus) & topo.allowed}
+        if limit is not None and limit < len(sockets):
+            notes.append(f"--ddp: {limit} rank(s), as many as {quota_text(topo)} runs at once, not one per "
+                         f"socket ({len(sockets)}); pass --nproc-per-node socket for one per socket anyway")
+            spec, said = str(limit), f"--ddp ({limit} rank(s) under the CPU quota)"
     name = said.split(" ")[0] if said.startswith("-") else said
     field = {"socket": "instances_per_socket", "node": "instances_per_node"}.get(spec, "ninstances")
     if field == "ninstances" and (not spec.isdigit() or int(spec) < 1):
-        raise DistributedError(f"{said}: use a positive number, 'socket' or 'node'")
+        raise DistributedError(f"{said}: use a positive number, 'auto', 'socket' or 'node'")
     return req._replace(**{field: 1 if field != "ninstances" else int(spec)},
                         words=req.words + ((field, name, said),))
+
+
+class _Notes:
+    """A notes list that takes each note once (a request may be made twice for one plan)."""
+
+    def __init__(self, notes: list) -> None:
+        self.notes = notes
+
+    def append(self, note: str) -> None:
+        _note(self.notes, note)
 
 
 def iface_env(iface: Optional[str]) -> dict[str, str]:
@@ -564,7 +614,7 @@ def _plan_under_engine(topo, req, ddp, ctx: RankContext, notes: list):
         inst = one.instances[0]._replace(index=ctx.local_rank)
         return Plan(instances=(inst,), num_instances=ctx.local_world_size, notes=one.notes), None
     node_plan = plan(topo, rank_request(req, ddp.nproc_per_node, topo, ctx.local_world_size,
-                                           ddp.said("nproc_per_node") if ddp.nproc_per_node else ""))
+                                           ddp.said("nproc_per_node") if ddp.nproc_per_node else "", notes))
     if len(node_plan.instances) != ctx.local_world_size:
         raise DistributedError(
             f"{ctx.engine} started {ctx.local_world_size} rank(s) on this machine, but "
@@ -648,9 +698,15 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         programs = _rank_programs(ddp, program, python, [inst.index], notes)
         return RankPlan(rank_plan, {inst.index: env}, environ, tuple(notes), engine, backend, False, info, programs)
 
-    node_plan = _with_ccl_workers(lambda r: plan(topo, rank_request(r, ddp.nproc_per_node, topo, said=(
-        ddp.said("nproc_per_node") if ddp.nproc_per_node else ""))),
-                                  req, ddp, backend, notes)
+    count_notes: list = []
+
+    def node_request(r):
+        count_notes[:] = []  # the notes of the request planned last (_with_ccl_workers may try two)
+        return rank_request(r, ddp.nproc_per_node, topo, said=(
+            ddp.said("nproc_per_node") if ddp.nproc_per_node else ""), notes=count_notes)
+
+    node_plan = _with_ccl_workers(lambda r: plan(topo, node_request(r)), req, ddp, backend, notes)
+    notes.extend(count_notes)
     nproc = len(node_plan.instances)
     notes.extend(node_plan.notes)
     instance_env = {}

@@ -7,7 +7,7 @@ place their names are spelled. (The option variables, ``CPULAUNCH_<OPTION>``, ar
 __all__ = [
     "CPUS", "INSTANCE_INDEX", "NUM_INSTANCES", "DATALOADER_CPUS", "DATALOADER_WORKERS",
     "RESERVED_CPUS", "BOUND_CPUS", "MEM_POLICY", "MEM_NODES", "INFERENCE_PATH", "DIST_BACKEND",
-    "USER_OMP_NUM_THREADS", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX", "CCL_WORKER_CPUS",
+    "USER_OMP_NUM_THREADS", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX", "CCL_WORKER_CPUS", "BINDING_FILE",
 ]
 
 #: The instance's logical CPUs, a cpulist ("0-3,8"); written by render for every instance.
@@ -47,3 +47,9 @@ RANK_SPECS = "CPULAUNCH_RANK_SPECS"
 DDP_STATUS_DIR = "CPULAUNCH_DDP_STATUS_DIR"
 #: --print-env: the binding command to put in front of the program in a shell script.
 PREFIX = "CPULAUNCH_PREFIX"
+#: --follow-cpuset: the file where the launcher keeps every instance's binding now (JSON:
+#: ``{"allowed", "changed", "instances": {index: {"label", "cpus", "bound_cpus"}}}``),
+#: rewritten whole at each re-pin; read by ``cpulaunch verify``. Given to each instance
+#: when the run starts (a private folder made then, removed at the end), so --dry-run
+#: does not show it.
+BINDING_FILE = "CPULAUNCH_BINDING_FILE"

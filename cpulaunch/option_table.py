@@ -174,6 +174,11 @@ class Option(NamedTuple):
         requires_ddp: the option applies to ``--ddp`` only.
         run_only: the option acts while the program runs (supervision, logs): it changes
             nothing in ``--print-env`` or ``--show-topology``, and ``--dry-run`` notes it.
+        torchrun: torchrun has this option with the same meaning, so under ``--ddp`` it
+            is also read from torchrun's variable ``PET_<DEST>`` (``PET_NNODES``), below
+            the command line and ``CPULAUNCH_*`` and above a config file: Kubeflow's
+            controllers hand torchrun its options that way
+            (:func:`cpulaunch.machine.engines.pod_defaults`).
     """
 
     name: str
@@ -189,6 +194,7 @@ class Option(NamedTuple):
     sources: frozenset = _ALL
     requires_ddp: bool = False
     run_only: bool = False
+    torchrun: bool = False
 
     @property
     def variable(self) -> str:
@@ -244,6 +250,9 @@ OPTIONS: tuple[Option, ...] = (
            words=("fail", "wait")),
     Option("--lease-dir", "lease_dir", PATH, P, "Folder of --share-host's leases: a lease space of its own "
            "(default: the host's, /run/cpulaunch and /tmp/cpulaunch).", metavar="DIR"),
+    Option("--follow-cpuset", "follow_cpuset", FLAG, P,
+           "While instances run, follow changes of the CPUs this job may use (cgroup cpuset, affinity): plan "
+           "again with the same options and re-pin every thread of each instance.", run_only=True),
     # ---------------------------------------------------------------- restrictions
     Option("--core-list", "core_list", STRING, R, "Use only these logical CPUs, e.g. 0-31,64-95.", metavar="CPULIST"),
     Option("--node-list", "node_list", STRING, R, "Use only the CPUs of these NUMA nodes, e.g. 0,2.",
@@ -271,24 +280,27 @@ OPTIONS: tuple[Option, ...] = (
            metavar="PATH"),
     # ---------------------------------------------------------------- distributed
     Option("--ddp", "ddp", FLAG, D, "Distributed training: one rank per socket (see --nproc-per-node)."),
-    Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag; implies --ddp)."),
-    Option("--nproc-per-node", "nproc_per_node", STRING, D, "Ranks on this machine: a number, 'socket' or 'node'.",
-           metavar="N|socket|node", requires_ddp=True),
+    Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag; implies --ddp).",
+           torchrun=True),
+    Option("--nproc-per-node", "nproc_per_node", STRING, D,
+           "Ranks on this machine: a number, 'socket', 'node' or 'auto' (one per usable core, at most the CPU "
+           "quota).", metavar="N|socket|node|auto", requires_ddp=True, torchrun=True),
     Option("--nnodes", "nnodes", STRING, D, "Number of machines (MIN:MAX with --rdzv-endpoint); default 1.",
-           metavar="N", requires_ddp=True),
+           metavar="N", requires_ddp=True, torchrun=True),
     Option("--node-rank", "node_rank", _integer(0), D, "This machine's rank (default 0).", metavar="N",
-           requires_ddp=True),
+           requires_ddp=True, torchrun=True),
     Option("--master-addr", "master_addr", STRING, D, "Address of rank 0's machine (default 127.0.0.1).",
-           metavar="HOST", requires_ddp=True),
+           metavar="HOST", requires_ddp=True, torchrun=True),
     Option("--master-port", "master_port", _integer(1, 65535), D, "Port of rank 0's store (default: a free one).",
-           metavar="PORT", requires_ddp=True),
+           metavar="PORT", requires_ddp=True, torchrun=True),
     Option("--rdzv-endpoint", "rdzv_endpoint", STRING, D,
            "Elastic c10d rendezvous HOST:PORT (torchrun's agent starts the ranks).", metavar="HOST:PORT",
-           requires_ddp=True),
-    Option("--rdzv-id", "rdzv_id", STRING, D, "Rendezvous job id (elastic).", metavar="ID", requires_ddp=True),
+           requires_ddp=True, torchrun=True),
+    Option("--rdzv-id", "rdzv_id", STRING, D, "Rendezvous job id (elastic).", metavar="ID", requires_ddp=True,
+           torchrun=True),
     Option("--max-restarts", "max_restarts", _integer(0), D,
            "Times torchrun's agent restarts the ranks after a failure (elastic; default 0).", metavar="N",
-           requires_ddp=True),
+           requires_ddp=True, torchrun=True),
     Option("--backend", "backend", _choice(("auto", "gloo", "ccl")), D,
            "Process-group backend: auto (ccl when oneccl_bindings_for_pytorch loads with this torch and "
            "oneCCL's libfabric is found, else gloo), gloo or ccl.", metavar="NAME", requires_ddp=True),
@@ -329,11 +341,11 @@ OPTIONS: tuple[Option, ...] = (
            run_only=True),
     Option("--verify-after", "verify_after", _seconds(), O, "Seconds after start for --verify (default 5).",
            metavar="S", run_only=True),
-    Option("--no-python", "no_python", FLAG, O, "Run the program as it is, even if it ends in .py."),
+    Option("--no-python", "no_python", FLAG, O, "Run the program as it is, even if it ends in .py.", torchrun=True),
     # ---------------------------------------------------------------- other launchers' options
     Option("--rdzv-backend", "rdzv_backend", Kind("choice", ("c10d",)), Section.COMPAT,
            "torchrun's rendezvous backend: c10d, the only one (with --rdzv-endpoint).", metavar="c10d",
-           requires_ddp=True),
+           requires_ddp=True, torchrun=True),
     Option("--verbose", "verbose", Kind("count"), O, "More diagnostics on stderr (-v: commands, notes, logs).",
            short="-v", default=0, sources=_ACTION),
 )
@@ -398,6 +410,10 @@ RULES: tuple[Rule, ...] = (
          "cpulaunch does not restart a static rendezvous"),
     Rule("needs", ("rdzv_id", "rdzv_endpoint"), "the job id names an elastic rendezvous"),
     Rule("needs", ("lease_dir", "share_host"), "or drop it"),
+    Rule("conflicts", ("follow_cpuset", "sysroot", "share_host", "rdzv_endpoint"),
+         "--follow-cpuset re-pins the instances it started on this machine, on any CPU the job may use "
+         "(torchrun's agent starts the ranks of an elastic run; --share-host's leases name the first plan's "
+         "cores); drop one"),
 )
 
 #: The options --show-topology uses (it draws the machine; the others plan instances).

@@ -12,6 +12,7 @@ reads the host; the core (``core.py``) takes an :class:`Options` and does the re
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional, Union
 
@@ -115,6 +116,9 @@ class LaunchOptions(NamedTuple):
         exec_single: a run of one instance replaces cpulaunch (exec) when nothing needs
             it to stay (the command line); False: cpulaunch always starts and watches the
             instances and returns their exit code (:func:`cpulaunch.run`, in-process).
+        follow_cpuset: while the instances run, follow changes of the CPUs the job may
+            use: plan again and re-pin each instance (``--follow-cpuset``,
+            :mod:`cpulaunch.launch.follow`).
     """
 
     log_dir: Optional[Path] = None
@@ -124,6 +128,7 @@ class LaunchOptions(NamedTuple):
     stdin_instance: Optional[int] = None
     verify_after: Optional[float] = None
     exec_single: bool = True
+    follow_cpuset: bool = False
 
 
 class Options(NamedTuple):
@@ -238,6 +243,13 @@ class Words:
         out._spelled[target] = self._spelled.get(dest) or Spelling("flag", name, name)
         return out
 
+    def given_as(self, dest: str, spelling: Spelling) -> "Words":
+        """These words with ``dest`` given as ``spelling`` (a value read from a pod's
+        variable: :func:`_pod_defaults`)."""
+        out = Words(self._spelled)
+        out._spelled[dest] = spelling
+        return out
+
     def request_words(self, dests) -> tuple[tuple[str, str, str], ...]:
         """(field, name, said) of each given option of ``dests`` (for :class:`Request`)."""
         return tuple((d, self.name(d), self.said(d)) for d in dests if d in self._spelled)
@@ -323,6 +335,60 @@ def _parse_list(c: _Check, dest: str) -> Optional[frozenset]:
     if not ids:
         raise c.error(dest, "names nothing", "expected e.g. 0-3,8")
     return ids
+
+
+def _pod_defaults(c: _Check, environ: Optional[Mapping[str, str]]) -> None:
+    """Under ``--ddp``, the options a Kubernetes pod's environment gives
+    (:func:`cpulaunch.machine.engines.pod_defaults`: torchrun's ``PET_<NAME>`` for the
+    options marked ``torchrun`` in the option table, else a PyTorchJob's RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT), each below the command line and CPULAUNCH_* and above a
+    config file; messages then name the variable (``PET_NNODES=two``). Without ``--ddp``,
+    PET_* variables are not read (one note says so)."""
+    if environ is None:
+        return
+    from cpulaunch.machine.engines import pod_defaults
+
+    found = pod_defaults(environ, [o.dest for o in table.OPTIONS if o.torchrun])
+    if not found:
+        return
+    if not (c.v.get("ddp") or c.v.get("standalone")):
+        pet = [d.variable for d in found if not d.why]
+        if pet:
+            c.notes.append(f"{', '.join(pet)} (torchrun's options, as Kubeflow sets them in a pod) "
+                           "are read with --ddp only")
+        return
+    whys: list = []
+    for d in found:
+        if d.dest in c.given and c.words.source(d.dest) != "config":
+            continue  # the command line and CPULAUNCH_* win
+        spelling = env_spelling(d.variable, d.value)
+        c.v[d.dest] = _pod_value(table.BY_DEST[d.dest].kind, spelling, d.value)
+        c.given.add(d.dest)
+        c.words = c.words.given_as(d.dest, spelling)
+        if d.why and d.why not in whys:
+            whys.append(d.why)
+    c.notes.extend(f"{why}: --nnodes and --node-rank taken from them" for why in whys)
+
+
+def _pod_value(kind: Kind, spelling: Spelling, text: str):
+    """A pod variable's text as its option's value, torchrun's way: an integer's digits,
+    a flag ``bool(int(text))`` (torchrun's ``check_env``), a choice in any case.
+
+    Raises:
+        OptionsError: ``PET_NODE_RANK=x: expected a whole number; fix or unset it``.
+    """
+    word = text.strip()
+    if kind.name in ("integer", "flag"):
+        if not (word.isascii() and word.isdigit() and len(word) <= 9):
+            what = "a whole number" if kind.name == "integer" else "0 or 1 (torchrun reads it as int(value) != 0)"
+            raise OptionsError(f"{spelling.said}: expected {what}; fix or unset it")
+        return int(word) if kind.name == "integer" else int(word) != 0
+    if kind.name == "choice":
+        lowered = {ch.lower(): ch for ch in kind.choices}
+        if word.lower() not in lowered:
+            raise OptionsError(f"{spelling.said}: expected one of {', '.join(kind.choices)}; fix or unset it")
+        return lowered[word.lower()]
+    return word
 
 
 def _check_ranges(c: _Check) -> None:
@@ -534,8 +600,13 @@ def _ddp(c: _Check) -> Optional[DdpOptions]:
         pass_local_rank=bool(c.v.get("pass_local_rank")),
         words=c.words.request_words(("nproc_per_node", "ccl_worker_count", "nnodes", "node_rank")),
     )
+    ranged = re.fullmatch(r"([1-9][0-9]{0,8}):([1-9][0-9]{0,8})", nnodes)
+    if not (nnodes.isascii() and nnodes.isdigit() and len(nnodes) <= 9 and int(nnodes) >= 1) and not ranged:
+        raise c.error("nnodes", "expected a number of machines (e.g. 2), or MIN:MAX with --rdzv-endpoint HOST:PORT")
+    if ranged and int(ranged.group(1)) > int(ranged.group(2)):
+        raise c.error("nnodes", "MIN is above MAX", "give MIN:MAX, e.g. 1:4")
     if not opts.elastic:
-        if not nnodes.isdigit() or int(nnodes) < 1:
+        if ranged:
             raise c.error("nnodes", "a MIN:MAX range needs --rdzv-endpoint HOST:PORT (elastic)")
         if int(nnodes) > 1 and not opts.master_addr:
             raise c.error("nnodes", "several machines need --master-addr HOST (rank 0's machine) or "
@@ -561,11 +632,12 @@ def _launch(c: _Check) -> LaunchOptions:
         prefix_output=not c.v.get("no_prefix"),
         stdin_instance=c.v.get("stdin_instance"),
         verify_after=None if verify_after is None else float(verify_after),
+        follow_cpuset=bool(c.v.get("follow_cpuset")),
     )
 
 
 def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
-                words: Optional[Words] = None) -> Options:
+                words: Optional[Words] = None, environ: Optional[Mapping[str, str]] = None) -> Options:
     """Build :class:`Options` from parsed option values (pure).
 
     Args:
@@ -575,12 +647,16 @@ def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
             file or API keyword), so that a rule applies and an alias contradicting an
             option is caught; a value not in it is a default.
         words: how the user gave each option, for messages (default: the long names).
+        environ: the environment whose torchrun and PyTorchJob variables are defaults of
+            the ``--ddp`` options (:func:`_pod_defaults`); None: not read (the API).
 
     Raises:
         OptionsError: a combination that would be ignored or misread, or a bad value;
             one line naming the options as the user gave them.
+        cpulaunch.errors.DistributedError: a PyTorchJob variable malformed (``RANK=x``).
     """
     c = _Check(values, given, words or Words())
+    _pod_defaults(c, environ)
     _check_ranges(c)
     _fold_aliases(c)
     _check_rules(c)

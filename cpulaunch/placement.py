@@ -37,7 +37,7 @@ def cache_need(opts: Options, environ: Mapping[str, str]) -> bool:
     if req.instances_per_l3 or req.ncores_per_instance or req.latency_mode:
         return True
     ranks = opts.ddp.nproc_per_node if opts.ddp is not None else None
-    if ranks is not None and ranks.isdigit() and int(ranks) > 1:
+    if ranks is not None and (ranks.isdigit() and int(ranks) > 1 or ranks.lower() in ("auto", "cpu")):
         return True
     return any(v in environ for v in ENGINE_VARIABLES)
 

@@ -36,7 +36,10 @@ The rules, in the order they are applied:
    core brings all its usable SMT siblings, else its lowest usable CPU, as compute cores.
 6. *Threads*: one OpenMP thread per compute CPU. A cgroup CPU quota (``cpu.max``) is split
    evenly over all planned instances: ``max(1, min(compute CPUs, floor(quota / instances)))``
-   (issue 8), with a note when it lowers any instance's threads.
+   (issue 8), with a note when it lowers any instance's threads. More instances than the
+   quota runs at once (:func:`quota_limit`) are planned as asked, with a note naming the
+   quota (issue 35): they take turns on the quota's CPU time. (``--ddp``'s defaults and
+   ``--nproc-per-node auto`` plan no more ranks than that: :func:`cpulaunch.distributed.rank_request`.)
 7. *Memory*: an instance's memory policy applies to the nodes of its CPUs that have memory
    and that the cgroup's ``cpuset.mems`` allows (``Topology.allowed_mems``; None: unknown,
    taken as all). When none of its nodes qualifies, the policy drops to ``NONE`` (kernel
@@ -65,6 +68,9 @@ __all__ = [
     "validate",
     "parse_index_list",
     "LATENCY_CORES",
+    "usable_cores",
+    "quota_limit",
+    "quota_text",
 ]
 
 #: The placement modes, at most one of which a request gives (``--ninstances``,
@@ -1191,6 +1197,44 @@ def _memory(topo: Topology, policy: MemPolicy, i: int, nodes: tuple, notes: list
     return policy, tuple(mem_nodes)
 
 
+def usable_cores(topo: Topology, req: Request) -> int:
+    """How many physical cores a plan of ``req`` may use (rules 1 and 2: online, allowed,
+    inside ``--core-list``/``--node-list``, E-cores left out unless asked for), whatever
+    the placement mode. Pure.
+
+    Raises:
+        PlanError: the restrictions leave no usable CPU.
+    """
+    return len(_select_cores(topo, req, _usable_cpus(topo, req), []))
+
+
+def quota_limit(topo: Topology) -> Optional[int]:
+    """How many single-threaded instances the cgroup CPU quota runs at once:
+    ``max(1, floor(quota))`` (a quota of 1.5 CPUs runs 1), None without a quota."""
+    quota = topo.quota_cpus
+    if quota is None or not math.isfinite(quota):
+        return None
+    return max(1, math.floor(quota))
+
+
+def quota_text(topo: Topology) -> str:
+    """The quota for messages: ``"a CPU quota of 1 CPU (cgroup /sys/fs/cgroup/cpu/job)"``."""
+    q = topo.quota_cpus
+    where = f"cgroup {topo.quota_source}" if topo.quota_source else "cgroup cpu.max"
+    return f"a CPU quota of {q:g} CPU{'' if q == 1 else 's'} ({where})"
+
+
+def _quota_note(topo: Topology, req: Request, count: int) -> Optional[str]:
+    """A note when ``count`` instances are more than the quota runs at once, else None."""
+    limit = quota_limit(topo)
+    if limit is None or count <= limit:
+        return None
+    mode = next(iter(req.modes()), None)
+    asked = req.said(mode) if mode else f"{count} instances"
+    return (f"{asked}: {count} instances under {quota_text(topo)}, which runs {limit} at a time: "
+            f"they take turns on its CPU time; planned as asked (fewer instances fit the quota)")
+
+
 def _omp_threads(topo: Topology, ncpus: int, count: int) -> int:
     """OpenMP threads of an instance with ``ncpus`` compute CPUs among ``count``
     instances: ``ncpus``, or its even share of the cgroup CPU quota (rule 6)."""
@@ -1242,6 +1286,9 @@ def plan(topo: Topology, req: Request) -> Plan:
             f"a CPU quota of {topo.quota_cpus:g} CPUs applies (cgroup cpu.max): OpenMP "
             "threads lowered to fit it"
         )
+    note = _quota_note(topo, req, len(instances))
+    if note:
+        notes.append(note)
     result = Plan(instances=instances, num_instances=len(instances), notes=tuple(notes))
     validate(result, topo)
     return _select(result, req)

@@ -23,13 +23,13 @@ LIVE_OUTPUT_ENV = {"PYTHONUNBUFFERED": "1"}
 
 def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
     """True when cpulaunch starts the instances itself and relays their output through pipes
-    (several instances, ``--log-dir``, ``--verify``, an elastic --ddp run's torchrun:
+    (several instances, ``--log-dir``, ``--verify``, ``--follow-cpuset``, an elastic --ddp run's torchrun:
     ``elastic``, or an in-process :func:`cpulaunch.run`); False when the one instance is exec'd with cpulaunch's own stdin, stdout
     and stderr. The one rule for :func:`execute` and for the env :func:`prepare` plans
     (:data:`LIVE_OUTPUT_ENV`), so --dry-run shows what a run gets."""
     lopts = opts.launch
     return (not lopts.exec_single or n_instances != 1 or elastic or lopts.log_dir is not None
-            or lopts.verify_after is not None)
+            or lopts.verify_after is not None or lopts.follow_cpuset)
 
 
 def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",

@@ -41,6 +41,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # virtme-ng: vng, which boots the live machines (docs/dev/live-machines.md; .ci/run's live step);
 # [users]: Lightning and accelerate, which tests/test_ranks_users.py runs under cpulaunch;
-# [docs]: mkdocs-material and mkdocstrings, with which tests/test_docs_site.py builds the site.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users,docs]' intel-openmp virtme-ng
+# [docs]: mkdocs-material and mkdocstrings, with which tests/test_docs_site.py builds the site;
+# [ray]: Ray Train, which tests/test_ray_train.py and examples/ray_train.py run.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[torch,test,tune,bench,users,docs,ray]' intel-openmp virtme-ng
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

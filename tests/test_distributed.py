@@ -82,6 +82,78 @@ def test_broken_engine_variables_are_errors():
         detect_engine({"PMI_RANK": "x", "PMI_SIZE": "2"})
 
 
+# HPE PALS (mpiexec on Cray EX) with Cray PMI: what each rank of `mpiexec -n 4 --ppn 2` gets
+# (PALS_RANKID, PALS_LOCAL_RANKID, PALS_NODEID, PALS_LOCAL_SIZE; Cray PMI's PMI_RANK and
+# PMI_SIZE beside them, so PALS must win over MPICH's Hydra, which also reads PMI_RANK).
+PALS = {"PALS_RANKID": "3", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PALS_LOCAL_SIZE": "2",
+        "PALS_APID": "4f1c0a2e", "PALS_DEPTH": "1", "PMI_RANK": "3", "PMI_SIZE": "4", "PMI_LOCAL_RANK": "1",
+        "PMI_LOCAL_SIZE": "2"}
+
+
+def test_pals_ranks_and_node():
+    ctx = detect_engine(PALS)
+    assert ctx == RankContext("pals", 3, 4, 1, 2, None, None, (), node_rank=1, nnodes=2)
+    # PALS_NODEID names the node even where the ranks are not placed in blocks (round-robin
+    # placement: rank 1 is local rank 0 of node 1), where MPICH's variables would name none.
+    ctx = detect_engine({**PALS, "PALS_RANKID": "1", "PALS_LOCAL_RANKID": "0", "PALS_NODEID": "1"})
+    assert (ctx.rank, ctx.local_rank, ctx.node_rank, ctx.nnodes) == (1, 0, 1, 2) and ctx.notes == ()
+    # MPICH's Hydra alone is still MPICH (no PALS variable)
+    assert detect_engine({"PMI_RANK": "1", "PMI_SIZE": "2"}).engine == "mpich"
+
+
+def _without_engines(extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PALS_", "SLURM_", "OMPI_", "PMIX_", "PET_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(extra)
+    return env
+
+
+def test_pals_rank_plan_on_a_fixture(sysroots):
+    proc = run_cli("--sysroot", str(sysroots[XEON]), "--ddp", "--dry-run", "python", "x.py", check_rc=2,
+                   env=_without_engines(PALS))
+    assert "pals: cannot tell rank 0's host; pass --master-addr HOST or export MASTER_ADDR=HOST" in proc.stderr
+    doc = ddp_json(sysroots[XEON], "--master-addr", "nid001", env=_without_engines(PALS))
+    assert doc["ddp"]["engine"] == "pals" and doc["ddp"]["rank"] == 3
+    (inst,) = doc["instances"]
+    assert inst["cpulist"] == "8-15" and inst["env"]["RANK"] == "3" and inst["env"]["LOCAL_RANK"] == "1"
+    assert (inst["env"]["GROUP_RANK"], inst["env"]["NODE_RANK"], inst["env"]["GROUP_WORLD_SIZE"]) == ("1", "1", "2")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PALS_RANKID": "-1", "PMI_SIZE": "2"}, "PALS_RANKID=-1: expected a whole number 0 or more; fix or unset it"),
+    ({"PALS_RANKID": "0", "PMI_SIZE": "0"}, "PMI_SIZE=0: expected a whole number 1 or more; fix or unset it"),
+    ({**PALS, "PALS_NODEID": "one"}, "PALS_NODEID=one: expected a whole number 0 or more"),
+    ({**PALS, "PALS_RANKID": "4"}, "pals: PALS_RANKID=4 is not below PMI_SIZE=4"),
+    ({**PALS, "PALS_LOCAL_RANKID": "2"}, "pals: PALS_LOCAL_RANKID=2 is not below PALS_LOCAL_SIZE=2"),
+    ({"RANK": "0", "WORLD_SIZE": "four", "LOCAL_RANK": "0"}, "WORLD_SIZE=four: expected a whole number 1 or more"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "http"},
+     "MASTER_PORT=http: expected a port number 1-65535"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "70000"},
+     "MASTER_PORT=70000: expected a port number 1-65535"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "torchrun: RANK=2 is not below WORLD_SIZE=2"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "x"},
+     "SLURM_NODEID=x: expected a whole number 0 or more"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "zero",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, "OMPI_COMM_WORLD_LOCAL_RANK=zero: expected a whole number 0 or more"),
+])
+def test_every_malformed_engine_variable_is_named(env, message):
+    with pytest.raises(DistributedError) as err:
+        detect_engine(env)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_empty_engine_variables_count_as_unset():
+    # `export MASTER_PORT=` in a job script: unset, as for cpulaunch's own variables
+    ctx = detect_engine({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": " ", "GROUP_RANK": ""})
+    assert ctx.master_port is None and ctx.node_rank is None
+
+
+def test_malformed_engine_variable_is_a_one_line_cli_error():
+    proc = run_cli("--ddp", "--dry-run", "python", "x.py", env=_without_engines({"PALS_RANKID": "-1", "PMI_SIZE": "2"}),
+                   check_rc=2)
+    assert proc.stderr == "cpulaunch: error: PALS_RANKID=-1: expected a whole number 0 or more; fix or unset it\n"
+
+
 def test_hostlists():
     assert expand_hostlist("node[01-03,07],gpu1") == ["node01", "node02", "node03", "node07", "gpu1"]
     assert expand_hostlist("a[9-10]-ib") == ["a9-ib", "a10-ib"]
@@ -307,6 +379,7 @@ def test_host_checks_every_engine_variable_before_reading_the_engine():
                          "SLURM_NODEID": "0", "SLURM_STEP_NODELIST": "n1",
                          "SLURM_STEP_TASKS_PER_NODE": "1"},
         "PMIX_RANK": {"PMIX_SIZE": "1"},
+        "PALS_RANKID": {"PMI_SIZE": "1"},
     }
     assert set(companions) == set(engines.ENGINE_VARIABLES)
     for var, extra in companions.items():
@@ -375,3 +448,38 @@ def test_use_env_is_the_default_and_contradicts_pass_local_rank(sysroots):
         "--pass-local-rank; drop one of them"]
     proc = run_cli("--pass-local-rank", "--dry-run", "python", "train.py", check_rc=2)
     assert proc.stderr.strip() == "cpulaunch: error: --pass-local-rank applies to --ddp only; add --ddp or drop it"
+
+
+# --------------------------------------------------------------------------- rank counts and the CPU quota (issue 35)
+
+
+def test_ddp_default_and_auto_stay_within_the_quota(sysroots):
+    """The default (one rank per socket) and ``auto`` (one per usable core) plan no more
+    ranks than the quota runs at once, naming it; ``socket`` asked for plans as asked, with
+    the planner's note. Real quotas: tests/test_cgroups.py."""
+    from cpulaunch.machine import probe
+    from cpulaunch.plan import Request, plan
+
+    topo = probe.probe(str(sysroots[XEON]))._replace(quota_cpus=1.0, quota_source="/sys/fs/cgroup/cpu/pod")
+    notes: list = []
+    req = distributed.rank_request(Request(), None, topo, notes=notes)
+    assert req.ninstances == 1 and notes == [
+        "--ddp: 1 rank(s), as many as a CPU quota of 1 CPU (cgroup /sys/fs/cgroup/cpu/pod) runs at once, not one "
+        "per socket (2); pass --nproc-per-node socket for one per socket anyway"]
+    notes = []
+    p = plan(topo, distributed.rank_request(Request(), "socket", topo, notes=notes))
+    assert notes == [] and len(p.instances) == 2
+    assert ("--nproc-per-node socket: 2 instances under a CPU quota of 1 CPU (cgroup /sys/fs/cgroup/cpu/pod), which "
+            "runs 1 at a time: they take turns on its CPU time; planned as asked (fewer instances fit the quota)") \
+        in p.notes
+    topo = topo._replace(quota_cpus=3.5)
+    notes = []
+    assert distributed.rank_request(Request(), "auto", topo, notes=notes).ninstances == 3
+    assert notes[0].startswith("--nproc-per-node auto: 3 rank(s), as many as a CPU quota of 3.5 CPUs")
+    notes = []
+    assert distributed.rank_request(Request(), "auto", topo._replace(quota_cpus=None), notes=notes).ninstances == 16
+    assert notes == ["--nproc-per-node auto: 16 rank(s), one per usable core (16 cores, CPUs 0-31 allowed by cgroup "
+                     "cpuset /sys/fs/cgroup/cpuset/cpuset.effective_cpus)"]
+    # under an engine, auto means the ranks it started
+    notes = []
+    assert distributed.rank_request(Request(), "auto", topo, local_size=2, notes=notes).instances_per_socket == 1

@@ -311,6 +311,8 @@ def test_doc_command_runs_as_shown(cmd, user):
         pytest.skip(f"long ({long}) and CPULAUNCH_DOCS_LONG=0")
     if NEEDS_TORCH.search(cmd.script):
         pytest.importorskip("torch")
+    if re.search(r"ray_train|bench_ray", cmd.script):
+        pytest.importorskip("ray", reason="ray is not installed (scripts/test.sh installs it: pip install 'ray[train]')")
     if re.search(r"^\s*mpirun\b", cmd.script, re.MULTILINE) and shutil.which("mpirun") is None:
         pytest.skip("MPICH's mpirun is not installed (scripts/test.sh installs it as root)")
     copy, env = user

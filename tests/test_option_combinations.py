@@ -348,7 +348,8 @@ def test_the_checker_finds_a_message_naming_an_option_not_given(machines, monkey
 
     real = distributed.rank_request
     monkeypatch.setattr(distributed, "rank_request",
-                        lambda req, spec, topo, local_size=None, said="": real(req, spec, topo, local_size, "--ninstances"))
+                        lambda req, spec, topo, local_size=None, said="", **kw: real(req, spec, topo, local_size,
+                                                                                     "--ninstances", **kw))
     found = _finds(machines[-1:], SAMPLE[1:2])
     assert found and "names --ninstances, which was not given" in found[0], found
 

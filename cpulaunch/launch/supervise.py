@@ -252,7 +252,7 @@ def _check_specs(specs: Sequence[ProcessSpec], stdin_for: Optional[int]) -> None
         raise LaunchError(f"stdin_for={stdin_for} names no process (indices {indices})")
 
 
-def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec]) -> str:
+def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec], extra: Optional[Mapping] = None) -> str:
     by_index = {s.index: s for s in specs}
     instances = []
     for r in outcome.results:
@@ -268,6 +268,7 @@ def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec]) -> str:
         "stopped": list(outcome.stopped),
         "description": describe_failure(outcome, specs),
         "instances": instances,
+        **(extra or {}),
     }
     return json_text(doc) + "\n"
 
@@ -286,6 +287,7 @@ def run_group(
     stderr: Optional[IO[bytes]] = None,
     kill_timeout: float = KILL_TIMEOUT,
     after: Optional[Tuple[float, Callable[[Dict[int, int]], None]]] = None,
+    watch=None,
 ) -> Outcome:
     """Start every spec, relay its output, forward signals, and wait for the end.
 
@@ -319,10 +321,27 @@ def run_group(
     being this run's :class:`RunDir` (None without ``log_dir``): write files there with
     ``run.write(name, text)``. Its exceptions are logged, never fatal.
 
+    ``watch``: an object whose ``tick({index: pid})`` is called on every turn of the loop
+    (at least every 0.1 s) while instances run and no stop is under way, and whose
+    ``record()`` dict is added to result.json, and whose ``close()`` is called at the end,
+    whatever happens (``--follow-cpuset``: :class:`cpulaunch.launch.follow.Follower`). Its
+    ticks' exceptions are logged, never fatal.
+
     Raises:
         LaunchError: bad ``grace_period``/specs, unusable log folder (before anything
             starts), or a program that cannot be run (the others are stopped first).
     """
+    try:
+        return _run_group(specs, base_environ, log_dir=log_dir, run_info=run_info, keep_going=keep_going,
+                          grace_period=grace_period, prefix_output=prefix_output, stdin_for=stdin_for,
+                          stdout=stdout, stderr=stderr, kill_timeout=kill_timeout, after=after, watch=watch)
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _run_group(specs, base_environ, *, log_dir, run_info, keep_going, grace_period, prefix_output, stdin_for,
+               stdout, stderr, kill_timeout, after, watch) -> Outcome:
     grace_period = _check_grace_period(grace_period)
     _check_specs(specs, stdin_for)
     run = None if log_dir is None else _prepare_run_dir(log_dir, specs, run_info)
@@ -335,12 +354,12 @@ def run_group(
         group = ProcessGroup(specs, base_environ, stdin_for=stdin_for, prefix_output=prefix_output,
                              stdout=stdout, stderr=stderr, log_files=log_files, kill_timeout=kill_timeout)
         hook = (after[0], lambda pids: after[1](pids, run)) if after is not None else None
-        outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going, after=hook)
+        outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going, after=hook, watch=watch)
         if run is None:
             return outcome
         outcome = replace(outcome, run_dir=run.path)
         try:
-            run.write("result.json", _result_json(outcome, specs))
+            run.write("result.json", _result_json(outcome, specs, watch.record() if watch is not None else None))
         except OSError as exc:
             group._say(f"cpulaunch: cannot write {exc.filename}: {exc.strerror}\n")
         return outcome
@@ -349,7 +368,16 @@ def run_group(
             run.close()
 
 
-def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, after=None) -> Outcome:
+def _watch(watch, group: ProcessGroup) -> None:
+    """One ``watch.tick`` with the running instances' pids; its failure is logged."""
+    pids = {i: p.pid for i, p in group.procs.items() if p.pid is not None and p.running}
+    try:
+        watch.tick(pids)
+    except Exception as exc:  # noqa: BLE001 - watching must never break the run
+        log.warning("watching the instances failed: %s: %s", type(exc).__name__, exc)
+
+
+def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, after=None, watch=None) -> Outcome:
     """Start ``group`` with signals held, then watch it: the first failure before any
     stopping signal is the root cause and (unless ``keep_going``) the others get SIGTERM;
     a stopping signal was forwarded by the handler; SIGKILL when the grace period is
@@ -366,6 +394,8 @@ def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, af
         kill_at: Optional[float] = None
         after_at = time.monotonic() + after[0] if after else None
         while group.running():
+            if watch is not None and sig.stop_at is None:
+                _watch(watch, group)
             if after_at is not None and time.monotonic() >= after_at and sig.stop_at is None:
                 after_at = None
                 pids = {i: p.pid for i, p in group.procs.items() if p.pid is not None and not p.reaped}

@@ -82,6 +82,9 @@ __all__ = [
     "is_live",
     "cpu_limit",
     "parse_proc_cgroup",
+    "cpuset_file",
+    "parse_cpuset",
+    "CPUSET_FILES",
     "parse_mounts",
     "parse_cpu_max",
     "parse_cpuinfo",
@@ -354,6 +357,35 @@ def _read_cgroup_list(fs: FileReader, names: tuple, limit: int) -> tuple[Optiona
     return None, ""
 
 
+#: The files holding a cgroup's CPUs, most telling first: v2, then v1's two names.
+CPUSET_FILES = ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus")
+
+
+def cpuset_file(fs: FileReader) -> Optional[str]:
+    """The file (relative to the root) :func:`read_cgroup_cpuset` reads, for a watcher
+    that reads it again and again (``--follow-cpuset``); None when there is none."""
+    for d in _cgroup_dirs(fs, "cpuset"):
+        for name in CPUSET_FILES:
+            rel = f"{d}/{name}".lstrip("/")
+            text = fs.read(rel, strict=False)
+            if text is not None and _strip_value(text):
+                return rel
+    return None
+
+
+def parse_cpuset(fs: FileReader, rel: str, limit: int = cpulist.MAX_IDS) -> Optional[frozenset[int]]:
+    """The CPUs in the cgroup file ``rel`` (:func:`cpuset_file`); None when it is gone or
+    empty.
+
+    Raises:
+        TopologyError: the file is malformed.
+    """
+    text = fs.read(rel, strict=False)
+    if text is None or not _strip_value(text):
+        return None
+    return _parse(fs, text, rel, limit)
+
+
 def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Optional[frozenset[int]], str]:
     """The cgroup cpuset of the process: ``cpuset.cpus.effective`` (v2) or
     ``cpuset.effective_cpus`` / ``cpuset.cpus`` (v1) of the deepest cgroup that has one.
@@ -362,8 +394,7 @@ def read_cgroup_cpuset(fs: FileReader, limit: int = cpulist.MAX_IDS) -> tuple[Op
     Raises:
         TopologyError: the file is malformed or names a CPU id >= ``limit``.
     """
-    return _read_cgroup_list(
-        fs, ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"), limit)
+    return _read_cgroup_list(fs, CPUSET_FILES, limit)
 
 
 def read_cgroup_mems(fs: FileReader) -> tuple[Optional[frozenset[int]], str]:

@@ -252,6 +252,7 @@ class _TopologyFields(NamedTuple):
     allowed_mems_source: str = ""
     cpu_limit: int = cpulist.MAX_IDS
     caches: Optional[Caches] = None
+    quota_source: str = ""
 
 
 class Topology(_TopologyFields):
@@ -283,6 +284,8 @@ class Topology(_TopologyFields):
         caches: the L3 and L2/cluster domains (:class:`Caches`); None where they were
             not read (the probe reads them only for a plan that divides a socket or node,
             and for ``--show-topology``: docs/guide/placement.md).
+        quota_source: the cgroup folder whose quota ``quota_cpus`` is (below the root),
+            for messages; "" when there is none or it is unknown.
 
     A NamedTuple like the other records (immutable; change one with ``._replace()``;
     equal when the fields are). ``core_of`` and ``node_of`` are O(1): each builds its map
@@ -694,7 +697,7 @@ def build(facts: HostFacts) -> Topology:
         nodes=nodes, sockets=tuple(sockets), flags=facts.flags, model=facts.model, hybrid=hybrid,
         source=facts.source, notes=tuple(notes), allowed_mems=facts.allowed_mems,
         allowed_mems_source=facts.allowed_mems_source, cpu_limit=facts.cpu_limit,
-        caches=caches,
+        caches=caches, quota_source=facts.quota_source if facts.quota_cpus is not None else "",
     )
 
 

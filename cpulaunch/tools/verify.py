@@ -94,6 +94,7 @@ __all__ = [
     "render_text",
     "report_json",
     "check_run",
+    "followed",
     "main",
 ]
 
@@ -217,6 +218,29 @@ class Expected:
             omp_runtime="intel" if intel else None,
             ccl_workers=_ccl_workers_of(env),
         )
+
+
+def followed(exp: Optional[Expected], env: Mapping[str, str], root="/") -> Optional[Expected]:
+    """``exp`` with the CPUs ``--follow-cpuset`` re-pinned the instance to, when its
+    environment names the launcher's binding file (CPULAUNCH_BINDING_FILE) and the file
+    (read under ``root``, a regular file of at most 1 MiB) names its index; else ``exp``
+    as it is (the run has ended and the file is gone, or it is unreadable)."""
+    import json
+
+    from cpulaunch.machine.files import UnusableFileError, read_regular
+
+    path = env.get(envvars.BINDING_FILE)
+    if exp is None or exp.index is None or not path:
+        return exp
+    try:
+        doc = json.loads(read_regular(os.path.join(os.fspath(root), path.lstrip("/")), 1 << 20))
+        now = doc["instances"][str(exp.index)]
+        cpus, bound = cpulist.parse(now["cpus"]), cpulist.parse(now["bound_cpus"])
+    except (OSError, UnusableFileError, ValueError, KeyError, TypeError, CpulaunchError):
+        return exp
+    from dataclasses import replace
+
+    return replace(exp, cpus=tuple(sorted(cpus)), bound_cpus=tuple(sorted(bound)))
 
 
 def _ccl_workers_of(env: Mapping[str, str]) -> tuple:
@@ -471,7 +495,7 @@ def _check(pid: int, exp: Optional[Expected], root) -> InstanceCheck:
     except ProcessGone:
         return InstanceCheck(pid, exp, None, (), f"{who}: gone: it exited while verify read it")
     if exp is None and view.environ is not None:
-        exp = Expected.from_environ(view.environ)
+        exp = followed(Expected.from_environ(view.environ), view.environ, root)
         who = exp.name(pid) if exp is not None else who
     why = _cannot_check(view)
     return InstanceCheck(pid, exp, view, tuple(compare(exp or Expected(), view)),
