@@ -30,34 +30,6 @@ from cpulaunch.options import OptionsError
 SUBCOMMANDS = ("doctor", "verify", "tune")
 #: Options every subcommand also takes, before or after its name.
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose")
-#: Variables that look like options' but are not read, each an error saying why: --help
-#: and --version come from the command line only (a leftover CPULAUNCH_VERSION=1 would
-#: turn every run into a version print that runs nothing and exits 0), and --format's
-#: variable is CPULAUNCH_FORMAT, not CPULAUNCH_FMT (the parameter's python name).
-NOT_VARIABLES = {
-    "CPULAUNCH_VERSION": "--version is read from the command line only",
-    "CPULAUNCH_HELP": "--help is read from the command line only",
-    "CPULAUNCH_FMT": "the variable of --format is CPULAUNCH_FORMAT",
-}
-#: Other launchers' options that cpulaunch spells differently, so that "did you mean" names
-#: the right one rather than the nearest spelling (click's hint for ``--rank`` would be
-#: ``--node-rank``, a --ddp option): run_cpu's ``--rank I`` (TorchServe passes it) runs
-#: instance I of ``--ninstances N``, which is ``--instance-idx I`` here.
-FOREIGN_OPTIONS = {"--rank": "--instance-idx"}
-#: How the program's start is found, for --help.
-PROGRAM_RULE = ("The program starts at the first word that is not one of cpulaunch's options, after --, "
-                "or at -m MODULE / -c CODE; a program ending in .py runs with this Python.")
-#: Where else options come from, for --help.
-SOURCES_RULE = ("Every option can also come from CPULAUNCH_<OPTION> (--log-dir: CPULAUNCH_LOG_DIR) or a "
-                "--config file; torchrun's --name_with_underscores spellings are accepted, and under --ddp "
-                "torchrun's PET_<OPTION> variables (PET_NNODES), as Kubeflow sets them in a pod.")
-
-
-#: The spellings that take a value in the next word (``--ninstances 2``).
-VALUE_SPELLINGS = {s for o in table.OPTIONS if o.kind.name not in ("flag", "count") for s in table.spellings(o.name)} \
-    | {s for a in table.ALIASES if a.value is None for s in table.spellings(a.name)}
-
-
 def split_argv(args: list[str], value_opts: set[str]) -> tuple[list[str], list[str], dict]:
     """Split the words after ``cpulaunch`` into (cpulaunch's words, the program's words,
     what the user typed).
@@ -148,7 +120,7 @@ def _problem(exc: click.BadParameter) -> str:
 
 class _Command(click.Command):
     def parse_args(self, ctx, args):
-        for var, why in NOT_VARIABLES.items():
+        for var, why in table.NOT_VARIABLES.items():
             if os.environ.get(var):  # empty counts as unset, as for every CPULAUNCH_* variable
                 raise OptionsError(f"{var} is set in the environment, but {why}; unset {var}")
         value_opts = set()
@@ -160,8 +132,8 @@ class _Command(click.Command):
         try:
             return super().parse_args(ctx, ours + (["--", *program] if program else []))
         except click.NoSuchOption as exc:
-            if exc.option_name in FOREIGN_OPTIONS:
-                exc.possibilities = [FOREIGN_OPTIONS[exc.option_name]]
+            if exc.option_name in table.FOREIGN_OPTIONS:
+                exc.possibilities = [table.FOREIGN_OPTIONS[exc.option_name]]
             raise
 
     def format_usage(self, ctx, formatter):
@@ -171,34 +143,16 @@ class _Command(click.Command):
 
     def format_options(self, ctx, formatter):
         for section in table.Section:
-            rows = help_rows(section)
+            rows = table.help_rows(section)
             if rows:
                 with formatter.section(section.value):
                     formatter.write_dl(rows)
 
     def format_epilog(self, ctx, formatter):
-        for text in (PROGRAM_RULE, SOURCES_RULE):
+        for text in (table.PROGRAM_RULE, table.SOURCES_RULE):
             formatter.write_paragraph()
             formatter.write(click.formatting.wrap_text(text, formatter.width, "  ", "  ", preserve_paragraphs=True))
             formatter.write("\n")
-
-
-def help_rows(section: "table.Section") -> list[tuple[str, str]]:
-    """``--help``'s rows of one section: (``--ninstances N``, its help), each option
-    once (underscore spellings accepted, not listed)."""
-    rows = []
-    for o in table.OPTIONS:
-        if o.section is section:
-            names = f"{o.short}, {o.name}" if o.short else o.name
-            value = o.metavar or ("{" + ",".join(o.kind.choices) + "}" if o.kind.name == "choice" else "")
-            rows.append((f"{names} {value}".strip(), o.help))
-    if section is table.Section.OUTPUT:
-        rows += [("--version", "Print the version and exit."), ("-h, --help", "Print this help and exit.")]
-    if section is table.Section.COMPAT:
-        rows += [(f"{a.name}" + (" VALUE" if a.value is None else ""), f"= {a.meaning} ({a.origin})")
-                 for a in table.ALIASES]
-        rows.append(("--module, -m, -c", "the program is a Python module or code (run_cpu, python)"))
-    return rows
 
 
 def _param(o: "table.Option") -> click.Option:
@@ -403,7 +357,7 @@ def _evaluated_print_env(args: list[str]) -> bool:
     """``--print-env`` was asked for in a form a shell evaluates (shell, dotenv, vllm,
     sglang): then a failure prints text whose evaluation fails too (``eval "$(cpulaunch
     --print-env ...)"`` must not return 0 and run the program unbound)."""
-    ours, _, typed = split_argv(list(args), VALUE_SPELLINGS)
+    ours, _, typed = split_argv(list(args), table.VALUE_SPELLINGS)
     words = {"1", "true", "yes", "on", "y", "t"}
     asked = "print_env" in typed or os.environ.get("CPULAUNCH_PRINT_ENV", "").strip().lower() in words
     fmt = (typed.get("fmt") or (None, None))[1] or os.environ.get("CPULAUNCH_FORMAT") or "shell"

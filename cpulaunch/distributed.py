@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Optional, Sequence
 
 from cpulaunch import envvars
-from cpulaunch.errors import CpulaunchError, DistributedError
+from cpulaunch.errors import DistributedError
 from cpulaunch.machine.engines import (RankContext, block_node, detect_engine, expand_hostlist, first_host,
                                        tasks_on_node)
 
@@ -674,29 +674,52 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
         DistributedError, cpulaunch.plan.PlanError: with a one-line message.
     """
 
-    from cpulaunch.plan import plan
-
     notes = [backend_note]
     environ = dict(environ)
     ccl = partial(_ccl_for, fabric=fabric, environ=environ, override_env=override_env, notes=notes)
     if engine is not None:
-        notes.extend(engine.notes)
-        if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(envvars.USER_OMP_NUM_THREADS):
-            environ.pop("OMP_NUM_THREADS")
-            notes.append("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count")
-        rank_plan, node_plan = _with_ccl_workers(lambda r: _plan_under_engine(topo, r, ddp, engine, notes),
-                                                 req, ddp, backend, notes)
-        if node_plan is not None:
-            notes.extend(node_plan.notes)
-        env = _engine_rank_env(engine, ddp, backend, notes)
-        if backend == "ccl":
-            env.update(ccl(engine, (node_plan or rank_plan).instances, bound=node_plan is None))
-        env.update(_exit_hook(ddp, program, python, environ, notes))
-        info = {"engine": engine.engine, "backend": backend, "rank": engine.rank,
-                "world_size": engine.world_size}
-        inst = rank_plan.instances[0]
-        programs = _rank_programs(ddp, program, python, [inst.index], notes)
-        return RankPlan(rank_plan, {inst.index: env}, environ, tuple(notes), engine, backend, False, info, programs)
+        return _engine_rank(topo, req, ddp, environ, engine, backend, ccl, program, python, notes)
+    node_plan = _node_plan(topo, req, ddp, backend, notes)
+    nproc = len(node_plan.instances)
+    if ddp.elastic:
+        instance_env = _elastic_rank_envs(node_plan, ddp, backend, ccl, notes)
+    else:
+        instance_env = _static_rank_envs(node_plan, ddp, backend, ccl, free_port, notes)
+    hook = _exit_hook(ddp, program, python, environ, notes)
+    for env in instance_env.values():
+        env.update(hook)
+    info = {"engine": "torchrun" if ddp.elastic else "cpulaunch", "backend": backend,
+            "nproc_per_node": nproc, "nnodes": ddp.nnodes, "node_rank": ddp.node_rank}
+    programs = _rank_programs(ddp, program, python, sorted(instance_env), notes)
+    return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info, programs)
+
+
+def _engine_rank(topo, req, ddp, environ: dict, engine: RankContext, backend: str, ccl, program, python,
+                 notes: list) -> RankPlan:
+    """:func:`plan_ranks` when an engine started this process: this one rank's plan and
+    variables (``environ`` may lose torchrun's default ``OMP_NUM_THREADS=1``)."""
+    notes.extend(engine.notes)
+    if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(envvars.USER_OMP_NUM_THREADS):
+        environ.pop("OMP_NUM_THREADS")
+        notes.append("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count")
+    rank_plan, node_plan = _with_ccl_workers(lambda r: _plan_under_engine(topo, r, ddp, engine, notes),
+                                             req, ddp, backend, notes)
+    if node_plan is not None:
+        notes.extend(node_plan.notes)
+    env = _engine_rank_env(engine, ddp, backend, notes)
+    if backend == "ccl":
+        env.update(ccl(engine, (node_plan or rank_plan).instances, bound=node_plan is None))
+    env.update(_exit_hook(ddp, program, python, environ, notes))
+    info = {"engine": engine.engine, "backend": backend, "rank": engine.rank, "world_size": engine.world_size}
+    inst = rank_plan.instances[0]
+    programs = _rank_programs(ddp, program, python, [inst.index], notes)
+    return RankPlan(rank_plan, {inst.index: env}, environ, tuple(notes), engine, backend, False, info, programs)
+
+
+def _node_plan(topo, req, ddp, backend: str, notes: list):
+    """This machine's ranks, planned as ``--nproc-per-node`` asks (with oneCCL's worker
+    cores where they fit); the notes of the request planned last are kept."""
+    from cpulaunch.plan import plan
 
     count_notes: list = []
 
@@ -707,38 +730,41 @@ def plan_ranks(topo, req, ddp, environ: Mapping[str, str], *, engine: Optional[R
 
     node_plan = _with_ccl_workers(lambda r: plan(topo, node_request(r)), req, ddp, backend, notes)
     notes.extend(count_notes)
-    nproc = len(node_plan.instances)
     notes.extend(node_plan.notes)
-    instance_env = {}
-    if ddp.elastic:
-        for inst in node_plan.instances:
-            ctx = RankContext("torchrun", -1, -1, inst.index, nproc)
-            env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc), envvars.DIST_BACKEND: backend}
-            env.update(iface_env(ddp.iface))
-            if backend == "ccl":
-                env.update(ccl(ctx, node_plan.instances))
-            instance_env[inst.index] = env
-        notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE, GROUP_RANK, ROLE_*, "
-                     "TORCHELASTIC_* and MASTER_* after it; the rank entry adds NODE_RANK=GROUP_RANK")
-    else:
-        nnodes = int(ddp.nnodes)
-        addr = ddp.master_addr or "127.0.0.1"
-        port = _master_port(ddp, free_port, nnodes, notes)
-        for inst in node_plan.instances:
-            ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc,
-                              node_rank=ddp.node_rank, nnodes=nnodes)
-            env = rank_env(ctx, addr, port, backend)
-            env.update(iface_env(ddp.iface))
-            if backend == "ccl":
-                env.update(ccl(ctx, node_plan.instances))
-            instance_env[inst.index] = env
-    hook = _exit_hook(ddp, program, python, environ, notes)
-    for env in instance_env.values():
-        env.update(hook)
-    info = {"engine": "torchrun" if ddp.elastic else "cpulaunch", "backend": backend,
-            "nproc_per_node": nproc, "nnodes": ddp.nnodes, "node_rank": ddp.node_rank}
-    programs = _rank_programs(ddp, program, python, sorted(instance_env), notes)
-    return RankPlan(node_plan, instance_env, environ, tuple(notes), None, backend, ddp.elastic, info, programs)
+    return node_plan
+
+
+def _elastic_rank_envs(node_plan, ddp, backend: str, ccl, notes: list) -> dict:
+    """Each local rank's variables under an elastic rendezvous (torchrun's agent adds the
+    rest after it)."""
+    nproc, out = len(node_plan.instances), {}
+    for inst in node_plan.instances:
+        ctx = RankContext("torchrun", -1, -1, inst.index, nproc)
+        env = {"LOCAL_RANK": str(inst.index), "LOCAL_WORLD_SIZE": str(nproc), envvars.DIST_BACKEND: backend}
+        env.update(iface_env(ddp.iface))
+        if backend == "ccl":
+            env.update(ccl(ctx, node_plan.instances))
+        out[inst.index] = env
+    notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE, GROUP_RANK, ROLE_*, "
+                 "TORCHELASTIC_* and MASTER_* after it; the rank entry adds NODE_RANK=GROUP_RANK")
+    return out
+
+
+def _static_rank_envs(node_plan, ddp, backend: str, ccl, free_port: Optional[int], notes: list) -> dict:
+    """Each local rank's variables under a static rendezvous (cpulaunch numbers the ranks:
+    node rank x ranks per node + local rank)."""
+    nproc, nnodes, out = len(node_plan.instances), int(ddp.nnodes), {}
+    addr = ddp.master_addr or "127.0.0.1"
+    port = _master_port(ddp, free_port, nnodes, notes)
+    for inst in node_plan.instances:
+        ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc,
+                          node_rank=ddp.node_rank, nnodes=nnodes)
+        env = rank_env(ctx, addr, port, backend)
+        env.update(iface_env(ddp.iface))
+        if backend == "ccl":
+            env.update(ccl(ctx, node_plan.instances))
+        out[inst.index] = env
+    return out
 
 
 def _rank_programs(ddp, program: Sequence[str], python: str, local_ranks: Sequence[int],

@@ -28,6 +28,7 @@ __all__ = [
     "BindMode", "Output", "Format", "Kind", "Section", "Alias", "Option", "Rule", "OPTIONS", "ALIASES",
     "RULES", "TOPOLOGY_OPTIONS", "BY_DEST", "ALIAS_BY_DEST", "BY_SPELLING", "PLACEMENT_MODES", "FORMATS_FOR", "DEFAULT_FORMAT", "SOURCES",
     "option_variable", "spellings", "api_keywords", "config_keys", "env_variables", "kind_of", "name_of",
+    "help_rows", "PROGRAM_RULE", "SOURCES_RULE", "NOT_VARIABLES", "FOREIGN_OPTIONS", "VALUE_SPELLINGS",
 ]
 
 
@@ -524,3 +525,49 @@ def reference_markdown() -> str:
     out.append("| acts when the program runs | " + ", ".join(f"`{o.name}`" for o in OPTIONS if o.run_only)
                + " | an error with --print-env or --show-topology, a note with --dry-run |")
     return "\n".join(out) + "\n"
+
+
+#: How the program's start is found, for --help.
+PROGRAM_RULE = ("The program starts at the first word that is not one of cpulaunch's options, after --, "
+                "or at -m MODULE / -c CODE; a program ending in .py runs with this Python.")
+#: Where else options come from, for --help.
+SOURCES_RULE = ("Every option can also come from CPULAUNCH_<OPTION> (--log-dir: CPULAUNCH_LOG_DIR) or a "
+                "--config file; torchrun's --name_with_underscores spellings are accepted, and under --ddp "
+                "torchrun's PET_<OPTION> variables (PET_NNODES), as Kubeflow sets them in a pod.")
+
+
+def help_rows(section: Section) -> list[tuple[str, str]]:
+    """``--help``'s rows of one section: (``--ninstances N``, its help), each option
+    once (underscore spellings accepted, not listed)."""
+    rows = []
+    for o in OPTIONS:
+        if o.section is section:
+            names = f"{o.short}, {o.name}" if o.short else o.name
+            value = o.metavar or ("{" + ",".join(o.kind.choices) + "}" if o.kind.name == "choice" else "")
+            rows.append((f"{names} {value}".strip(), o.help))
+    if section is Section.OUTPUT:
+        rows += [("--version", "Print the version and exit."), ("-h, --help", "Print this help and exit.")]
+    if section is Section.COMPAT:
+        rows += [(f"{a.name}" + (" VALUE" if a.value is None else ""), f"= {a.meaning} ({a.origin})")
+                 for a in ALIASES]
+        rows.append(("--module, -m, -c", "the program is a Python module or code (run_cpu, python)"))
+    return rows
+
+
+#: Variables that look like options' but are not read, each an error saying why: --help
+#: and --version come from the command line only (a leftover CPULAUNCH_VERSION=1 would
+#: turn every run into a version print that runs nothing and exits 0), and --format's
+#: variable is CPULAUNCH_FORMAT, not CPULAUNCH_FMT (the parameter's python name).
+NOT_VARIABLES = {
+    "CPULAUNCH_VERSION": "--version is read from the command line only",
+    "CPULAUNCH_HELP": "--help is read from the command line only",
+    "CPULAUNCH_FMT": "the variable of --format is CPULAUNCH_FORMAT",
+}
+#: Other launchers' options that cpulaunch spells differently, so that "did you mean" names
+#: the right one rather than the nearest spelling (click's hint for ``--rank`` would be
+#: ``--node-rank``, a --ddp option): run_cpu's ``--rank I`` (TorchServe passes it) runs
+#: instance I of ``--ninstances N``, which is ``--instance-idx I`` here.
+FOREIGN_OPTIONS = {"--rank": "--instance-idx"}
+#: The spellings that take a value in the next word (``--ninstances 2``).
+VALUE_SPELLINGS = {s for o in OPTIONS if o.kind.name not in ("flag", "count") for s in spellings(o.name)} \
+    | {s for a in ALIASES if a.value is None for s in spellings(a.name)}

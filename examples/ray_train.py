@@ -71,19 +71,21 @@ def train_func(config: dict) -> None:
     data = torch.Generator().manual_seed(1000 + rank)
     batches = [(torch.randn(config["batch"], width, generator=data),
                 torch.randint(0, 10, (config["batch"],), generator=data)) for _ in range(4)]
-    for step in range(config["warmup"]):
-        x, y = batches[step % 4]
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+
+    def train(steps: int):
+        """``steps`` SGD steps on the worker's batches; the last loss."""
+        loss = None
+        for step in range(steps):
+            x, y = batches[step % 4]
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return loss
+
+    train(config["warmup"])
     start = time.perf_counter()
-    for step in range(config["steps"]):
-        x, y = batches[step % 4]
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    loss = train(config["steps"])
     seconds = time.perf_counter() - start
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)

@@ -13,8 +13,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 
+import waiting
 from hostusers import REPO, as_user, user_python
 
 WORK = "/tmp/scenario"  # in the fresh /tmp: every user may enter
@@ -36,13 +36,7 @@ def python_of(user):
 
 
 def wait_for(predicate, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise SystemExit(f"timed out waiting for {what}")
+    return waiting.wait_for(predicate, what, timeout, error=SystemExit)
 
 
 class Job:

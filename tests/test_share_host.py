@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import hostusers
+from waiting import wait_for
 from conftest import REPO
 from test_launch_faults import NOBODY
 from test_launch_faults import shared as sticky  # noqa: F401 - a fixture: a sticky /tmp folder, root and setpriv
@@ -46,17 +47,6 @@ with open(fifo + idx) as f:
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to share")
 ONE_CORE = ("--ninstances", "1", "--ncores-per-instance", "1")
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0):
-    """``predicate()``'s first true value, checked every 10 ms up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Job:
