@@ -85,7 +85,7 @@ EXPECTED = {
     },
     # node 2: memory only, never a memory node of an instance: the plans of 2s2c
     "2s2c-memonly": {**TWO_SOCKETS,
-                     "node-list": [(ERR, "--node-list names NUMA nodes 2 that have no CPUs")]},
+                     "node-list": [(ERR, "--node-list 1,2 names NUMA nodes 2 that have no CPUs")]},
     "2s4c-snc2": {  # nodes 0,1 on socket 0; 2,3 on socket 1; 2 CPUs each
         "per-socket": [("0-3", "0-3", "0-1"), ("4-7", "4-7", "2-3")],
         "per-socket-2": [("0-1", "0-1", "0"), ("2-3", "2-3", "1"), ("4-5", "4-5", "2"),

@@ -117,7 +117,7 @@ def test_budgets_with_core_list_take_listed_cores_only():
 
 ERRORS = [
     (XEON, Request(instances_per_socket=1, dataloader_workers=8),
-     "--dataloader-workers 8 take 8 core(s) from each instance, but instance 0 has only 8 "
+     "--dataloader-workers 8 takes 8 core(s) from each instance, but instance 0 has only 8 "
      "(CPUs 0-7), leaving no core for its OpenMP threads; lower --dataloader-workers, or plan "
      "fewer instances (ranks)"),
     (XEON, Request(ninstances=3, dataloader_workers=3, reserve_cores=2),
@@ -125,7 +125,7 @@ ERRORS = [
      "instance 1 has only 5 (CPUs 6-10), leaving no core for its OpenMP threads; lower "
      "--dataloader-workers or --reserve-cores, or plan fewer instances (ranks)"),
     (AMD, Request(instances_per_node=1, ccl_workers=2),
-     "--ccl-worker-count 2 take 2 core(s) from each instance, but instance 1 has only 2 "
+     "--ccl-worker-count 2 takes 2 core(s) from each instance, but instance 1 has only 2 "
      "(CPUs 4-5), leaving no core for its OpenMP threads; lower --ccl-worker-count, or plan "
      "fewer instances (ranks)"),
     (XEON, Request(reserve_cores=-1), "--reserve-cores -1: must be 0 or more"),

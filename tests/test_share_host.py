@@ -239,10 +239,12 @@ def test_bare_flag_variable_and_words(tmp_path, leases):
     assert "--share-host" in proc.stdout and proc.returncode == 0  # bare, then the program
     proc = subprocess.run([sys.executable, "-m", "cpulaunch", "--dry-run", "--share-host", "wait", "true"],
                           cwd=REPO, env={**env, "CPULAUNCH_SHARE_HOST": ""}, capture_output=True, text=True, timeout=60)
-    assert proc.stdout.splitlines()[1].endswith(" true") and "--share-host" in proc.stdout  # wait: its word
+    command = proc.stdout.split("\n# ")[0].replace(" \\\n  ", " ")  # the dry run's first command, one line
+    assert command.endswith(" true") and "--share-host" in proc.stdout  # wait: its word
     proc = subprocess.run([sys.executable, "-m", "cpulaunch", "--dry-run", "--share-host", "maybe", "x"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.stdout.splitlines()[1].endswith(" maybe x")  # any other word starts the program
+    command = proc.stdout.split("\n# ")[0].replace(" \\\n  ", " ")
+    assert command.endswith(" maybe x")  # any other word starts the program
     proc = subprocess.run([sys.executable, "-m", "cpulaunch", "--dry-run", "--share-host=never", "true"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr == (
