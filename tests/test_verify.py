@@ -335,7 +335,7 @@ def test_expectation_from_the_process_environment():
     assert (inst["pid"], inst["index"], inst["error"], inst["warnings"]) == (pid, 3, None, [])
     assert inst["expected"] == {"index": 3, "bound_cpus": str(C), "cpus": str(C), "mem_nodes": "",
                                 "mem_policy": None, "allocator": "tcmalloc", "omp_runtime": None,
-                                "label": "instance 3"}
+                                "label": "instance 3", "backend": None}
     proc = inst["process"]
     assert (proc["pid"], proc["cpus"], proc["thread_count"], proc["busy_threads"]) == (pid, str(C), 1, 1)
     assert proc["allocators"] == ["tcmalloc"]

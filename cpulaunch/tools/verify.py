@@ -29,11 +29,14 @@ Rules of :func:`compare` (each a warning):
 - *oneCCL workers* (``--ddp`` with ccl): the threads of the rank's main process pinned to
   exactly one of the CPUs the plan gave its oneCCL workers (``CPULAUNCH_CCL_WORKER_CPUS``)
   are reported as its workers (oneCCL pins each worker to one CPU of CCL_WORKER_AFFINITY
-  and starts them at the first collective, so none may be there yet); a worker sharing
-  the rank's CPU by plan (it yields) is not counted as two busy threads stacked on one CPU,
-  nor as oversubscription. A worker
+  and starts them at the first collective, so none may be there yet). A worker
   outside the rank's CPUs (oneCCL's own default: the machine's last CPUs) is an
   *affinity* warning.
+- *threads the plan accounts for* (:func:`planned_threads`, the one rule the stacking and
+  oversubscription checks share): a worker sharing the rank's compute CPU by plan, and in a
+  ccl rank the backend's own threads of :data:`CCL_HELPERS` the plan accounts for, are not
+  counted as threads stacked on one CPU nor as oversubscription. Those threads carry the
+  program's name and run on the rank's CPUs, so verify counts them and cannot name them.
 - *allocator*: the planned allocator's library is not mapped in the main process; two
   allocators mapped.
 - *OpenMP*: two OpenMP runtimes mapped. With Intel OpenMP planned, torch's own libgomp
@@ -89,6 +92,9 @@ __all__ = [
     "InstanceCheck",
     "VerifyReport",
     "compare",
+    "CCL_HELPERS",
+    "Planned",
+    "planned_threads",
     "ccl_worker_threads",
     "verify",
     "render_text",
@@ -143,6 +149,8 @@ class Expected:
             or "pid <pid>" when the index is unknown too.
         ccl_workers: logical CPUs planned for its oneCCL workers (``--ddp`` with ccl;
             empty: none planned, or the user's CCL_WORKER_AFFINITY decides).
+        backend: the rank's torch.distributed backend, "gloo" or "ccl"
+            (``CPULAUNCH_DIST_BACKEND``); None: not a rank, or unknown.
     """
 
     index: Optional[int] = None
@@ -154,6 +162,7 @@ class Expected:
     omp_runtime: Optional[str] = None
     label: str = ""
     ccl_workers: tuple[int, ...] = ()
+    backend: Optional[str] = None
 
     def name(self, pid: int) -> str:
         """How warnings name this instance (see ``label``)."""
@@ -177,6 +186,7 @@ class Expected:
             omp_runtime=omp_runtime,
             label=getattr(inst, "label", "") or "",
             ccl_workers=_ccl_workers_of(getattr(inst, "env", {}) or {}),
+            backend=(getattr(inst, "env", {}) or {}).get(envvars.DIST_BACKEND),
         )
 
     @classmethod
@@ -189,7 +199,8 @@ class Expected:
         CPUs; CPULAUNCH_CPUS -> compute CPUs; CPULAUNCH_PLANNED_MEM_POLICY and
         CPULAUNCH_MEM_NODES when present (render writes the three for every instance:
         :mod:`cpulaunch.envvars`); LD_PRELOAD -> allocator and, with libiomp5 in it,
-        omp_runtime "intel" (else unknown).
+        omp_runtime "intel" (else unknown); CPULAUNCH_CCL_WORKER_CPUS -> ccl_workers;
+        CPULAUNCH_DIST_BACKEND -> backend.
         """
         if envvars.CPUS not in env:
             return None
@@ -217,6 +228,7 @@ class Expected:
             allocator=allocs[0] if allocs else None,
             omp_runtime="intel" if intel else None,
             ccl_workers=_ccl_workers_of(env),
+            backend=env.get(envvars.DIST_BACKEND),
         )
 
 
@@ -263,6 +275,75 @@ def ccl_worker_threads(exp: Expected, view: ProcessView) -> Optional[tuple[int, 
     return tuple(t.tid for t in view.threads if len(t.cpus) == 1 and t.cpus <= workers)
 
 
+#: Threads the ccl backend starts in each rank's process besides oneCCL's workers that the
+#: plan accounts for, and when: ``(what, when)``. Measured in real 2-rank runs (oneCCL
+#: 2021.14.1 with impi-rt 2021.14.2's libfabric, the bindings 2.8.0+xpu; docs/cluster.md,
+#: "Threads of a ccl rank"). None has a name of its own (each shows the program's,
+#: "python") and each may run wherever the rank's main thread may, so verify cannot tell
+#: them from the program's threads: it counts them.
+#:
+#: - the bindings' completion thread (one per process, started at import) waits inside
+#:   oneCCL for each collective: 8-10% of the rank's CPU in an all_reduce loop. "yield":
+#:   planned only where the plan makes oneCCL's waits yield (``CCL_YIELD=sched_yield``,
+#:   which :func:`cpulaunch.distributed.ccl_env` sets when a worker shares a compute CPU);
+#:   with oneCCL's default (``pause``, workers on cores of their own) it spins on the
+#:   rank's compute CPU through every collective, as busy as the main thread, and is
+#:   reported.
+#: - libfabric's provider progress thread (psm3's, polling every 110 ms; the tcp provider
+#:   starts none): 0.2-0.3 ms of CPU a second, so busy after 12-16 minutes. "always":
+#:   planned in every ccl rank.
+#:
+#: oneCCL's key-value-store server thread stays idle (0.1 ms of CPU in a run) and is not
+#: here: it never becomes busy.
+CCL_HELPERS = (("the bindings' completion thread", "yield"), ("libfabric's progress thread", "always"))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Threads the plan itself puts in an instance beside one thread per bound CPU
+    (:func:`planned_threads`).
+
+    Attributes:
+        workers: logical CPUs of its planned oneCCL workers (one worker pinned to each).
+        shared: those of ``workers`` that are compute CPUs (the worker shares the CPU and
+            yields); the others were set aside for the workers and are bound CPUs.
+        helpers: what of :data:`CCL_HELPERS` the plan accounts for in this rank.
+    """
+
+    workers: tuple[int, ...] = ()
+    shared: tuple[int, ...] = ()
+    helpers: tuple[str, ...] = ()
+
+    @property
+    def extra(self) -> int:
+        """Busy threads allowed beyond one per bound CPU: a worker per shared CPU and each helper."""
+        return len(self.shared) + len(self.helpers)
+
+    def phrase(self) -> str:
+        """``" and the oneCCL worker sharing CPU 0, the bindings' completion thread and
+        libfabric's progress thread"``; "" when nothing is planned beside the CPUs."""
+        parts = ([f"the oneCCL worker sharing CPU {cpulist.format(self.shared)}"] if self.shared else []) \
+            + list(self.helpers)
+        return " and " + _and(parts) if parts else ""
+
+
+def _and(parts: Sequence[str]) -> str:
+    """``["a", "b", "c"]`` -> ``"a, b and c"``."""
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
+def planned_threads(exp: Expected) -> Planned:
+    """Which threads the plan accounts for in ``exp``'s instance beside one per bound CPU
+    (pure): its oneCCL workers, those sharing a compute CPU, and in a ccl rank
+    (``exp.backend == "ccl"``) the :data:`CCL_HELPERS` that apply ("yield" ones only when a
+    worker shares a compute CPU, so that the plan set ``CCL_YIELD=sched_yield``). The one
+    rule verify's stacking and oversubscription checks use."""
+    shared = tuple(c for c in exp.ccl_workers if exp.cpus is not None and c in exp.cpus)
+    helpers = () if exp.backend != "ccl" else tuple(
+        what for what, when in CCL_HELPERS if when == "always" or (when == "yield" and shared))
+    return Planned(workers=tuple(exp.ccl_workers), shared=shared, helpers=helpers)
+
+
 # --------------------------------------------------------------------------- comparing (pure)
 
 
@@ -296,15 +377,17 @@ def compare(exp: Expected, view: ProcessView) -> list[str]:
     who = exp.name(view.pid)
     procs = list(view.walk())
     bound = frozenset(exp.bound_cpus) if exp.bound_cpus is not None else None
-    shared = tuple(c for c in exp.ccl_workers if exp.cpus is not None and c in exp.cpus)
-    return (_affinity_warnings(who, procs, bound, exp.ccl_workers)
-            + _oversubscription_warnings(who, procs, bound or view.cpus, shared)
+    planned = planned_threads(exp)
+    return (_affinity_warnings(who, procs, bound, planned)
+            + _oversubscription_warnings(who, procs, bound or view.cpus, planned)
             + _library_warnings(who, exp, view) + _memory_warnings(who, exp, procs))
 
 
-def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], workers: tuple = ()) -> list:
+def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], planned: Planned = Planned()) -> list:
     """Threads allowed outside ``bound``; busy threads stacked on one CPU (one thread per
-    planned oneCCL worker CPU in ``workers`` is the worker, there by plan)."""
+    planned oneCCL worker CPU is the worker, there by plan; each of ``planned.helpers``
+    may be pinned where the main thread was when it started, so as many more are there by
+    plan on whichever CPUs hold several, the latest started first)."""
     fmt = cpulist.format
     out = []
     if bound is not None:
@@ -322,9 +405,14 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], worker
         for t in p.threads:
             if len(t.cpus) == 1 and p.counts(t):
                 stacked.setdefault(next(iter(t.cpus)), []).append(t.tid)
-    for cpu in workers:
+    for cpu in planned.workers:
         if stacked.get(cpu):
             stacked[cpu].pop()
+    helpers = len(planned.helpers)
+    for cpu, tids in sorted(stacked.items()):
+        while helpers and len(tids) > 1:
+            tids.pop()
+            helpers -= 1
     for cpu, tids in sorted(stacked.items()):
         if len(tids) > 1 and (bound is None or len(bound) > 1):
             out.append(f"{who}: {len(tids)} busy threads pinned to CPU {cpu} alone "
@@ -332,16 +420,15 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], worker
     return out
 
 
-def _oversubscription_warnings(who: str, procs: list, cpus: frozenset, shared: tuple = ()) -> list:
-    """More busy threads over the instance's processes than ``cpus``, plus one oneCCL worker
-    per CPU of ``shared`` (compute CPUs the plan has a worker share, yielding)."""
+def _oversubscription_warnings(who: str, procs: list, cpus: frozenset, planned: Planned = Planned()) -> list:
+    """More busy threads over the instance's processes than ``cpus`` plus the threads the
+    plan accounts for beside them (``planned.extra``: workers sharing compute CPUs, helpers)."""
     busy = sum(1 for p in procs for t in p.threads if p.counts(t))
-    if not cpus or busy <= len(cpus) + len(shared):
+    if not cpus or busy <= len(cpus) + planned.extra:
         return []
     total = sum(len(p.threads) for p in procs)
-    workers = f" and the oneCCL worker sharing CPU {cpulist.format(shared)}" if shared else ""
     return [(f"{who}: {busy} busy threads (of {total} threads in {len(procs)} process(es)) on "
-            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}{workers}: oversubscribed (set OMP_NUM_THREADS / "
+            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}{planned.phrase()}: oversubscribed (set OMP_NUM_THREADS / "
             "torch.set_num_threads and DataLoader num_workers to fit)")]
 
 
@@ -562,6 +649,7 @@ def _expected_json(e: Optional[Expected], pid: int) -> Optional[dict]:
         "allocator": e.allocator,
         "omp_runtime": e.omp_runtime,
         "label": e.name(pid),
+        "backend": e.backend,
     }
 
 
@@ -596,26 +684,42 @@ def report_json(report: VerifyReport) -> dict[str, Any]:
 
 def _ccl_json(r: InstanceCheck) -> dict:
     """``{"ccl_workers": {"planned": "7", "threads": [tid, ...] or null}}`` for a rank with
-    oneCCL workers planned (``threads`` null: they cannot be told apart); {} otherwise."""
+    oneCCL workers planned (``threads`` null: they cannot be told apart), and
+    ``{"ccl_helpers": [what, ...]}`` for a rank with :data:`CCL_HELPERS` planned; {} otherwise."""
     e = r.expected
-    if e is None or not e.ccl_workers:
+    if e is None:
         return {}
-    tids = ccl_worker_threads(e, r.view) if r.view is not None else None
-    return {"ccl_workers": {"planned": cpulist.format(e.ccl_workers), "threads": None if tids is None else list(tids)}}
+    out: dict = {}
+    if e.ccl_workers:
+        tids = ccl_worker_threads(e, r.view) if r.view is not None else None
+        out["ccl_workers"] = {"planned": cpulist.format(e.ccl_workers), "threads": None if tids is None else list(tids)}
+    helpers = planned_threads(e).helpers
+    if helpers:
+        out["ccl_helpers"] = list(helpers)
+    return out
 
 
-def _ccl_line(r: InstanceCheck) -> Optional[str]:
-    """``  oneCCL workers planned on CPU(s) 7: thread(s) 123 pinned there`` (or why not)."""
+def _ccl_lines(r: InstanceCheck) -> list:
+    """``  oneCCL workers planned on CPU(s) 7: thread(s) 123 pinned there`` (or why not), and
+    ``  planned beside them: the bindings' completion thread and ... (counted, not named)``."""
     e = r.expected
-    if e is None or not e.ccl_workers or r.view is None or r.view.uncheckable:
-        return None
-    head = f"  oneCCL workers planned on CPU(s) {cpulist.format(e.ccl_workers)}: "
-    tids = ccl_worker_threads(e, r.view)
-    if tids is None:
-        return head + "every thread of the rank runs there (its only CPU), so they cannot be told apart"
-    if not tids:
-        return head + "no thread pinned there yet (oneCCL starts its workers at the first collective)"
-    return head + f"thread(s) {', '.join(map(str, tids))} pinned there"
+    if e is None or r.view is None or r.view.uncheckable:
+        return []
+    out = []
+    if e.ccl_workers:
+        head = f"  oneCCL workers planned on CPU(s) {cpulist.format(e.ccl_workers)}: "
+        tids = ccl_worker_threads(e, r.view)
+        if tids is None:
+            out.append(head + "every thread of the rank runs there (its only CPU), so they cannot be told apart")
+        elif not tids:
+            out.append(head + "no thread pinned there yet (oneCCL starts its workers at the first collective)")
+        else:
+            out.append(head + f"thread(s) {', '.join(map(str, tids))} pinned there")
+    helpers = planned_threads(e).helpers
+    if helpers:
+        out.append(f"  also planned in a ccl rank: {_and(helpers)} (counted among its busy threads; they carry "
+                   "the program's name, so they are not told apart)")
+    return out
 
 
 def _process_line(p: ProcessView) -> str:
@@ -653,7 +757,7 @@ def render_text(report: VerifyReport) -> str:
                      + (f", memory {e.mem_policy} {fmt(e.mem_nodes)}" if e and e.mem_nodes else ""))
         if r.view is not None and not r.view.uncheckable:
             lines += [_process_line(p) for p in r.view.walk()]
-        lines += [line for line in (_ccl_line(r),) if line]
+        lines += _ccl_lines(r)
         if r.status is Verdict.OK:
             lines.append("  ok: matches the plan" if e is not None else "  ok: no plan-free check failed")
         lines += [f"  warning: {w}" for w in r.warnings]
