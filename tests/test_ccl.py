@@ -208,8 +208,8 @@ def test_default_sets_one_core_aside_on_each_ranks_node(xeon):
         "CCL_LOCAL_SIZE": "2", "CCL_PROCESS_LAUNCHER": "none", "CCL_ATL_TRANSPORT": "ofi",
         envvars.CCL_WORKER_CPUS: "15", **RUNTIME}
     assert rp.notes == ("b", "oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of "
-                        "CCL_ATL_SHM, CCL_ATL_TRANSPORT, CCL_LOCAL_RANK, CCL_LOCAL_SIZE, CCL_PROCESS_LAUNCHER, "
-                        "CCL_WORKER_AFFINITY (set away from oneCCL's defaults by this plan or by the bindings): "
+                        "CCL_ATL_SHM, CCL_ATL_TRANSPORT, CCL_LOCAL_RANK, CCL_LOCAL_SIZE, CCL_OFI_LIBRARY_PATH, "
+                        "CCL_PROCESS_LAUNCHER (set away from oneCCL's defaults by this plan or by the bindings): "
                         "expected; a relayed console leaves out those naming the planned value (the ranks' logs "
                         "keep them)")
 
@@ -452,16 +452,16 @@ def test_ranks_run_ccl_through_a_stand_in_that_registers_it(stand_ins, tmp_path)
     assert lines == [f"{r} ccl ccl 3 sched_yield {cpus[0]},{cpus[1]}" for r in (0, 1)]
 
 
-#: A stand-in that logs on rank 0 what oneCCL 2021.14 logs there at start-up for each
-#: variable set away from its default, plus a change to a value nobody planned and another
-#: warning: those two stay on the console.
+#: A stand-in that logs on rank 0 what oneCCL 2021.14 logged there in a real 2-rank run
+#: under cpulaunch (docs/cluster.md, "oneCCL's own warnings"), in its order and format,
+#: plus a change to a value nobody planned and another warning: those two stay on the console.
 WARNS = """
 import os
 if os.environ.get("RANK") == "0":
-    for k, d in (("CCL_WORKER_AFFINITY", "auto"), ("CCL_YIELD", "pause"), ("CCL_ATL_SHM", "0"),
-                 ("CCL_ATL_TRANSPORT", "mpi"), ("CCL_PROCESS_LAUNCHER", "hydra"), ("CCL_LOCAL_RANK", "-1"),
-                 ("CCL_LOCAL_SIZE", "-1")):
-        print(f"|CCL_WARN| value of {k} changed to be {os.environ[k]} (default:{d})", flush=True)
+    for k, d in (("CCL_ATL_TRANSPORT", "mpi"), ("CCL_ATL_SHM", "0"), ("CCL_YIELD", "pause"), ("CCL_LOCAL_RANK", "-1"),
+                 ("CCL_LOCAL_SIZE", "-1"), ("CCL_PROCESS_LAUNCHER", "hydra"), ("CCL_OFI_LIBRARY_PATH", "")):
+        print(f"2026:11:27-21:15:17:( {os.getpid()}) |CCL_WARN| value of {k} changed to be {os.environ[k]} "
+              f"(default:{d})", flush=True)
     print("|CCL_WARN| value of CCL_WORKER_COUNT changed to be 3 (default:1)", flush=True)
     print("|CCL_WARN| another warning", flush=True)
 """
@@ -475,8 +475,8 @@ def test_oneccls_warnings_about_planned_values_fold_into_one_note(tmp_path):
     note; the relayed console leaves them out; a change to another value and any other
     warning stay; rank 0's log keeps every line."""
     _, env = own_stand_in(tmp_path, WARNS)
-    seven = ["CCL_ATL_SHM", "CCL_ATL_TRANSPORT", "CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", "CCL_PROCESS_LAUNCHER",
-             "CCL_WORKER_AFFINITY", "CCL_YIELD"]
+    seven = ["CCL_ATL_SHM", "CCL_ATL_TRANSPORT", "CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", "CCL_OFI_LIBRARY_PATH",
+             "CCL_PROCESS_LAUNCHER", "CCL_YIELD"]
     note = (f"oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of {', '.join(seven)} "
             "(set away from oneCCL's defaults by this plan or by the bindings): expected; a relayed console leaves "
             "out those naming the planned value (the ranks' logs keep them)")
@@ -494,14 +494,19 @@ def test_oneccls_warnings_about_planned_values_fold_into_one_note(tmp_path):
 
 
 def test_expected_warning_names_the_planned_value_only():
-    expected = ccl_expected_warning({"CCL_YIELD": "sched_yield", "CCL_WORKER_AFFINITY": "0,1"})
+    expected = ccl_expected_warning({"CCL_YIELD": "sched_yield", "CCL_OFI_LIBRARY_PATH": "/v/lib/libfabric.so.1"})
     assert expected(b"|CCL_WARN| value of CCL_YIELD changed to be sched_yield (default:pause)")
-    assert expected(b"2026:11:27-10:00:00:(12) |CCL_WARN| value of CCL_WORKER_AFFINITY changed to be 0,1 (default:auto)")
+    # as oneCCL 2021.14 wrote it in a real run: time, "( pid)", an empty default
+    assert expected(b"2026:11:27-21:15:17:( 5790) |CCL_WARN| value of CCL_OFI_LIBRARY_PATH changed to be "
+                    b"/v/lib/libfabric.so.1 (default:)")
     assert not expected(b"|CCL_WARN| value of CCL_YIELD changed to be pause (default:sched_yield)")
     assert not expected(b"|CCL_WARN| value of CCL_ATL_SHM changed to be 1 (default:0)")  # not planned here
     assert not expected(b"|CCL_WARN| did not find MPI-launcher specific variables")
     assert ccl_changed({"CCL_WORKER_COUNT": "1", "CCL_YIELD": "sched_yield", "CCL_ATL_TRANSPORT": "ofi"}) == [
         "CCL_ATL_TRANSPORT", "CCL_YIELD"]
+    # measured: oneCCL never logs CCL_WORKER_AFFINITY; it logs CCL_OFI_LIBRARY_PATH (default empty)
+    assert ccl_changed({"CCL_WORKER_AFFINITY": "0,1", "CCL_OFI_LIBRARY_PATH": "/p/libfabric.so.1"}) == [
+        "CCL_OFI_LIBRARY_PATH"]
 
 
 @needs_torch
@@ -1125,7 +1130,8 @@ def test_real_verify_counts_the_ccl_ranks_own_threads(real_binding, tmp_path):
     """Issue 34 part 5 on the real bindings: 2 ranks x 1 CPU, each rank's oneCCL worker on
     its own CPU, all_reduce in a loop. Once three threads of each rank are busy (the main
     thread, oneCCL's worker, the bindings' completion thread), ``cpulaunch verify PID PID``
-    exits 0 and so does the run's own --verify."""
+    exits 0 and so does the run's own --verify; the console shows none of oneCCL's
+    'value of ... changed' lines, and the note names exactly those rank 0's log has."""
     prog, stop = tmp_path / "rank.py", tmp_path / "stop"
     prog.write_text(LOOP_RANK)
     cpus = sorted(os.sched_getaffinity(0))[:2]
@@ -1140,7 +1146,7 @@ def test_real_verify_counts_the_ccl_ranks_own_threads(real_binding, tmp_path):
         doc = json.loads(run_cli("verify", "--format", "json", str(pids[0]), str(pids[1]), check_rc=None).stdout)
         run_verify = json.loads(_wait_file("*/verify.json", tmp_path / "logs", proc, 120).read_text())
         stop.touch()
-        _, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -1151,3 +1157,8 @@ def test_real_verify_counts_the_ccl_ranks_own_threads(real_binding, tmp_path):
         assert [(i["status"], i["ccl_workers"], i["ccl_helpers"]) for i in seen["instances"]] == [
             ("ok", {"planned": str(cpus[r]), "threads": None}, HELPERS) for r in (0, 1)]
         assert all(i["process"]["busy_threads"] >= 3 for i in seen["instances"]), seen
+    assert not [ln for ln in out.splitlines() if "CCL_WARN" in ln]
+    (log,) = (tmp_path / "logs").glob("*/0/stdout.log")
+    logged = sorted(m.group(1) for m in re.finditer(r"\|CCL_WARN\| value of (CCL_\w+) changed", log.read_text()))
+    (note,) = [ln for ln in err.splitlines() if "|CCL_WARN| value of ... changed" in ln]
+    assert logged and note.split("once for each of ", 1)[1].startswith(", ".join(logged) + " (set away")
