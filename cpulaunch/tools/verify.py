@@ -36,7 +36,8 @@ Rules of :func:`compare` (each a warning):
   oversubscription checks share): a worker sharing the rank's compute CPU by plan, and in a
   ccl rank the backend's own threads of :data:`CCL_HELPERS` the plan accounts for, are not
   counted as threads stacked on one CPU nor as oversubscription. Those threads carry the
-  program's name and run on the rank's CPUs, so verify counts them and cannot name them.
+  program's name and run on the rank's CPUs: a yielding one is allowed by number, an idle
+  poller is told apart by its small share of a CPU since it started (:data:`IDLE_SHARE`).
 - *allocator*: the planned allocator's library is not mapped in the main process; two
   allocators mapped.
 - *OpenMP*: two OpenMP runtimes mapped. With Intel OpenMP planned, torch's own libgomp
@@ -93,6 +94,7 @@ __all__ = [
     "VerifyReport",
     "compare",
     "CCL_HELPERS",
+    "IDLE_SHARE",
     "Planned",
     "planned_threads",
     "ccl_worker_threads",
@@ -276,26 +278,32 @@ def ccl_worker_threads(exp: Expected, view: ProcessView) -> Optional[tuple[int, 
 
 
 #: Threads the ccl backend starts in each rank's process besides oneCCL's workers that the
-#: plan accounts for, and when: ``(what, when)``. Measured in real 2-rank runs (oneCCL
+#: plan accounts for, and how: ``(what, kind)``. Measured in real 2-rank runs (oneCCL
 #: 2021.14.1 with impi-rt 2021.14.2's libfabric, the bindings 2.8.0+xpu; docs/cluster.md,
 #: "Threads of a ccl rank"). None has a name of its own (each shows the program's,
 #: "python") and each may run wherever the rank's main thread may, so verify cannot tell
-#: them from the program's threads: it counts them.
+#: them from the program's threads by name.
 #:
 #: - the bindings' completion thread (one per process, started at import) waits inside
-#:   oneCCL for each collective: 8-10% of the rank's CPU in an all_reduce loop. "yield":
+#:   oneCCL for each collective: 10-20% of the rank's CPU in an all_reduce loop. "yield":
 #:   planned only where the plan makes oneCCL's waits yield (``CCL_YIELD=sched_yield``,
-#:   which :func:`cpulaunch.distributed.ccl_env` sets when a worker shares a compute CPU);
-#:   with oneCCL's default (``pause``, workers on cores of their own) it spins on the
-#:   rank's compute CPU through every collective, as busy as the main thread, and is
-#:   reported.
+#:   which :func:`cpulaunch.distributed.ccl_env` sets when a worker shares a compute CPU),
+#:   and then one more busy thread is allowed, whichever it is; with oneCCL's default
+#:   (``pause``, workers on cores of their own) it spins on the rank's compute CPU through
+#:   every collective, as busy as the main thread, and is reported.
 #: - libfabric's provider progress thread (psm3's, polling every 110 ms; the tcp provider
-#:   starts none): 0.2-0.3 ms of CPU a second, so busy after 12-16 minutes. "always":
-#:   planned in every ccl rank.
+#:   starts none): 0.2-0.3 ms of CPU a second, so busy after 12-16 minutes. "idle":
+#:   planned in every ccl rank; told apart by its share of a CPU since it started, below
+#:   :data:`IDLE_SHARE` (0.02-0.03% measured), and then not counted.
 #:
 #: oneCCL's key-value-store server thread stays idle (0.1 ms of CPU in a run) and is not
 #: here: it never becomes busy.
-CCL_HELPERS = (("the bindings' completion thread", "yield"), ("libfabric's progress thread", "always"))
+CCL_HELPERS = (("the bindings' completion thread", "yield"), ("libfabric's progress thread", "idle"))
+
+#: A busy thread of a ccl rank's process that used less than this share of a CPU since it
+#: started is taken for one of the backend's "idle" helpers (:data:`CCL_HELPERS`), as many
+#: as are planned. The rank's threads that compete used 10% and more in the runs measured.
+IDLE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -307,24 +315,43 @@ class Planned:
         workers: logical CPUs of its planned oneCCL workers (one worker pinned to each).
         shared: those of ``workers`` that are compute CPUs (the worker shares the CPU and
             yields); the others were set aside for the workers and are bound CPUs.
-        helpers: what of :data:`CCL_HELPERS` the plan accounts for in this rank.
+        yielding: the "yield" helpers of :data:`CCL_HELPERS` planned here (each allows one
+            more busy thread).
+        idle: the "idle" helpers planned here (each lets one busy thread under
+            :data:`IDLE_SHARE` go uncounted: :meth:`idle_threads`).
     """
 
     workers: tuple[int, ...] = ()
     shared: tuple[int, ...] = ()
-    helpers: tuple[str, ...] = ()
+    yielding: tuple[str, ...] = ()
+    idle: tuple[str, ...] = ()
+
+    @property
+    def helpers(self) -> tuple[str, ...]:
+        """Every helper planned here, "yield" ones first."""
+        return self.yielding + self.idle
 
     @property
     def extra(self) -> int:
-        """Busy threads allowed beyond one per bound CPU: a worker per shared CPU and each helper."""
-        return len(self.shared) + len(self.helpers)
+        """Busy threads allowed beyond one per bound CPU: a worker per shared CPU and each
+        yielding helper."""
+        return len(self.shared) + len(self.yielding)
 
     def phrase(self) -> str:
-        """``" and the oneCCL worker sharing CPU 0, the bindings' completion thread and
-        libfabric's progress thread"``; "" when nothing is planned beside the CPUs."""
+        """``" and the oneCCL worker sharing CPU 0 and the bindings' completion thread"``
+        (what :attr:`extra` allows); "" when nothing."""
         parts = ([f"the oneCCL worker sharing CPU {cpulist.format(self.shared)}"] if self.shared else []) \
-            + list(self.helpers)
+            + list(self.yielding)
         return " and " + _and(parts) if parts else ""
+
+    def idle_threads(self, view: ProcessView) -> frozenset[int]:
+        """Thread ids of ``view``'s own process taken for its idle helpers: busy threads
+        other than the main one whose :attr:`~cpulaunch.machine.proc.ThreadView.cpu_share`
+        is known and below :data:`IDLE_SHARE`, the least busy first, at most one per idle
+        helper planned (pure)."""
+        quiet = sorted((t.cpu_share, t.tid) for t in view.threads
+                       if t.busy and t.tid != view.pid and t.cpu_share is not None and t.cpu_share < IDLE_SHARE)
+        return frozenset(tid for _, tid in quiet[:len(self.idle)])
 
 
 def _and(parts: Sequence[str]) -> str:
@@ -339,9 +366,10 @@ def planned_threads(exp: Expected) -> Planned:
     worker shares a compute CPU, so that the plan set ``CCL_YIELD=sched_yield``). The one
     rule verify's stacking and oversubscription checks use."""
     shared = tuple(c for c in exp.ccl_workers if exp.cpus is not None and c in exp.cpus)
-    helpers = () if exp.backend != "ccl" else tuple(
-        what for what, when in CCL_HELPERS if when == "always" or (when == "yield" and shared))
-    return Planned(workers=tuple(exp.ccl_workers), shared=shared, helpers=helpers)
+    ccl = exp.backend == "ccl"
+    return Planned(workers=tuple(exp.ccl_workers), shared=shared,
+                   yielding=tuple(w for w, kind in CCL_HELPERS if ccl and kind == "yield" and shared),
+                   idle=tuple(w for w, kind in CCL_HELPERS if ccl and kind == "idle"))
 
 
 # --------------------------------------------------------------------------- comparing (pure)
@@ -378,16 +406,25 @@ def compare(exp: Expected, view: ProcessView) -> list[str]:
     procs = list(view.walk())
     bound = frozenset(exp.bound_cpus) if exp.bound_cpus is not None else None
     planned = planned_threads(exp)
-    return (_affinity_warnings(who, procs, bound, planned)
-            + _oversubscription_warnings(who, procs, bound or view.cpus, planned)
+    idle = planned.idle_threads(view)
+    return (_affinity_warnings(who, procs, bound, planned, idle)
+            + _oversubscription_warnings(who, procs, bound or view.cpus, planned, idle)
             + _library_warnings(who, exp, view) + _memory_warnings(who, exp, procs))
 
 
-def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], planned: Planned = Planned()) -> list:
+def _counted(p: ProcessView, t, idle: frozenset) -> bool:
+    """``t`` of ``p`` counts as a compute thread (busy or the main thread) and is not one
+    of the idle helpers in ``idle`` (tids of the instance's main process)."""
+    return p.counts(t) and t.tid not in idle
+
+
+def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], planned: Planned = Planned(),
+                       idle: frozenset = frozenset()) -> list:
     """Threads allowed outside ``bound``; busy threads stacked on one CPU (one thread per
-    planned oneCCL worker CPU is the worker, there by plan; each of ``planned.helpers``
+    planned oneCCL worker CPU is the worker, there by plan; each of ``planned.yielding``
     may be pinned where the main thread was when it started, so as many more are there by
-    plan on whichever CPUs hold several, the latest started first)."""
+    plan on whichever CPUs hold several, the latest started first; ``idle`` threads do not
+    count)."""
     fmt = cpulist.format
     out = []
     if bound is not None:
@@ -403,12 +440,12 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], planne
     stacked: dict = {}
     for p in procs:
         for t in p.threads:
-            if len(t.cpus) == 1 and p.counts(t):
+            if len(t.cpus) == 1 and _counted(p, t, idle if p is procs[0] else frozenset()):
                 stacked.setdefault(next(iter(t.cpus)), []).append(t.tid)
     for cpu in planned.workers:
         if stacked.get(cpu):
             stacked[cpu].pop()
-    helpers = len(planned.helpers)
+    helpers = len(planned.yielding)
     for cpu, tids in sorted(stacked.items()):
         while helpers and len(tids) > 1:
             tids.pop()
@@ -420,10 +457,12 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], planne
     return out
 
 
-def _oversubscription_warnings(who: str, procs: list, cpus: frozenset, planned: Planned = Planned()) -> list:
-    """More busy threads over the instance's processes than ``cpus`` plus the threads the
-    plan accounts for beside them (``planned.extra``: workers sharing compute CPUs, helpers)."""
-    busy = sum(1 for p in procs for t in p.threads if p.counts(t))
+def _oversubscription_warnings(who: str, procs: list, cpus: frozenset, planned: Planned = Planned(),
+                               idle: frozenset = frozenset()) -> list:
+    """More busy threads over the instance's processes (``idle`` helpers of its main
+    process left out) than ``cpus`` plus the threads the plan accounts for beside them
+    (``planned.extra``: workers sharing compute CPUs, yielding helpers)."""
+    busy = sum(1 for p in procs for t in p.threads if _counted(p, t, idle if p is procs[0] else frozenset()))
     if not cpus or busy <= len(cpus) + planned.extra:
         return []
     total = sum(len(p.threads) for p in procs)
@@ -685,7 +724,8 @@ def report_json(report: VerifyReport) -> dict[str, Any]:
 def _ccl_json(r: InstanceCheck) -> dict:
     """``{"ccl_workers": {"planned": "7", "threads": [tid, ...] or null}}`` for a rank with
     oneCCL workers planned (``threads`` null: they cannot be told apart), and
-    ``{"ccl_helpers": [what, ...]}`` for a rank with :data:`CCL_HELPERS` planned; {} otherwise."""
+    ``{"ccl_helpers": {"planned": [what, ...], "idle_threads": [tid, ...]}}`` for a rank
+    with :data:`CCL_HELPERS` planned (the busy threads taken for its idle ones); {} otherwise."""
     e = r.expected
     if e is None:
         return {}
@@ -693,9 +733,10 @@ def _ccl_json(r: InstanceCheck) -> dict:
     if e.ccl_workers:
         tids = ccl_worker_threads(e, r.view) if r.view is not None else None
         out["ccl_workers"] = {"planned": cpulist.format(e.ccl_workers), "threads": None if tids is None else list(tids)}
-    helpers = planned_threads(e).helpers
-    if helpers:
-        out["ccl_helpers"] = list(helpers)
+    planned = planned_threads(e)
+    if planned.helpers:
+        idle = planned.idle_threads(r.view) if r.view is not None and not r.view.uncheckable else frozenset()
+        out["ccl_helpers"] = {"planned": list(planned.helpers), "idle_threads": sorted(idle)}
     return out
 
 
@@ -715,10 +756,14 @@ def _ccl_lines(r: InstanceCheck) -> list:
             out.append(head + "no thread pinned there yet (oneCCL starts its workers at the first collective)")
         else:
             out.append(head + f"thread(s) {', '.join(map(str, tids))} pinned there")
-    helpers = planned_threads(e).helpers
-    if helpers:
-        out.append(f"  also planned in a ccl rank: {_and(helpers)} (counted among its busy threads; they carry "
-                   "the program's name, so they are not told apart)")
+    planned = planned_threads(e)
+    parts = [f"{w} (one busy thread more allowed)" for w in planned.yielding]
+    if planned.idle:
+        idle = sorted(planned.idle_threads(r.view))
+        taken = f"thread(s) {', '.join(map(str, idle))}" if idle else "no busy thread"
+        parts += [f"{_and(planned.idle)} ({taken} under {IDLE_SHARE:.0%} of a CPU since it started, not counted)"]
+    if parts:
+        out.append(f"  also planned in a ccl rank: {_and(parts)}")
     return out
 
 
