@@ -453,7 +453,7 @@ def test_ranks_run_ccl_through_a_stand_in_that_registers_it(stand_ins, tmp_path)
 
 
 #: A stand-in that logs on rank 0 what oneCCL 2021.14 logged there in a real 2-rank run
-#: under cpulaunch (docs/cluster.md, "oneCCL's own warnings"), in its order and format,
+#: under cpulaunch (docs/dev/oneccl.md, "Threads of a ccl rank"), in its order and format,
 #: plus a change to a value nobody planned and another warning: those two stay on the console.
 WARNS = """
 import os
@@ -752,14 +752,14 @@ def test_verify_names_the_workers_and_does_not_count_a_planned_shared_cpu_twice(
 
 
 def _rank_env(cpus: str, workers: str, backend: str = "ccl") -> dict:
-    """A ccl rank's CPULAUNCH_* variables as the launcher writes them (docs/cluster.md)."""
+    """A ccl rank's CPULAUNCH_* variables as the launcher writes them (docs/guide/ddp.md)."""
     return {envvars.CPUS: cpus, envvars.BOUND_CPUS: cpus, envvars.CCL_WORKER_CPUS: workers,
             envvars.DIST_BACKEND: backend}
 
 
 def _real_rank(cpu: int, *, progress: tuple) -> list:
     """The threads of a real ccl rank on one CPU, as read from /proc/PID/task/*/stat and
-    status during an all_reduce loop (oneCCL 2021.14.1, 2 ranks x 1 core; docs/cluster.md,
+    status during an all_reduce loop (oneCCL 2021.14.1, 2 ranks x 1 core; docs/dev/oneccl.md,
     "Threads of a ccl rank"): every one is named "python" and may run on the rank's CPU
     only. CPU seconds and ages after 37 s; libfabric's progress thread had 0.008 s then,
     ``progress`` = (its CPU seconds, its age) as another run may find it (0.2 s after 12-16
@@ -865,8 +865,8 @@ def test_no_ccl_helpers_without_the_ccl_backend():
 
 
 #: A stand-in for the bindings whose ``start()`` starts what a real ccl rank runs by its first
-#: collective, with the CPU pattern read from /proc in real runs (docs/cluster.md, "Threads
-#: of a ccl rank"): the bindings' completion thread and oneCCL's worker (pinned to this
+#: collective, with the CPU pattern read from /proc in real runs (docs/dev/oneccl.md,
+#: "Threads of a ccl rank"): the bindings' completion thread and oneCCL's worker (pinned to this
 #: rank's entry of CCL_WORKER_AFFINITY) yield until each has used 0.3 s of CPU, as they do
 #: within seconds of an all_reduce loop; libfabric's progress thread wakes every 110 ms and
 #: stays far below 200 ms (it takes 12-16 minutes to get there); oneCCL's key-value-store
@@ -1112,7 +1112,7 @@ def test_real_verify_sees_the_worker_on_its_own_core(real_binding, tmp_path):
 #: A rank that runs all_reduce in a loop until the test makes the file argv[1] (rank 0 looks
 #: every 64 calls and every rank learns it from an all_reduce, so all stop together) and
 #: says "ready PID" once three of its threads have used 0.25 s of CPU each (its own, oneCCL's
-#: worker and the bindings' completion thread: docs/cluster.md, "Threads of a ccl rank").
+#: worker and the bindings' completion thread: docs/dev/oneccl.md, "Threads of a ccl rank").
 LOOP_RANK = """
 import os, sys, torch, torch.distributed as dist
 from cpulaunch.distributed import init_process_group

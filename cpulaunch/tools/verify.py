@@ -279,7 +279,7 @@ def ccl_worker_threads(exp: Expected, view: ProcessView) -> Optional[tuple[int, 
 
 #: Threads the ccl backend starts in each rank's process besides oneCCL's workers that the
 #: plan accounts for, and how: ``(what, kind)``. Measured in real 2-rank runs (oneCCL
-#: 2021.14.1 with impi-rt 2021.14.2's libfabric, the bindings 2.8.0+xpu; docs/cluster.md,
+#: 2021.14.1 with impi-rt 2021.14.2's libfabric, the bindings 2.8.0+xpu; docs/dev/oneccl.md,
 #: "Threads of a ccl rank"). None has a name of its own (each shows the program's,
 #: "python") and each may run wherever the rank's main thread may, so verify cannot tell
 #: them from the program's threads by name.
