@@ -469,14 +469,15 @@ def ccl_env(ctx: RankContext, workers: Sequence[Sequence[int]], *, dedicated: bo
     return env
 
 
-#: oneCCL 2021.14's own defaults for the variables cpulaunch or the bindings set (its
-#: src/common/env/env.cpp; the PyPI library is built with MPI, so CCL_ATL_TRANSPORT's
-#: default is mpi). For each one set to another value, oneCCL's rank 0 logs
-#: ``|CCL_WARN| value of NAME changed to be VALUE (default:DEFAULT)`` on its stdout
-#: (env_parser.hpp, set_value, LOG_WARN_ROOT).
-CCL_DEFAULTS = MappingProxyType({"CCL_WORKER_COUNT": "1", "CCL_WORKER_AFFINITY": "auto", "CCL_YIELD": "pause",
-                                 "CCL_ATL_SHM": "0", "CCL_ATL_TRANSPORT": "mpi", "CCL_PROCESS_LAUNCHER": "hydra",
-                                 "CCL_LOCAL_RANK": "-1", "CCL_LOCAL_SIZE": "-1"})
+#: oneCCL 2021.14's own defaults for the variables cpulaunch or the bindings set that it
+#: warns about (the PyPI library is built with MPI, so CCL_ATL_TRANSPORT's default is mpi).
+#: For each one set to another value, oneCCL's rank 0 logs ``|CCL_WARN| value of NAME
+#: changed to be VALUE (default:DEFAULT)`` on its stdout. Measured on real runs
+#: (docs/dev/oneccl.md, "Threads of a ccl rank"): CCL_OFI_LIBRARY_PATH (default empty) is
+#: one of them; CCL_WORKER_AFFINITY is parsed apart and never logged, whatever its value.
+CCL_DEFAULTS = MappingProxyType({"CCL_WORKER_COUNT": "1", "CCL_YIELD": "pause", "CCL_ATL_SHM": "0",
+                                 "CCL_ATL_TRANSPORT": "mpi", "CCL_PROCESS_LAUNCHER": "hydra", "CCL_LOCAL_RANK": "-1",
+                                 "CCL_LOCAL_SIZE": "-1", "CCL_OFI_LIBRARY_PATH": ""})
 _CCL_CHANGED = re.compile(rb"\|CCL_WARN\| value of (CCL_\w+) changed to be (.*) \(default:[^)]*\)\s*$")
 
 

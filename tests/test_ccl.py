@@ -208,8 +208,8 @@ def test_default_sets_one_core_aside_on_each_ranks_node(xeon):
         "CCL_LOCAL_SIZE": "2", "CCL_PROCESS_LAUNCHER": "none", "CCL_ATL_TRANSPORT": "ofi",
         envvars.CCL_WORKER_CPUS: "15", **RUNTIME}
     assert rp.notes == ("b", "oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of "
-                        "CCL_ATL_SHM, CCL_ATL_TRANSPORT, CCL_LOCAL_RANK, CCL_LOCAL_SIZE, CCL_PROCESS_LAUNCHER, "
-                        "CCL_WORKER_AFFINITY (set away from oneCCL's defaults by this plan or by the bindings): "
+                        "CCL_ATL_SHM, CCL_ATL_TRANSPORT, CCL_LOCAL_RANK, CCL_LOCAL_SIZE, CCL_OFI_LIBRARY_PATH, "
+                        "CCL_PROCESS_LAUNCHER (set away from oneCCL's defaults by this plan or by the bindings): "
                         "expected; a relayed console leaves out those naming the planned value (the ranks' logs "
                         "keep them)")
 
@@ -452,16 +452,16 @@ def test_ranks_run_ccl_through_a_stand_in_that_registers_it(stand_ins, tmp_path)
     assert lines == [f"{r} ccl ccl 3 sched_yield {cpus[0]},{cpus[1]}" for r in (0, 1)]
 
 
-#: A stand-in that logs on rank 0 what oneCCL 2021.14 logs there at start-up for each
-#: variable set away from its default, plus a change to a value nobody planned and another
-#: warning: those two stay on the console.
+#: A stand-in that logs on rank 0 what oneCCL 2021.14 logged there in a real 2-rank run
+#: under cpulaunch (docs/dev/oneccl.md, "Threads of a ccl rank"), in its order and format,
+#: plus a change to a value nobody planned and another warning: those two stay on the console.
 WARNS = """
 import os
 if os.environ.get("RANK") == "0":
-    for k, d in (("CCL_WORKER_AFFINITY", "auto"), ("CCL_YIELD", "pause"), ("CCL_ATL_SHM", "0"),
-                 ("CCL_ATL_TRANSPORT", "mpi"), ("CCL_PROCESS_LAUNCHER", "hydra"), ("CCL_LOCAL_RANK", "-1"),
-                 ("CCL_LOCAL_SIZE", "-1")):
-        print(f"|CCL_WARN| value of {k} changed to be {os.environ[k]} (default:{d})", flush=True)
+    for k, d in (("CCL_ATL_TRANSPORT", "mpi"), ("CCL_ATL_SHM", "0"), ("CCL_YIELD", "pause"), ("CCL_LOCAL_RANK", "-1"),
+                 ("CCL_LOCAL_SIZE", "-1"), ("CCL_PROCESS_LAUNCHER", "hydra"), ("CCL_OFI_LIBRARY_PATH", "")):
+        print(f"2026:11:27-21:15:17:( {os.getpid()}) |CCL_WARN| value of {k} changed to be {os.environ[k]} "
+              f"(default:{d})", flush=True)
     print("|CCL_WARN| value of CCL_WORKER_COUNT changed to be 3 (default:1)", flush=True)
     print("|CCL_WARN| another warning", flush=True)
 """
@@ -475,8 +475,8 @@ def test_oneccls_warnings_about_planned_values_fold_into_one_note(tmp_path):
     note; the relayed console leaves them out; a change to another value and any other
     warning stay; rank 0's log keeps every line."""
     _, env = own_stand_in(tmp_path, WARNS)
-    seven = ["CCL_ATL_SHM", "CCL_ATL_TRANSPORT", "CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", "CCL_PROCESS_LAUNCHER",
-             "CCL_WORKER_AFFINITY", "CCL_YIELD"]
+    seven = ["CCL_ATL_SHM", "CCL_ATL_TRANSPORT", "CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", "CCL_OFI_LIBRARY_PATH",
+             "CCL_PROCESS_LAUNCHER", "CCL_YIELD"]
     note = (f"oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of {', '.join(seven)} "
             "(set away from oneCCL's defaults by this plan or by the bindings): expected; a relayed console leaves "
             "out those naming the planned value (the ranks' logs keep them)")
@@ -494,14 +494,19 @@ def test_oneccls_warnings_about_planned_values_fold_into_one_note(tmp_path):
 
 
 def test_expected_warning_names_the_planned_value_only():
-    expected = ccl_expected_warning({"CCL_YIELD": "sched_yield", "CCL_WORKER_AFFINITY": "0,1"})
+    expected = ccl_expected_warning({"CCL_YIELD": "sched_yield", "CCL_OFI_LIBRARY_PATH": "/v/lib/libfabric.so.1"})
     assert expected(b"|CCL_WARN| value of CCL_YIELD changed to be sched_yield (default:pause)")
-    assert expected(b"2026:11:27-10:00:00:(12) |CCL_WARN| value of CCL_WORKER_AFFINITY changed to be 0,1 (default:auto)")
+    # as oneCCL 2021.14 wrote it in a real run: time, "( pid)", an empty default
+    assert expected(b"2026:11:27-21:15:17:( 5790) |CCL_WARN| value of CCL_OFI_LIBRARY_PATH changed to be "
+                    b"/v/lib/libfabric.so.1 (default:)")
     assert not expected(b"|CCL_WARN| value of CCL_YIELD changed to be pause (default:sched_yield)")
     assert not expected(b"|CCL_WARN| value of CCL_ATL_SHM changed to be 1 (default:0)")  # not planned here
     assert not expected(b"|CCL_WARN| did not find MPI-launcher specific variables")
     assert ccl_changed({"CCL_WORKER_COUNT": "1", "CCL_YIELD": "sched_yield", "CCL_ATL_TRANSPORT": "ofi"}) == [
         "CCL_ATL_TRANSPORT", "CCL_YIELD"]
+    # measured: oneCCL never logs CCL_WORKER_AFFINITY; it logs CCL_OFI_LIBRARY_PATH (default empty)
+    assert ccl_changed({"CCL_WORKER_AFFINITY": "0,1", "CCL_OFI_LIBRARY_PATH": "/p/libfabric.so.1"}) == [
+        "CCL_OFI_LIBRARY_PATH"]
 
 
 @needs_torch
@@ -746,6 +751,248 @@ def test_verify_names_the_workers_and_does_not_count_a_planned_shared_cpu_twice(
     assert verify.ccl_worker_threads(verify.Expected(), view) is None
 
 
+def _rank_env(cpus: str, workers: str, backend: str = "ccl") -> dict:
+    """A ccl rank's CPULAUNCH_* variables as the launcher writes them (docs/guide/ddp.md)."""
+    return {envvars.CPUS: cpus, envvars.BOUND_CPUS: cpus, envvars.CCL_WORKER_CPUS: workers,
+            envvars.DIST_BACKEND: backend}
+
+
+def _real_rank(cpu: int, *, progress: tuple) -> list:
+    """The threads of a real ccl rank on one CPU, as read from /proc/PID/task/*/stat and
+    status during an all_reduce loop (oneCCL 2021.14.1, 2 ranks x 1 core; docs/dev/oneccl.md,
+    "Threads of a ccl rank"): every one is named "python" and may run on the rank's CPU
+    only. CPU seconds and ages after 37 s; libfabric's progress thread had 0.008 s then,
+    ``progress`` = (its CPU seconds, its age) as another run may find it (0.2 s after 12-16
+    minutes)."""
+    return [procfs.ThreadView(407, "python", "S", frozenset({cpu}), 10.83, 37.0),  # the program's main thread
+            procfs.ThreadView(426, "python", "R", frozenset({cpu}), 3.66, 35.0),   # the bindings' completion thread
+            procfs.ThreadView(433, "python", "S", frozenset({cpu}), 0.0001, 34.3),  # oneCCL's key-value-store server
+            procfs.ThreadView(441, "python", "S", frozenset({cpu}), *progress),  # libfabric's (psm3) progress thread
+            procfs.ThreadView(442, "python", "R", frozenset({cpu}), 15.10, 33.5)]  # oneCCL's worker
+
+
+def _rank_view(cpus, threads):
+    return procfs.ProcessView(pid=407, ppid=1, name="python", cmdline=(), cpus=frozenset(cpus),
+                              threads=tuple(threads), libraries=(), numa=None, environ={})
+
+
+COMPLETION, PROGRESS = "the bindings' completion thread", "libfabric's progress thread"
+OVER = ": oversubscribed (set OMP_NUM_THREADS / torch.set_num_threads and DataLoader num_workers to fit)"
+
+
+def test_a_ccl_rank_on_one_cpu_is_what_the_plan_accounts_for():
+    """The measured rank: its main thread, oneCCL's worker sharing its one CPU and the
+    bindings' completion thread busy (3 on 1 CPU), later libfabric's progress thread too,
+    at 0.03% of a CPU. The old rule allowed 2 ("3 busy threads ... oversubscribed"); all
+    are planned. A busy thread of the program's own is still one too many, and so is a
+    quiet busy thread whose age is unknown."""
+    exp = verify.Expected.from_environ(_rank_env("1", "1"))
+    assert verify.planned_threads(exp) == verify.Planned(workers=(1,), shared=(1,), yielding=(COMPLETION,),
+                                                         idle=(PROGRESS,))
+    for progress in ((0.008, 34.0), (0.25, 960.0)):
+        view = _rank_view({1}, _real_rank(1, progress=progress))
+        assert verify.compare(exp, view) == []
+        assert verify.planned_threads(exp).idle_threads(view) == (frozenset({441}) if progress[0] > 0.2 else frozenset())
+    own = procfs.ThreadView(450, "python", "R", frozenset({1}), 2.0, 10.0)
+    assert verify.compare(exp, _rank_view({1}, _real_rank(1, progress=(0.25, 960.0)) + [own])) == [
+        "pid 407: 4 busy threads (of 6 threads in 1 process(es)) on 1 CPU(s) 1 and the oneCCL worker sharing CPU 1 "
+        f"and the bindings' completion thread{OVER}"]
+    assert verify.compare(exp, _rank_view({1}, _real_rank(1, progress=(0.25, None)))) == [
+        "pid 407: 4 busy threads (of 5 threads in 1 process(es)) on 1 CPU(s) 1 and the oneCCL worker sharing CPU 1 "
+        f"and the bindings' completion thread{OVER}"]
+
+
+@needs_torch
+def test_the_same_expectation_from_the_plan_and_from_the_ranks_variables(stand_ins, sysroots, monkeypatch):
+    """--verify (the rendered plan) and ``cpulaunch verify PID`` (the rank's variables)
+    expect the same of a ccl rank: its worker CPUs and its backend, hence the same
+    planned threads."""
+    import cpulaunch
+
+    monkeypatch.syspath_prepend(stand_ins["works"]["PYTHONPATH"])  # installed for this interpreter
+    rendered = cpulaunch.plan_instances(("x.py",), environ={**os.environ, **stand_ins["works"]}, ddp=True,
+                                        nproc_per_node=2, backend="ccl", ccl_worker_count=0, allocator="default",
+                                        master_port=29500, sysroot=str(sysroots[XEON]))
+    for inst in rendered.instances:
+        from_plan = verify.Expected.from_rendered(inst, allocator=None, omp_runtime=None)
+        from_env = verify.Expected.from_environ(inst.env)
+        assert (from_plan.backend, from_plan.ccl_workers) == (from_env.backend, from_env.ccl_workers) == (
+            "ccl", (min(inst.cpus),))
+        assert verify.planned_threads(from_plan) == verify.planned_threads(from_env)
+        assert verify.planned_threads(from_env).helpers == ("the bindings' completion thread",
+                                                           "libfabric's progress thread")
+
+
+def test_helpers_pinned_where_the_main_thread_was_are_not_stacked():
+    """A rank on CPUs 0-1 whose main thread OpenMP pinned to CPU 0, where its worker is
+    planned too: the worker and the helpers started after that inherit CPU 0; the planned
+    ones are not "busy threads pinned to CPU 0 alone"; a program thread more is."""
+    exp = verify.Expected.from_environ(_rank_env("0-1", "0"))
+    progress = procfs.ThreadView(14, "python", "S", frozenset({0}), 0.25, 1000.0)
+    threads = [_thread(10, {0}), _thread(11, {1}), _thread(12, {0}), _thread(13, {0}), progress]
+    assert verify.compare(exp, _view({0}, threads)) == []
+    assert verify.compare(exp, _view({0}, threads + [_thread(15, {0})])) == [
+        "pid 10: 2 busy threads pinned to CPU 0 alone (threads 10, 12): they take turns on one CPU",
+        "pid 10: 5 busy threads (of 6 threads in 1 process(es)) on 2 CPU(s) 0-1 and the oneCCL worker sharing CPU 0 "
+        f"and the bindings' completion thread{OVER}"]
+
+
+def test_a_completion_thread_that_spins_is_not_planned():
+    """Workers on cores of their own: the plan leaves oneCCL's wait at its default (pause),
+    so the bindings' completion thread spins on the compute CPU through every collective
+    (measured: 3.9 s of CPU in 8 s, as much as the main thread). Only libfabric's progress
+    thread is planned beside the CPUs, and it is told apart by its share of a CPU: the
+    spinning thread is reported from the start, and still once the progress thread is busy."""
+    exp = verify.Expected.from_environ(_rank_env("0-1", "1") | {envvars.CPUS: "0"})
+    assert verify.planned_threads(exp) == verify.Planned(workers=(1,), idle=(PROGRESS,))
+    main, worker = procfs.ThreadView(10, "python", "S", frozenset({0}), 4.2, 8.5), _thread(12, {1})
+    completion = procfs.ThreadView(11, "python", "R", frozenset({0}), 3.9, 8.0)
+    assert verify.compare(exp, _view({0}, [main, worker])) == []
+    stacked = "pid 10: 2 busy threads pinned to CPU 0 alone (threads 10, 11): they take turns on one CPU"
+    assert verify.compare(exp, _view({0}, [main, completion, worker])) == [
+        stacked, f"pid 10: 3 busy threads (of 3 threads in 1 process(es)) on 2 CPU(s) 0-1{OVER}"]
+    progress = procfs.ThreadView(13, "python", "S", frozenset({0}), 0.25, 1000.0)
+    assert verify.compare(exp, _view({0}, [main, completion, worker, progress])) == [
+        stacked, f"pid 10: 3 busy threads (of 4 threads in 1 process(es)) on 2 CPU(s) 0-1{OVER}"]
+
+
+def test_no_ccl_helpers_without_the_ccl_backend():
+    for env in (_rank_env("0", "0", backend="gloo"), {envvars.CPUS: "0", envvars.CCL_WORKER_CPUS: "0"}):
+        exp = verify.Expected.from_environ(env)
+        assert verify.planned_threads(exp).helpers == ()
+        assert verify.compare(exp, _view({0}, [_thread(10, {0}), _thread(11, {0})])) == []  # the worker
+        assert len(verify.compare(exp, _view({0}, [_thread(t, {0}) for t in (10, 11, 12)]))) == 1
+
+
+#: A stand-in for the bindings whose ``start()`` starts what a real ccl rank runs by its first
+#: collective, with the CPU pattern read from /proc in real runs (docs/dev/oneccl.md,
+#: "Threads of a ccl rank"): the bindings' completion thread and oneCCL's worker (pinned to this
+#: rank's entry of CCL_WORKER_AFFINITY) yield until each has used 0.3 s of CPU, as they do
+#: within seconds of an all_reduce loop; libfabric's progress thread wakes every 110 ms and
+#: stays far below 200 ms (it takes 12-16 minutes to get there); oneCCL's key-value-store
+#: server stays idle. Threads Python 3.11 starts carry the program's name, as oneCCL's do.
+THREADS = """
+import os, threading, time
+
+def _spin(done, cpu=None):
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})  # this thread only, as oneCCL pins its worker
+    while time.thread_time() < 0.3:
+        os.sched_yield()
+    done.set()
+    threading.Event().wait()
+
+def _poll():  # wakes every 110 ms and does nothing, as psm3's does
+    while True:
+        time.sleep(0.11)
+
+def start():
+    count, local = int(os.environ["CCL_WORKER_COUNT"]), int(os.environ["CCL_LOCAL_RANK"])
+    mine = [int(c) for c in os.environ["CCL_WORKER_AFFINITY"].split(",")][local * count:(local + 1) * count]
+    done = [threading.Event() for _ in range(1 + len(mine))]
+    threading.Thread(target=_spin, args=(done[0],), daemon=True).start()  # the bindings' completion thread
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # oneCCL's key-value-store server
+    threading.Thread(target=_poll, daemon=True).start()  # libfabric's progress thread
+    for cpu, d in zip(mine, done[1:]):
+        threading.Thread(target=_spin, args=(d, cpu), daemon=True).start()  # oneCCL's workers
+    for d in done:
+        d.wait()
+"""
+
+#: A rank that starts the stand-in's threads, says so, and waits until the test opens and
+#: closes its FIFO (argv[1] + RANK).
+HELD_RANK = """
+import os, sys
+import oneccl_bindings_for_pytorch
+oneccl_bindings_for_pytorch.start()
+print("ready", os.getpid(), flush=True)
+with open(sys.argv[1] + os.environ["RANK"]) as hold:
+    hold.read()
+"""
+
+
+def _ready_ranks(proc, n: int, seconds: float) -> dict:
+    """{rank: pid} from the relayed ``[r] ready PID`` lines of ``n`` ranks, waited for at most ``seconds``."""
+    deadline, pids = time.monotonic() + seconds, {}
+    while len(pids) < n:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"ranks {sorted(set(range(n)) - set(pids))} not ready in {seconds:g} s"
+        line = proc.stdout.readline()
+        assert line, f"the launcher ended ({proc.wait()}) before every rank was ready"
+        m = re.fullmatch(r"\[(\d+)\] ready (\d+)\n", line)
+        if m:
+            pids[int(m.group(1))] = int(m.group(2))
+    return pids
+
+
+def _release(fifo: Path, seconds: float = 60) -> None:
+    """Open ``fifo`` for writing once its rank has it open for reading, and close it (EOF)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            return
+        except OSError as exc:  # ENXIO: no reader yet
+            assert time.monotonic() < deadline, f"nobody opened {fifo} in {seconds:g} s ({exc})"
+            time.sleep(0.05)
+
+
+def _wait_file(pattern: str, base: Path, proc, seconds: float) -> Path:
+    """The first file matching ``pattern`` below ``base`` once it exists (the launcher writes it)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = sorted(base.glob(pattern))
+        if found:
+            return found[0]
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {pattern} in {base} after {seconds:g} s"
+        time.sleep(0.1)
+
+
+HELPERS = {"planned": ["the bindings' completion thread", "libfabric's progress thread"], "idle_threads": []}
+
+
+@needs_torch
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_verify_counts_a_ccl_ranks_own_threads_as_planned(tmp_path):
+    """Issue 34 part 5 without the real bindings: 2 ranks x 1 CPU on ccl (each rank's
+    oneCCL worker shares its CPU), each running the threads a real rank runs. ``cpulaunch
+    verify PID PID`` exits 0 (it said "3 busy threads ... oversubscribed" and exited 1), and
+    the run's own --verify, taken once the ranks are ready, says ok of the same threads."""
+    _, env = own_stand_in(tmp_path, THREADS)
+    prog, hold = tmp_path / "rank.py", tmp_path / "hold"
+    prog.write_text(HELD_RANK)
+    for r in (0, 1):
+        os.mkfifo(f"{hold}{r}")
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    proc = subprocess.Popen([sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", "2", "--backend", "ccl",
+                             "--core-list", f"{cpus[0]},{cpus[1]}", "--verify", "--verify-after", "10",
+                             "--log-dir", str(tmp_path / "logs"), sys.executable, str(prog), str(hold)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, **env})
+    try:
+        pids = _ready_ranks(proc, 2, 180)
+        text = run_cli("verify", str(pids[0]), str(pids[1]), check_rc=None)
+        assert text.returncode == 0, text.stdout
+        doc = json.loads(run_cli("verify", "--format", "json", str(pids[0]), str(pids[1])).stdout)
+        run_verify = json.loads(_wait_file("*/verify.json", tmp_path / "logs", proc, 120).read_text())
+        for r in (0, 1):
+            _release(Path(f"{hold}{r}"))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    for seen in (doc, run_verify):
+        assert seen["ok"] is True, seen["warnings"]
+        assert [(i["pid"], i["status"], i["process"]["thread_count"], i["process"]["busy_threads"],
+                 i["ccl_workers"], i["ccl_helpers"]) for i in seen["instances"]] == [
+            (pids[r], "ok", 5, 3, {"planned": str(cpus[r]), "threads": None}, HELPERS) for r in (0, 1)]
+    assert ("  also planned in a ccl rank: the bindings' completion thread (one busy thread more allowed) and "
+            "libfabric's progress thread (no busy thread under 1% of a CPU since it started, not counted)"
+            in text.stdout.splitlines())
+
+
 # --------------------------------------------------------------------------- the real binding
 
 
@@ -860,3 +1107,76 @@ def test_real_verify_sees_the_worker_on_its_own_core(real_binding, tmp_path):
     pinned = {t["tid"] for t in inst["process"]["threads"] if t["cpus"] == str(worker)}
     assert inst["ccl_workers"]["threads"] and set(inst["ccl_workers"]["threads"]) == pinned
     assert proc.returncode == 0
+
+
+#: A rank that runs all_reduce in a loop until the test makes the file argv[1] (rank 0 looks
+#: every 64 calls and every rank learns it from an all_reduce, so all stop together) and
+#: says "ready PID" once three of its threads have used 0.25 s of CPU each (its own, oneCCL's
+#: worker and the bindings' completion thread: docs/dev/oneccl.md, "Threads of a ccl rank").
+LOOP_RANK = """
+import os, sys, torch, torch.distributed as dist
+from cpulaunch.distributed import init_process_group
+
+def busy_threads():
+    tick, n = os.sysconf("SC_CLK_TCK"), 0
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            after = f.read().rsplit(")", 1)[1].split()  # state is field 3: utime 14, stime 15
+        n += (int(after[11]) + int(after[12])) / tick >= 0.25
+    return n
+
+init_process_group()
+t, stop, calls, ready = torch.ones(1 << 16), torch.zeros(1), 0, False
+while True:
+    dist.all_reduce(t)
+    calls += 1
+    if calls % 64 == 0:
+        if not ready and busy_threads() >= 3:
+            print("ready", os.getpid(), flush=True)
+            ready = True
+        stop.fill_(float(dist.get_rank() == 0 and os.path.exists(sys.argv[1])))
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            break
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@two_cpus
+def test_real_verify_counts_the_ccl_ranks_own_threads(real_binding, tmp_path):
+    """Issue 34 part 5 on the real bindings: 2 ranks x 1 CPU, each rank's oneCCL worker on
+    its own CPU, all_reduce in a loop. Once three threads of each rank are busy (the main
+    thread, oneCCL's worker, the bindings' completion thread), ``cpulaunch verify PID PID``
+    exits 0 and so does the run's own --verify; the console shows none of oneCCL's
+    'value of ... changed' lines, and the note names exactly those rank 0's log has."""
+    prog, stop = tmp_path / "rank.py", tmp_path / "stop"
+    prog.write_text(LOOP_RANK)
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    proc = subprocess.Popen([sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node", "2", "--backend", "ccl",
+                             "--core-list", f"{cpus[0]},{cpus[1]}", "--verify", "--verify-after", "40",
+                             "--log-dir", str(tmp_path / "logs"), sys.executable, str(prog), str(stop)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        pids = _ready_ranks(proc, 2, 300)
+        text = run_cli("verify", str(pids[0]), str(pids[1]), check_rc=None)
+        doc = json.loads(run_cli("verify", "--format", "json", str(pids[0]), str(pids[1]), check_rc=None).stdout)
+        run_verify = json.loads(_wait_file("*/verify.json", tmp_path / "logs", proc, 120).read_text())
+        stop.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (text.returncode, proc.returncode) == (0, 0), (text.stdout, err[-3000:])
+    for seen in (doc, run_verify):
+        assert seen["ok"] is True, seen["warnings"]
+        assert [(i["status"], i["ccl_workers"], i["ccl_helpers"]) for i in seen["instances"]] == [
+            ("ok", {"planned": str(cpus[r]), "threads": None}, HELPERS) for r in (0, 1)]
+        assert all(i["process"]["busy_threads"] >= 3 for i in seen["instances"]), seen
+    assert not [ln for ln in out.splitlines() if "CCL_WARN" in ln]
+    (log,) = (tmp_path / "logs").glob("*/0/stdout.log")
+    logged = sorted(m.group(1) for m in re.finditer(r"\|CCL_WARN\| value of (CCL_\w+) changed", log.read_text()))
+    (note,) = [ln for ln in err.splitlines() if "|CCL_WARN| value of ... changed" in ln]
+    assert logged and note.split("once for each of ", 1)[1].startswith(", ".join(logged) + " (set away")

@@ -335,7 +335,7 @@ def test_expectation_from_the_process_environment():
     assert (inst["pid"], inst["index"], inst["error"], inst["warnings"]) == (pid, 3, None, [])
     assert inst["expected"] == {"index": 3, "bound_cpus": str(C), "cpus": str(C), "mem_nodes": "",
                                 "mem_policy": None, "allocator": "tcmalloc", "omp_runtime": None,
-                                "label": "instance 3"}
+                                "label": "instance 3", "backend": None}
     proc = inst["process"]
     assert (proc["pid"], proc["cpus"], proc["thread_count"], proc["busy_threads"]) == (pid, str(C), 1, 1)
     assert proc["allocators"] == ["tcmalloc"]
@@ -465,6 +465,25 @@ def test_inspect_under_a_generated_root(tmp_path):
         "rank 7: thread 101 (omp) of pid 100 may run on CPUs 0-7, outside its planned CPUs 0-3 "
         "(CPUs 4-7 too: the program widened its affinity or the binding was lost)",
     ]
+
+
+def test_thread_age_from_uptime_and_starttime(tmp_path):
+    """A thread's age is ``proc/uptime`` minus its starttime (field 22 of its stat, clock
+    ticks since boot) under the root; its share of a CPU is CPU time over that age. No
+    readable uptime: no age, no share (nothing is guessed)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    _fake_proc(tmp_path, 100, 1, "0", {100: ("main", "0", 3 * ticks), 101: ("poller", "0", ticks // 4)})
+    (tmp_path / "proc/100/task/101/stat").write_text(
+        f"101 (poller) S 1 0 0 0 0 0 0 0 0 0 {ticks // 4} 0 0 0 0 0 0 0 {40 * ticks} 0 0\n")
+    view = procfs.inspect(100, tmp_path)
+    assert [(t.tid, t.age_seconds, t.cpu_share) for t in view.threads] == [(100, None, None), (101, None, None)]
+    (tmp_path / "proc/uptime").write_text("1040.00 2000.00\n")
+    view = procfs.inspect(100, tmp_path)
+    assert [(t.tid, t.age_seconds) for t in view.threads] == [(100, 1040.0), (101, 1000.0)]
+    assert view.threads[1].cpu_share == pytest.approx((ticks // 4) / ticks / 1000.0)
+    (tmp_path / "proc/uptime").write_text("garbage")
+    assert [t.age_seconds for t in procfs.inspect(100, tmp_path).threads] == [None, None]
+    assert procfs.parse_uptime("5234.17 9876.50\n") == 5234.17
 
 
 # --------------------------------------------------------------------------- a real torch process

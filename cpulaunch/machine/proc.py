@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
@@ -33,6 +33,7 @@ __all__ = [
     "parse_stat",
     "parse_maps",
     "parse_stat_cpu_ticks",
+    "parse_uptime",
     "parse_numa_maps",
     "inspect",
 ]
@@ -76,6 +77,8 @@ class ThreadView:
         tid: thread id. name: its ``comm``. state: one letter (R, S, D, ...).
         cpus: logical CPUs it may run on (``Cpus_allowed_list``).
         cpu_seconds: CPU time used since it started (utime + stime).
+        age_seconds: seconds since it started (``/proc/uptime`` minus its starttime,
+            field 22 of its stat); None when either could not be read.
     """
 
     tid: int
@@ -83,11 +86,18 @@ class ThreadView:
     state: str
     cpus: frozenset[int]
     cpu_seconds: float
+    age_seconds: Optional[float] = None
 
     @property
     def busy(self) -> bool:
         """Used at least :data:`BUSY_CPU_SECONDS` of CPU (see the module doc)."""
         return self.cpu_seconds >= BUSY_CPU_SECONDS
+
+    @property
+    def cpu_share(self) -> Optional[float]:
+        """CPU time over its age: 0.5 = half a CPU on average since it started; None when
+        its age is unknown (or 0)."""
+        return self.cpu_seconds / self.age_seconds if self.age_seconds else None
 
 
 @dataclass(frozen=True)
@@ -342,6 +352,21 @@ def _cpus_of(st: Mapping[str, str]) -> frozenset:
         return frozenset()
 
 
+def parse_uptime(text: str) -> float:
+    """``/proc/uptime`` -> seconds since boot: ``"5234.17 9876.50"`` -> 5234.17. Raises
+    ValueError or IndexError when malformed."""
+    return float(text.split()[0])
+
+
+def _uptime(fs: _ProcFs) -> Optional[float]:
+    """Seconds since boot from ``proc/uptime`` under the root, None when unreadable."""
+    text = fs.text("proc/uptime")
+    try:
+        return parse_uptime(text) if text else None
+    except (ValueError, IndexError):
+        return None
+
+
 def _read_threads(fs: _ProcFs, pid: int, ticks: int) -> tuple:
     """(every thread's view, main thread first; {file: why} of what could not be read)."""
     out, unreadable = [], {}
@@ -357,12 +382,17 @@ def _read_threads(fs: _ProcFs, pid: int, ticks: int) -> tuple:
         st = parse_status(status)
         stat = fs.text(f"proc/{pid}/task/{tid}/stat")
         try:
-            state, used = parse_stat_cpu_ticks(stat) if stat else (st.get("State", "?")[:1], 0)
+            ps = parse_stat(stat) if stat else None
         except (ValueError, IndexError):
-            state, used = st.get("State", "?")[:1], 0
-        out.append(ThreadView(tid, st.get("Name", ""), state, _cpus_of(st), used / ticks))
-    out.sort(key=lambda t: (t.tid != pid, t.tid))
-    return tuple(out), unreadable
+            ps = None
+        state, used = (ps.state, ps.cpu_ticks) if ps else (st.get("State", "?")[:1], 0)
+        out.append((ThreadView(tid, st.get("Name", ""), state, _cpus_of(st), used / ticks),
+                    ps.start_ticks / ticks if ps else None))
+    uptime = _uptime(fs)  # after every thread's stat: no thread started after it
+    views = [v if uptime is None or start is None else replace(v, age_seconds=max(0.0, uptime - start))
+             for v, start in out]
+    views.sort(key=lambda t: (t.tid != pid, t.tid))
+    return tuple(views), unreadable
 
 
 def _children_of(fs: _ProcFs, pid: int) -> list:

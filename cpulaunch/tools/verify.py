@@ -29,11 +29,15 @@ Rules of :func:`compare` (each a warning):
 - *oneCCL workers* (``--ddp`` with ccl): the threads of the rank's main process pinned to
   exactly one of the CPUs the plan gave its oneCCL workers (``CPULAUNCH_CCL_WORKER_CPUS``)
   are reported as its workers (oneCCL pins each worker to one CPU of CCL_WORKER_AFFINITY
-  and starts them at the first collective, so none may be there yet); a worker sharing
-  the rank's CPU by plan (it yields) is not counted as two busy threads stacked on one CPU,
-  nor as oversubscription. A worker
+  and starts them at the first collective, so none may be there yet). A worker
   outside the rank's CPUs (oneCCL's own default: the machine's last CPUs) is an
   *affinity* warning.
+- *threads the plan accounts for* (:func:`planned_threads`, the one rule the stacking and
+  oversubscription checks share): a worker sharing the rank's compute CPU by plan, and in a
+  ccl rank the backend's own threads of :data:`CCL_HELPERS` the plan accounts for, are not
+  counted as threads stacked on one CPU nor as oversubscription. Those threads carry the
+  program's name and run on the rank's CPUs: a yielding one is allowed by number, an idle
+  poller is told apart by its small share of a CPU since it started (:data:`IDLE_SHARE`).
 - *allocator*: the planned allocator's library is not mapped in the main process; two
   allocators mapped.
 - *OpenMP*: two OpenMP runtimes mapped. With Intel OpenMP planned, torch's own libgomp
@@ -89,6 +93,10 @@ __all__ = [
     "InstanceCheck",
     "VerifyReport",
     "compare",
+    "CCL_HELPERS",
+    "IDLE_SHARE",
+    "Planned",
+    "planned_threads",
     "ccl_worker_threads",
     "verify",
     "render_text",
@@ -143,6 +151,8 @@ class Expected:
             or "pid <pid>" when the index is unknown too.
         ccl_workers: logical CPUs planned for its oneCCL workers (``--ddp`` with ccl;
             empty: none planned, or the user's CCL_WORKER_AFFINITY decides).
+        backend: the rank's torch.distributed backend, "gloo" or "ccl"
+            (``CPULAUNCH_DIST_BACKEND``); None: not a rank, or unknown.
     """
 
     index: Optional[int] = None
@@ -154,6 +164,7 @@ class Expected:
     omp_runtime: Optional[str] = None
     label: str = ""
     ccl_workers: tuple[int, ...] = ()
+    backend: Optional[str] = None
 
     def name(self, pid: int) -> str:
         """How warnings name this instance (see ``label``)."""
@@ -177,6 +188,7 @@ class Expected:
             omp_runtime=omp_runtime,
             label=getattr(inst, "label", "") or "",
             ccl_workers=_ccl_workers_of(getattr(inst, "env", {}) or {}),
+            backend=(getattr(inst, "env", {}) or {}).get(envvars.DIST_BACKEND),
         )
 
     @classmethod
@@ -189,7 +201,8 @@ class Expected:
         CPUs; CPULAUNCH_CPUS -> compute CPUs; CPULAUNCH_PLANNED_MEM_POLICY and
         CPULAUNCH_MEM_NODES when present (render writes the three for every instance:
         :mod:`cpulaunch.envvars`); LD_PRELOAD -> allocator and, with libiomp5 in it,
-        omp_runtime "intel" (else unknown).
+        omp_runtime "intel" (else unknown); CPULAUNCH_CCL_WORKER_CPUS -> ccl_workers;
+        CPULAUNCH_DIST_BACKEND -> backend.
         """
         if envvars.CPUS not in env:
             return None
@@ -217,6 +230,7 @@ class Expected:
             allocator=allocs[0] if allocs else None,
             omp_runtime="intel" if intel else None,
             ccl_workers=_ccl_workers_of(env),
+            backend=env.get(envvars.DIST_BACKEND),
         )
 
 
@@ -263,6 +277,101 @@ def ccl_worker_threads(exp: Expected, view: ProcessView) -> Optional[tuple[int, 
     return tuple(t.tid for t in view.threads if len(t.cpus) == 1 and t.cpus <= workers)
 
 
+#: Threads the ccl backend starts in each rank's process besides oneCCL's workers that the
+#: plan accounts for, and how: ``(what, kind)``. Measured in real 2-rank runs (oneCCL
+#: 2021.14.1 with impi-rt 2021.14.2's libfabric, the bindings 2.8.0+xpu; docs/dev/oneccl.md,
+#: "Threads of a ccl rank"). None has a name of its own (each shows the program's,
+#: "python") and each may run wherever the rank's main thread may, so verify cannot tell
+#: them from the program's threads by name.
+#:
+#: - the bindings' completion thread (one per process, started at import) waits inside
+#:   oneCCL for each collective: 10-20% of the rank's CPU in an all_reduce loop. "yield":
+#:   planned only where the plan makes oneCCL's waits yield (``CCL_YIELD=sched_yield``,
+#:   which :func:`cpulaunch.distributed.ccl_env` sets when a worker shares a compute CPU),
+#:   and then one more busy thread is allowed, whichever it is; with oneCCL's default
+#:   (``pause``, workers on cores of their own) it spins on the rank's compute CPU through
+#:   every collective, as busy as the main thread, and is reported.
+#: - libfabric's provider progress thread (psm3's, polling every 110 ms; the tcp provider
+#:   starts none): 0.2-0.3 ms of CPU a second, so busy after 12-16 minutes. "idle":
+#:   planned in every ccl rank; told apart by its share of a CPU since it started, below
+#:   :data:`IDLE_SHARE` (0.02-0.03% measured), and then not counted.
+#:
+#: oneCCL's key-value-store server thread stays idle (0.1 ms of CPU in a run) and is not
+#: here: it never becomes busy.
+CCL_HELPERS = (("the bindings' completion thread", "yield"), ("libfabric's progress thread", "idle"))
+
+#: A busy thread of a ccl rank's process that used less than this share of a CPU since it
+#: started is taken for one of the backend's "idle" helpers (:data:`CCL_HELPERS`), as many
+#: as are planned. The rank's threads that compete used 10% and more in the runs measured.
+IDLE_SHARE = 0.01
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Threads the plan itself puts in an instance beside one thread per bound CPU
+    (:func:`planned_threads`).
+
+    Attributes:
+        workers: logical CPUs of its planned oneCCL workers (one worker pinned to each).
+        shared: those of ``workers`` that are compute CPUs (the worker shares the CPU and
+            yields); the others were set aside for the workers and are bound CPUs.
+        yielding: the "yield" helpers of :data:`CCL_HELPERS` planned here (each allows one
+            more busy thread).
+        idle: the "idle" helpers planned here (each lets one busy thread under
+            :data:`IDLE_SHARE` go uncounted: :meth:`idle_threads`).
+    """
+
+    workers: tuple[int, ...] = ()
+    shared: tuple[int, ...] = ()
+    yielding: tuple[str, ...] = ()
+    idle: tuple[str, ...] = ()
+
+    @property
+    def helpers(self) -> tuple[str, ...]:
+        """Every helper planned here, "yield" ones first."""
+        return self.yielding + self.idle
+
+    @property
+    def extra(self) -> int:
+        """Busy threads allowed beyond one per bound CPU: a worker per shared CPU and each
+        yielding helper."""
+        return len(self.shared) + len(self.yielding)
+
+    def phrase(self) -> str:
+        """``" and the oneCCL worker sharing CPU 0 and the bindings' completion thread"``
+        (what :attr:`extra` allows); "" when nothing."""
+        parts = ([f"the oneCCL worker sharing CPU {cpulist.format(self.shared)}"] if self.shared else []) \
+            + list(self.yielding)
+        return " and " + _and(parts) if parts else ""
+
+    def idle_threads(self, view: ProcessView) -> frozenset[int]:
+        """Thread ids of ``view``'s own process taken for its idle helpers: busy threads
+        other than the main one whose :attr:`~cpulaunch.machine.proc.ThreadView.cpu_share`
+        is known and below :data:`IDLE_SHARE`, the least busy first, at most one per idle
+        helper planned (pure)."""
+        quiet = sorted((t.cpu_share, t.tid) for t in view.threads
+                       if t.busy and t.tid != view.pid and t.cpu_share is not None and t.cpu_share < IDLE_SHARE)
+        return frozenset(tid for _, tid in quiet[:len(self.idle)])
+
+
+def _and(parts: Sequence[str]) -> str:
+    """``["a", "b", "c"]`` -> ``"a, b and c"``."""
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
+def planned_threads(exp: Expected) -> Planned:
+    """Which threads the plan accounts for in ``exp``'s instance beside one per bound CPU
+    (pure): its oneCCL workers, those sharing a compute CPU, and in a ccl rank
+    (``exp.backend == "ccl"``) the :data:`CCL_HELPERS` that apply ("yield" ones only when a
+    worker shares a compute CPU, so that the plan set ``CCL_YIELD=sched_yield``). The one
+    rule verify's stacking and oversubscription checks use."""
+    shared = tuple(c for c in exp.ccl_workers if exp.cpus is not None and c in exp.cpus)
+    ccl = exp.backend == "ccl"
+    return Planned(workers=tuple(exp.ccl_workers), shared=shared,
+                   yielding=tuple(w for w, kind in CCL_HELPERS if ccl and kind == "yield" and shared),
+                   idle=tuple(w for w, kind in CCL_HELPERS if ccl and kind == "idle"))
+
+
 # --------------------------------------------------------------------------- comparing (pure)
 
 
@@ -296,15 +405,26 @@ def compare(exp: Expected, view: ProcessView) -> list[str]:
     who = exp.name(view.pid)
     procs = list(view.walk())
     bound = frozenset(exp.bound_cpus) if exp.bound_cpus is not None else None
-    shared = tuple(c for c in exp.ccl_workers if exp.cpus is not None and c in exp.cpus)
-    return (_affinity_warnings(who, procs, bound, exp.ccl_workers)
-            + _oversubscription_warnings(who, procs, bound or view.cpus, shared)
+    planned = planned_threads(exp)
+    idle = planned.idle_threads(view)
+    return (_affinity_warnings(who, procs, bound, planned, idle)
+            + _oversubscription_warnings(who, procs, bound or view.cpus, planned, idle)
             + _library_warnings(who, exp, view) + _memory_warnings(who, exp, procs))
 
 
-def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], workers: tuple = ()) -> list:
+def _counted(p: ProcessView, t, idle: frozenset) -> bool:
+    """``t`` of ``p`` counts as a compute thread (busy or the main thread) and is not one
+    of the idle helpers in ``idle`` (tids of the instance's main process)."""
+    return p.counts(t) and t.tid not in idle
+
+
+def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], planned: Planned = Planned(),
+                       idle: frozenset = frozenset()) -> list:
     """Threads allowed outside ``bound``; busy threads stacked on one CPU (one thread per
-    planned oneCCL worker CPU in ``workers`` is the worker, there by plan)."""
+    planned oneCCL worker CPU is the worker, there by plan; each of ``planned.yielding``
+    may be pinned where the main thread was when it started, so as many more are there by
+    plan on whichever CPUs hold several, the latest started first; ``idle`` threads do not
+    count)."""
     fmt = cpulist.format
     out = []
     if bound is not None:
@@ -320,11 +440,16 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], worker
     stacked: dict = {}
     for p in procs:
         for t in p.threads:
-            if len(t.cpus) == 1 and p.counts(t):
+            if len(t.cpus) == 1 and _counted(p, t, idle if p is procs[0] else frozenset()):
                 stacked.setdefault(next(iter(t.cpus)), []).append(t.tid)
-    for cpu in workers:
+    for cpu in planned.workers:
         if stacked.get(cpu):
             stacked[cpu].pop()
+    helpers = len(planned.yielding)
+    for cpu, tids in sorted(stacked.items()):
+        while helpers and len(tids) > 1:
+            tids.pop()
+            helpers -= 1
     for cpu, tids in sorted(stacked.items()):
         if len(tids) > 1 and (bound is None or len(bound) > 1):
             out.append(f"{who}: {len(tids)} busy threads pinned to CPU {cpu} alone "
@@ -332,16 +457,17 @@ def _affinity_warnings(who: str, procs: list, bound: Optional[frozenset], worker
     return out
 
 
-def _oversubscription_warnings(who: str, procs: list, cpus: frozenset, shared: tuple = ()) -> list:
-    """More busy threads over the instance's processes than ``cpus``, plus one oneCCL worker
-    per CPU of ``shared`` (compute CPUs the plan has a worker share, yielding)."""
-    busy = sum(1 for p in procs for t in p.threads if p.counts(t))
-    if not cpus or busy <= len(cpus) + len(shared):
+def _oversubscription_warnings(who: str, procs: list, cpus: frozenset, planned: Planned = Planned(),
+                               idle: frozenset = frozenset()) -> list:
+    """More busy threads over the instance's processes (``idle`` helpers of its main
+    process left out) than ``cpus`` plus the threads the plan accounts for beside them
+    (``planned.extra``: workers sharing compute CPUs, yielding helpers)."""
+    busy = sum(1 for p in procs for t in p.threads if _counted(p, t, idle if p is procs[0] else frozenset()))
+    if not cpus or busy <= len(cpus) + planned.extra:
         return []
     total = sum(len(p.threads) for p in procs)
-    workers = f" and the oneCCL worker sharing CPU {cpulist.format(shared)}" if shared else ""
     return [(f"{who}: {busy} busy threads (of {total} threads in {len(procs)} process(es)) on "
-            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}{workers}: oversubscribed (set OMP_NUM_THREADS / "
+            f"{len(cpus)} CPU(s) {cpulist.format(cpus)}{planned.phrase()}: oversubscribed (set OMP_NUM_THREADS / "
             "torch.set_num_threads and DataLoader num_workers to fit)")]
 
 
@@ -562,6 +688,7 @@ def _expected_json(e: Optional[Expected], pid: int) -> Optional[dict]:
         "allocator": e.allocator,
         "omp_runtime": e.omp_runtime,
         "label": e.name(pid),
+        "backend": e.backend,
     }
 
 
@@ -596,26 +723,48 @@ def report_json(report: VerifyReport) -> dict[str, Any]:
 
 def _ccl_json(r: InstanceCheck) -> dict:
     """``{"ccl_workers": {"planned": "7", "threads": [tid, ...] or null}}`` for a rank with
-    oneCCL workers planned (``threads`` null: they cannot be told apart); {} otherwise."""
+    oneCCL workers planned (``threads`` null: they cannot be told apart), and
+    ``{"ccl_helpers": {"planned": [what, ...], "idle_threads": [tid, ...]}}`` for a rank
+    with :data:`CCL_HELPERS` planned (the busy threads taken for its idle ones); {} otherwise."""
     e = r.expected
-    if e is None or not e.ccl_workers:
+    if e is None:
         return {}
-    tids = ccl_worker_threads(e, r.view) if r.view is not None else None
-    return {"ccl_workers": {"planned": cpulist.format(e.ccl_workers), "threads": None if tids is None else list(tids)}}
+    out: dict = {}
+    if e.ccl_workers:
+        tids = ccl_worker_threads(e, r.view) if r.view is not None else None
+        out["ccl_workers"] = {"planned": cpulist.format(e.ccl_workers), "threads": None if tids is None else list(tids)}
+    planned = planned_threads(e)
+    if planned.helpers:
+        idle = planned.idle_threads(r.view) if r.view is not None and not r.view.uncheckable else frozenset()
+        out["ccl_helpers"] = {"planned": list(planned.helpers), "idle_threads": sorted(idle)}
+    return out
 
 
-def _ccl_line(r: InstanceCheck) -> Optional[str]:
-    """``  oneCCL workers planned on CPU(s) 7: thread(s) 123 pinned there`` (or why not)."""
+def _ccl_lines(r: InstanceCheck) -> list:
+    """``  oneCCL workers planned on CPU(s) 7: thread(s) 123 pinned there`` (or why not), and
+    ``  planned beside them: the bindings' completion thread and ... (counted, not named)``."""
     e = r.expected
-    if e is None or not e.ccl_workers or r.view is None or r.view.uncheckable:
-        return None
-    head = f"  oneCCL workers planned on CPU(s) {cpulist.format(e.ccl_workers)}: "
-    tids = ccl_worker_threads(e, r.view)
-    if tids is None:
-        return head + "every thread of the rank runs there (its only CPU), so they cannot be told apart"
-    if not tids:
-        return head + "no thread pinned there yet (oneCCL starts its workers at the first collective)"
-    return head + f"thread(s) {', '.join(map(str, tids))} pinned there"
+    if e is None or r.view is None or r.view.uncheckable:
+        return []
+    out = []
+    if e.ccl_workers:
+        head = f"  oneCCL workers planned on CPU(s) {cpulist.format(e.ccl_workers)}: "
+        tids = ccl_worker_threads(e, r.view)
+        if tids is None:
+            out.append(head + "every thread of the rank runs there (its only CPU), so they cannot be told apart")
+        elif not tids:
+            out.append(head + "no thread pinned there yet (oneCCL starts its workers at the first collective)")
+        else:
+            out.append(head + f"thread(s) {', '.join(map(str, tids))} pinned there")
+    planned = planned_threads(e)
+    parts = [f"{w} (one busy thread more allowed)" for w in planned.yielding]
+    if planned.idle:
+        idle = sorted(planned.idle_threads(r.view))
+        taken = f"thread(s) {', '.join(map(str, idle))}" if idle else "no busy thread"
+        parts += [f"{_and(planned.idle)} ({taken} under {IDLE_SHARE:.0%} of a CPU since it started, not counted)"]
+    if parts:
+        out.append(f"  also planned in a ccl rank: {_and(parts)}")
+    return out
 
 
 def _process_line(p: ProcessView) -> str:
@@ -653,7 +802,7 @@ def render_text(report: VerifyReport) -> str:
                      + (f", memory {e.mem_policy} {fmt(e.mem_nodes)}" if e and e.mem_nodes else ""))
         if r.view is not None and not r.view.uncheckable:
             lines += [_process_line(p) for p in r.view.walk()]
-        lines += [line for line in (_ccl_line(r),) if line]
+        lines += _ccl_lines(r)
         if r.status is Verdict.OK:
             lines.append("  ok: matches the plan" if e is not None else "  ok: no plan-free check failed")
         lines += [f"  warning: {w}" for w in r.warnings]
