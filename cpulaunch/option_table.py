@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, Optional
 
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
 from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.machine.recipes import RECIPE_CHOICES, RECIPES, WAIT_POLICIES
 from cpulaunch.plan import PLACEMENT_MODES
 
 __all__ = [
@@ -206,6 +207,10 @@ def _lib_help(kind: str) -> str:
     return "; ".join(f"{lib.choice}: {lib.help}" for lib in REGISTRY.values() if lib.kind == kind and lib.selectable)
 
 
+#: --inference-path values: cpulaunch.inference.PATHS (kept here as data: the launcher does not
+#: import the runtime; tests/test_inference.py holds the two equal).
+INFERENCE_PATHS = ("auto", "eager", "onednn-graph", "inductor")
+
 P, R, M, D, O = Section.PLACEMENT, Section.RESTRICTIONS, Section.MEMORY, Section.DISTRIBUTED, Section.OUTPUT
 _COUNT_WORDS = ("digits",)
 
@@ -259,8 +264,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("--omp-places", "omp_places", FLAG, M, "Pin GNU OpenMP threads with OMP_PLACES/OMP_PROC_BIND."),
     Option("--override-env", "override_env", FLAG, M,
            "cpulaunch's values win over ones already in your environment."),
-    Option("--inference-path", "inference_path", _choice(("auto", "eager", "onednn-graph", "inductor")), M,
+    Option("--inference-path", "inference_path", _choice(INFERENCE_PATHS), M,
            "Tell the program which inference path cpulaunch.optimize() takes."),
+    Option("--recipe", "recipe", _choice(RECIPE_CHOICES), M,
+           "Environment recipe (auto: the platform's, named by --show-topology) - "
+           + "; ".join(f"{r.name}: {r.title}" for r in RECIPES.values()) + ".", default="auto"),
+    Option("--omp-wait-policy", "omp_wait_policy", _choice(WAIT_POLICIES), M,
+           "OMP_WAIT_POLICY of OpenMP's idle threads: active (spin) or passive (sleep); auto: the recipe's "
+           "(unset: the runtime's own).", default="auto"),
+    Option("--zendnn-matmul-algo", "zendnn_matmul_algo", _integer(0), M,
+           "ZENDNNL_MATMUL_ALGO for zentorch (ZenDNN's guide: 1 for latency, its default; 5 for NLP throughput).",
+           metavar="N"),
     # ---------------------------------------------------------------- distributed
     Option("--ddp", "ddp", FLAG, D, "Distributed training: one rank per socket (see --nproc-per-node)."),
     Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag).",

@@ -22,6 +22,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine.platform import CpuId, Platform, platform_of
 
 __all__ = [
     "CpuFacts",
@@ -136,6 +137,8 @@ class HostFacts(NamedTuple):
     hybrid_atom: Optional[frozenset[int]] = None
     flags: frozenset[str] = frozenset()  # CPU feature flags of /proc/cpuinfo's first processor
     model: str = ""  # its model name
+    #: its identifiers (vendor, family and model; arm64 implementer and part), None: not read
+    cpu: Optional[CpuId] = None
     allowed: Optional[frozenset[int]] = None  # logical CPUs this process may use; None: all online
     allowed_source: str = "all online CPUs"
     cpuset: Optional[frozenset[int]] = None  # cgroup cpuset of the process (None: unknown)
@@ -252,6 +255,7 @@ class _TopologyFields(NamedTuple):
     allowed_mems_source: str = ""
     cpu_limit: int = cpulist.MAX_IDS
     caches: Optional[Caches] = None
+    cpu: Optional[CpuId] = None
 
 
 class Topology(_TopologyFields):
@@ -283,6 +287,8 @@ class Topology(_TopologyFields):
         caches: the L3 and L2/cluster domains (:class:`Caches`); None where they were
             not read (the probe reads them only for a plan that divides a socket or node,
             and for ``--show-topology``: docs/placement.md).
+        cpu: the first processor's identifiers (:class:`cpulaunch.machine.platform.CpuId`),
+            None where the probe read none; :attr:`platform` names them.
 
     A NamedTuple like the other records (immutable; change one with ``._replace()``;
     equal when the fields are). ``core_of`` and ``node_of`` are O(1): each builds its map
@@ -318,6 +324,11 @@ class Topology(_TopologyFields):
         return index.get(cpu)
 
     @property
+    def platform(self) -> Platform:
+        """The CPU's vendor and family (:func:`cpulaunch.machine.platform.platform_of`)."""
+        return platform_of(self.cpu)
+
+    @property
     def memory_nodes(self) -> frozenset[int]:
         """Ids of nodes that have memory."""
         return frozenset(n.id for n in self.nodes.values() if n.has_memory)
@@ -327,6 +338,7 @@ class Topology(_TopologyFields):
         return {
             "source": self.source,
             "model": self.model,
+            "platform": self.platform.to_dict(),
             "online": cpulist.format(self.online),
             "offline": cpulist.format(self.offline),
             "allowed": cpulist.format(self.allowed),
@@ -694,7 +706,7 @@ def build(facts: HostFacts) -> Topology:
         nodes=nodes, sockets=tuple(sockets), flags=facts.flags, model=facts.model, hybrid=hybrid,
         source=facts.source, notes=tuple(notes), allowed_mems=facts.allowed_mems,
         allowed_mems_source=facts.allowed_mems_source, cpu_limit=facts.cpu_limit,
-        caches=caches,
+        caches=caches, cpu=facts.cpu,
     )
 
 

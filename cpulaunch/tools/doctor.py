@@ -63,7 +63,9 @@ from cpulaunch.machine.host import dist_version
 from cpulaunch.machine.libraries import openmp_runtime_of
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.probe import CPUINFO_BYTES
-from cpulaunch.render import ISA_FLAGS
+from cpulaunch.machine.platform import Platform
+from cpulaunch.machine.recipes import RECIPES, recipe_for
+from cpulaunch.render import ISA_FLAGS, platform_line
 from cpulaunch.tools import CLICK_CONTEXT
 
 __all__ = [
@@ -135,6 +137,9 @@ class TopologySummary:
 
     Attributes:
         model: CPU model name from cpuinfo ("" if unknown).
+        platform: vendor and family (:class:`cpulaunch.machine.platform.Platform`).
+        recipe: the environment recipe ``--recipe auto`` applies on it
+            (:mod:`cpulaunch.machine.recipes`).
         sockets: number of sockets (packages).
         nodes: NUMA node ids that have CPUs.
         memory_nodes: NUMA node ids that have memory.
@@ -151,6 +156,8 @@ class TopologySummary:
     """
 
     model: str
+    platform: Platform
+    recipe: str
     sockets: int
     nodes: tuple[int, ...]
     memory_nodes: tuple[int, ...]
@@ -398,6 +405,8 @@ def _topology(files: FileReader, findings: list) -> tuple:
     summary = TopologySummary(
         model=topo.model or _arm_model(files.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES,
                                                   truncate=True)),
+        platform=topo.platform,
+        recipe=recipe_for(topo.platform.kind).name,
         sockets=len(topo.sockets),
         nodes=tuple(sorted(n.id for n in topo.nodes.values() if n.cpus)),
         memory_nodes=tuple(sorted(topo.memory_nodes)),
@@ -428,6 +437,11 @@ def _topology_findings(summary: TopologySummary, topo, quota_source: str) -> lis
         f"{summary.sockets} socket(s), {len(summary.nodes)} NUMA node(s) with CPUs, {summary.cores} cores, "
         f"{summary.threads_per_core} thread(s) per core, {len(topo.online)} CPUs online"
         + (f" ({summary.model})" if summary.model else ""),
+    ))
+    recipe = RECIPES[summary.recipe]
+    findings.append(Finding(
+        "platform", "ok", f"{summary.platform.text}; environment recipe {recipe.name}",
+        f"{recipe.title}. Each launch shows the recipe it applied (CPULAUNCH_PLANNED_RECIPE, --dry-run).",
     ))
     if topo.hybrid:
         ecores = frozenset(c for core in topo.cores if core.efficiency for c in core.cpus)
@@ -996,7 +1010,8 @@ def to_json(report: Report) -> dict[str, Any]:
             for f in report.findings
         ],
         "topology": None if t is None else {
-            "model": t.model, "sockets": t.sockets, "nodes": list(t.nodes),
+            "model": t.model, "platform": t.platform.text, "vendor": t.platform.vendor or None,
+            "family": t.platform.family or None, "recipe": t.recipe, "sockets": t.sockets, "nodes": list(t.nodes),
             "memory_nodes": list(t.memory_nodes), "cores": t.cores,
             "threads_per_core": t.threads_per_core, "online": fmt(t.online), "offline": fmt(t.offline),
             "allowed": fmt(t.allowed), "allowed_source": t.allowed_source,
@@ -1054,6 +1069,7 @@ def render_text(report: Report) -> str:
         lines.append(f"  CPU: {t.model or '?'}; {t.sockets} socket(s), NUMA nodes {fmt(t.nodes) or '-'} "
                      f"(memory on {fmt(t.memory_nodes) or '-'}), {t.cores} cores x {t.threads_per_core} "
                      f"thread(s), online {fmt(t.online)}" + (f", offline {fmt(t.offline)}" if t.offline else ""))
+        lines.append(f"  {platform_line(t.platform)}")
         lines.append(f"  allowed CPUs: {fmt(t.allowed)} ({t.allowed_source})"
                      + (f"; cgroup cpuset {fmt(t.cpuset)}" if t.cpuset is not None else "")
                      + (f"; CPU quota {t.quota_cpus:g}" if t.quota_cpus is not None else ""))
