@@ -106,7 +106,8 @@ def host_query(opts: Options):
     """What the host reader must find for ``opts`` (:class:`cpulaunch.machine.host.HostQuery`):
     the libraries the options name (``auto`` read once, :func:`libraries.resolve_choice`),
     numactl and its check when binding with it, a free port for a one-machine --ddp run
-    without --master-port, oneCCL's bindings for --ddp unless --backend gloo."""
+    without --master-port, oneCCL's bindings for --ddp unless --backend gloo, zentorch's
+    import for --inference-path zentorch (a one-line note where it is refused)."""
     from cpulaunch.machine import libraries
     from cpulaunch.machine.host import HostQuery
 
@@ -122,7 +123,8 @@ def host_query(opts: Options):
         numactl_policy=opts.request.mem_policy if numactl else None,
         free_port=ddp is not None and ddp.master_port is None and ddp.nnodes == "1" and not ddp.master_addr
         and not ddp.elastic,
-        ccl_program=opts.program if ddp is not None and ddp.backend != "gloo" else None)
+        ccl_program=opts.program if ddp is not None and ddp.backend != "gloo" else None,
+        zentorch_program=opts.program if opts.inference_path == "zentorch" else None)
 
 
 def _library_path(host, name: str, option: str, fallback: str) -> object:
@@ -170,7 +172,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
     Raises:
         CpulaunchError: a library asked for by name is not installed.
     """
-    from cpulaunch.machine import libraries
+    from cpulaunch.machine import host as host_mod, libraries
 
     notes = []
     omp = libraries.AUTO_OPENMP if opts.omp_runtime == "auto" else opts.omp_runtime
@@ -195,6 +197,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         if note:
             notes.append(note)
     extra = {envvars.INFERENCE_PATH: opts.inference_path} if opts.inference_path else {}
+    notes += [n for n in [host_mod.zentorch_note(getattr(host, "zentorch", None))] if n]  # issue 33
     if relayed:
         extra.update(LIVE_OUTPUT_ENV)
     settings = Settings(

@@ -209,7 +209,7 @@ def _lib_help(kind: str) -> str:
 
 #: --inference-path values: cpulaunch.inference.PATHS (kept here as data: the launcher does not
 #: import the runtime; tests/test_inference.py holds the two equal).
-INFERENCE_PATHS = ("auto", "eager", "onednn-graph", "inductor")
+INFERENCE_PATHS = ("auto", "eager", "onednn-graph", "inductor", "zentorch")
 
 P, R, M, D, O = Section.PLACEMENT, Section.RESTRICTIONS, Section.MEMORY, Section.DISTRIBUTED, Section.OUTPUT
 _COUNT_WORDS = ("digits",)
@@ -265,7 +265,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--override-env", "override_env", FLAG, M,
            "cpulaunch's values win over ones already in your environment."),
     Option("--inference-path", "inference_path", _choice(INFERENCE_PATHS), M,
-           "Tell the program which inference path cpulaunch.optimize() takes."),
+           "Tell the program which inference path cpulaunch.optimize() takes (zentorch: AMD's torch.compile "
+           "backend, where it imports with this torch)."),
     Option("--recipe", "recipe", _choice(RECIPE_CHOICES), M,
            "Environment recipe (auto: the platform's, named by --show-topology) - "
            + "; ".join(f"{r.name}: {r.title}" for r in RECIPES.values()) + ".", default="auto"),
