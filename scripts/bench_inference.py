@@ -141,6 +141,35 @@ HEADER = (f"{'model':<9}{'batch':>6} {'dtype':<5} {'path':<13}{'samples/s':>10} 
           f"{'rel diff':>9} {'groups':>6}  quiet")
 
 
+def markdown_table(rows, autos, models, dtypes) -> str:
+    """The table docs/inference.md holds: per model, batch and dtype, eager's samples/s and
+    every other path's throughput as a ratio to eager (FAILED, or "differs" where its
+    outputs did not match eager), what auto chose, and the largest foreign load of the
+    rounds (CPUs)."""
+    paths = [p for p in CONCRETE_PATHS if p != "eager" and any(r["path"] == p for r in rows)]
+    head = ("| model | batch | dtype | eager samples/s | " + " | ".join(paths)
+            + " | auto picks | foreign load (CPUs) |\n|" + "---|" * (6 + len(paths)) + "\n")
+    picks = {(a["model"], a["batch"], a["dtype"]): a.get("chose") or "FAILED" for a in autos}
+    keys = sorted({(r["model"], r["batch"], r["dtype"]) for r in rows},
+                  key=lambda k: (models.index(k[0]), dtypes.index(k[2]), k[1]))
+    lines = []
+    for key in keys:
+        same = {r["path"]: r for r in rows if (r["model"], r["batch"], r["dtype"]) == key}
+        eager = same.get("eager", {})
+        cells = []
+        for p in paths:
+            r = same.get(p)
+            if r is None or "error" in r:
+                cells.append("FAILED")
+            else:
+                cells.append(f"{r['ratio_to_eager']:.2f}x" + ("" if r["matches_eager"] else " (differs)"))
+        load = max((r.get("max_foreign_cpus", 0.0) for r in same.values()), default=0.0)
+        rate = f"{eager['samples_per_s']:.2f}" if "samples_per_s" in eager else "-"
+        lines.append(f"| {LABELS[key[0]]} | {key[1]} | {key[2]} | {rate} | " + " | ".join(cells)
+                     + f" | {picks.get(key, '')} | {load:.2f} |")
+    return head + "\n".join(lines) + "\n"
+
+
 def parse_args(argv=None):
     p = benchkit.parser(__doc__, "small models, 2 repeats of 0.3 s, warm-up 2: proves the "
                                  "script works in a minute or two; figures are not meaningful")
@@ -262,7 +291,9 @@ def main(argv=None) -> int:
             print(f"  {a['model']} b{a['batch']} {a['dtype']}: {a['chose']} "
                   f"(speed-up vs eager in its trial: {ratios}){errors}{quiet}")
 
-    print(f"\nload average at the end {os.getloadavg()}")
+    print("\nAs docs/inference.md holds it:\n")
+    print(markdown_table(rows, autos, args.models, args.dtypes))
+    print(f"load average at the end {os.getloadavg()}")
     noisy = [r for r in rows if "quiet" in r and not r["quiet"]]
     if noisy:
         print(f"\nWARNING: {len(noisy)} of {len(rows)} rows were timed while other processes "

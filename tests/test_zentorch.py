@@ -197,3 +197,14 @@ def test_cpulaunch_runs_infer_on_zentorch(tmp_path):
     assert (result["path"], result["requested_path"], result["model"]) == ("zentorch", "zentorch", "mlp")
     assert result["samples_per_s"] > 0
     assert r.stdout.splitlines()[-1].startswith("CPULAUNCH_METRIC samples_per_s=")
+
+
+def test_doctor_reports_a_refused_zentorch(refusing_zentorch):
+    r = subprocess.run([sys.executable, "-m", "cpulaunch", "doctor", "--format", "json"], capture_output=True,
+                       text=True, env=refusing_zentorch, cwd=REPO, timeout=600)
+    doc = json.loads(r.stdout)
+    found = [f for f in doc["findings"] if f["id"] == "zentorch"]
+    v, dist = torch.__version__, metadata.version("torch")
+    assert [(f["severity"], f["summary"]) for f in found] == [
+        ("warn", f"zentorch 2.14.0.1 does not import with torch {dist}: ImportError: {REFUSAL.format(v=v)}")]
+    assert found[0]["fix"] == "install the zentorch release built for this torch, or the torch it was built for"

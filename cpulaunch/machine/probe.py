@@ -31,7 +31,9 @@ under the root (``/sys/devices/system/cpu/online: bad item '' in cpulist '1,,2';
   ``cpu/kernel_max`` and ``cpu/possible`` that do not parse (the bound falls back to
   ``cpulist.MAX_IDS``), ``nodeN/meminfo`` without a ``MemTotal`` line, ``cpu_capacity``
   and ``cpuinfo_max_freq`` that are not numbers (no E-core detection from them),
-  ``proc/cpuinfo`` (free text; only its first 64 KiB are read), and these files or
+  ``proc/cpuinfo`` (free text; only its first 64 KiB are read; its first processor's
+  identifiers name the platform: :mod:`cpulaunch.machine.platform`), arm64's
+  ``cpu0/regs/identification/midr_el1`` (read only when cpuinfo names no implementer), and these files or
   ``proc/self/{status,cgroup,mounts}`` when unreadable (permission denied, not a regular
   file, over the size bound): then they count as absent;
 - ignored silently: lines of ``proc/self/cgroup`` / ``proc/mounts`` that are not in the

@@ -19,6 +19,10 @@ What comes from where:
   :func:`cpulaunch.machine.libfinder.find_libfabric`), and whether a ccl collective can
   start (a one-rank ``init_process_group("ccl")`` and all_reduce in a child with the
   launcher's oneCCL variables: :func:`cpulaunch.machine.host.ccl_collective_check`);
+- zentorch (``--inference-path zentorch``), when installed: whether it imports with this
+  torch (the launcher's cached child-process verdict,
+  :func:`cpulaunch.machine.host.zentorch_binding`); not installed: an info finding on AMD
+  Zen CPUs only;
 - numactl is run only when ``live``, with the launcher's own check
   (:func:`cpulaunch.machine.numactl.check_argv`: ``numactl -C <allowed CPUs> -m
   <their memory nodes> true`` for ``--mem-policy bind``); on a dump it is "not checked:
@@ -30,7 +34,8 @@ Every file is read through the probe's bounded reader
 becomes a ``file-not-read:<path>`` finding naming it, never a hang.
 
 Cost: no torch import, no py-cpuinfo (about 1 s per call here: PLATFORM.md), at most one
-``numactl`` run and the library search; well under 2 s. With oneCCL's bindings installed,
+``numactl`` run and the library search; well under 2 s. With zentorch installed, its
+import check once (5-16 s here; cached). With oneCCL's bindings installed,
 two children more: the import check (1.4-10 s here, once per build: cached) and the
 one-rank collective (a few seconds). torch's ``libtorch_cpu.so``
 (~430 MB) is memory-mapped, so only the pages holding its ELF headers and dynamic
@@ -896,6 +901,36 @@ def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
 # --------------------------------------------------------------------------- diagnose
 
 
+def _zentorch(environ: Mapping[str, str], topo, findings: list) -> None:
+    """zentorch (AMD's torch.compile backend, ``--inference-path zentorch``): whether it
+    imports with this torch, by the launcher's own cached child-process check
+    (:func:`cpulaunch.machine.host.zentorch_binding`). Not installed: said on AMD Zen CPUs
+    only, where it is worth installing."""
+    import sys
+
+    from cpulaunch.machine.host import cache_dir, zentorch_binding
+
+    # the user's cache folder, else this process's (a report made with an empty environment)
+    b = zentorch_binding(sys.executable, environ, cache_dir(environ) or cache_dir(os.environ))
+    torch_v = b.torch_version or dist_version("torch") or "not installed"
+    if b.path is None:
+        if topo is not None and topo.platform.kind == "amd-zen":
+            findings.append(Finding(
+                "zentorch", "info", "zentorch (AMD's torch.compile backend for EPYC) is not installed",
+                "it is one of the inference paths (--inference-path zentorch; auto tries it where it imports): "
+                "docs/inference.md", fix=f"pip install zentorch, the release built for torch {torch_v}"))
+        return
+    if b.loads:
+        findings.append(Finding("zentorch", "ok", f"zentorch {b.version or '?'} imports with torch {torch_v}: "
+                                              "--inference-path zentorch can be used"))
+    else:
+        findings.append(Finding(
+            "zentorch", "warn", f"zentorch {b.version or '?'} does not import with torch {torch_v}: {b.why}",
+            "a zentorch wheel imports only with the torch minor release it was built for (zentorch 2.14.0.1: "
+            "torch 2.14.x); cpulaunch's auto path leaves it out with a note",
+            fix="install the zentorch release built for this torch, or the torch it was built for"))
+
+
 def _failed(name: str, exc: Exception) -> Finding:
     return Finding(f"check-failed:{name}", "warn", f"the {name} check failed: {exc}",
                    f"{type(exc).__name__}: {exc}",
@@ -976,6 +1011,7 @@ def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]]
     torch = _guarded("torch", findings, _torch, findings)
     env = _guarded("environment", findings, _environment, environ, findings)
     ccl = _guarded("ccl", findings, _ccl, environ, findings)
+    _guarded("zentorch", findings, _zentorch, environ, topo, findings)
     findings += _files_not_read((files, host))
     return Report(
         root=str(root), live=live, findings=tuple(findings), topology=summary, numactl=numactl,
