@@ -143,6 +143,23 @@ def test_zentorch_path_matches_eager(dtype):
 
 
 @needs_zentorch
+def test_zentorch_runs_its_kernels_on_frozen_weights():
+    """Each call runs zentorch's linear kernels on weights prepacked once, at the compile
+    (inductor freezing), not on every call: with the settings restored as soon as the
+    backend returned, inductor (which compiles lazily, at the first call) ran zentorch's
+    pass unfrozen and prepacked the weights in every call, 8-13x slower."""
+    from torch.profiler import ProfilerActivity, profile
+
+    m, x = mlp()
+    opt = optimize(m, x, path="zentorch", warmup=2)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        opt(x)
+    ops = {e.key for e in prof.key_averages()}
+    assert any(k.startswith("zentorch::zentorch_linear") for k in ops), sorted(ops)
+    assert not any("weight_prepack" in k for k in ops), sorted(ops)
+
+
+@needs_zentorch
 def test_zentorch_puts_inductors_global_pass_back():
     """zentorch's backend sets torch._inductor.config.joint_custom_post_pass to its own pass
     and never resets it; every later inductor compile of the process would run it. Built

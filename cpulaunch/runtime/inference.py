@@ -25,13 +25,14 @@ Paths (``PATHS``):
   called under ``torch.no_grad()``: AMD's extension for EPYC (``pip install zentorch``)
   replaces Linear layers, attention and their fused epilogues with ZenDNN kernels and
   prepacks the weights. ZenDNN's guide asks for inductor freezing
-  (``TORCHINDUCTOR_FREEZING=1``); here it is set for zentorch's own compiles only
-  (``torch._inductor.config.patch(freezing=True)`` around each), as the inductor path does
-  with ``options=``. zentorch's backend also sets inductor's process-global
-  ``joint_custom_post_pass`` to its own graph pass, which would then run inside every later
-  inductor compile of the process: this module restores the previous value after each
-  zentorch compile (recompiles included), so the inductor path and the user's own
-  ``torch.compile`` calls stay untouched; ``auto`` builds zentorch last besides. Importing
+  (``TORCHINDUCTOR_FREEZING=1``); here it is set for zentorch's own calls only
+  (:func:`zentorch_settings`), as the inductor path does with ``options=``. zentorch's
+  backend also sets inductor's process-global ``joint_custom_post_pass`` to its own graph
+  pass, which would then run inside every later inductor compile of the process: this
+  module sets both around each call of the zentorch model (inductor compiles the graph
+  lazily, at the first call and at each recompile) and restores the previous values after
+  it, so the inductor path and the user's own ``torch.compile`` calls stay untouched;
+  ``auto`` builds zentorch last besides. Importing
   zentorch cannot be undone (it registers its ops and its backend), and costs 2.5-6 s
   here. zentorch 2.14.0.1 imports only with torch 2.14.x (its wheel checks the minor
   release): whether it imports is checked once in a child process
@@ -835,11 +836,13 @@ def _build_zentorch(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], d
                     warmup: int) -> Built:
     import torch
 
-    compiled = torch.compile(model, backend=zentorch_backend(), dynamic=False)
+    import zentorch  # registers its ops and the "zentorch" dynamo backend
+
+    compiled = torch.compile(model, backend=zentorch.zentorch_compile, dynamic=False)
 
     def run(*a: Any, **k: Any) -> Any:
         # zentorch's guide: torch.no_grad() (freezing needs grad mode off)
-        with _quiet_torchscript(), torch.no_grad(), _autocast(dtype_name):
+        with zentorch_settings(), _quiet_torchscript(), torch.no_grad(), _autocast(dtype_name):
             return compiled(*a, **k)
 
     for _ in range(warmup):
@@ -847,26 +850,27 @@ def _build_zentorch(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], d
     return run, compiled, None, {}
 
 
-def zentorch_backend() -> Callable[..., Any]:
-    """zentorch's ``torch.compile`` backend with its side effects contained: each compile
-    (the first call and every recompile) runs under ``torch._inductor.config.patch(
-    freezing=True)`` (ZenDNN's ``TORCHINDUCTOR_FREEZING=1``, for this compile only), and
-    inductor's process-global ``joint_custom_post_pass``, which zentorch's backend sets to
-    its own graph pass and never resets, is put back to what it was before. Imports
-    zentorch (check :func:`zentorch_usable` first). Use:
-    ``torch.compile(model, backend=zentorch_backend(), dynamic=False)``."""
-    import zentorch  # registers its ops and the "zentorch" dynamo backend
+@contextlib.contextmanager
+def zentorch_settings() -> Iterator[None]:
+    """The inductor settings a zentorch-compiled model needs, for the duration of one call,
+    and the previous values back afterwards: ``freezing=True`` (ZenDNN's
+    ``TORCHINDUCTOR_FREEZING=1``: weights prepacked and folded as constants) and
+    ``joint_custom_post_pass`` = zentorch's graph pass, which zentorch's backend sets
+    process-wide and never resets. Both are read when inductor compiles, and it compiles
+    the graph zentorch's backend returns lazily, at the first call (measured here: with the
+    settings restored as soon as the backend returned, the MLP ran at 11-18 samples/s
+    instead of 150, its weights prepacked on every call), so they are set around every call
+    of the compiled model (the first, and any that recompiles at a new shape). Imports
+    zentorch."""
+    import zentorch
     from torch._inductor import config
 
-    def backend(gm: Any, example_inputs: Any) -> Any:
-        saved = config.joint_custom_post_pass
-        try:
-            with config.patch(freezing=True):
-                return zentorch.zentorch_compile(gm, example_inputs)
-        finally:
-            config.joint_custom_post_pass = saved
-
-    return backend
+    saved = config.joint_custom_post_pass, config.freezing
+    config.joint_custom_post_pass, config.freezing = zentorch._compile_backend.optimize_pass, True
+    try:
+        yield
+    finally:
+        config.joint_custom_post_pass, config.freezing = saved
 
 
 _BUILDERS: Dict[str, Callable[..., Built]] = {
