@@ -76,7 +76,8 @@ def host_query(opts: Options):
     """What the host reader must find for ``opts`` (:class:`cpulaunch.machine.host.HostQuery`):
     the libraries the options name (``auto`` read once, :func:`libraries.resolve_choice`),
     numactl and its check when binding with it, a free port for a one-machine --ddp run
-    without --master-port, oneCCL's bindings for --ddp unless --backend gloo."""
+    without --master-port, oneCCL's bindings for --ddp unless --backend gloo, zentorch's
+    import for --inference-path zentorch (a one-line note where it is refused)."""
     from cpulaunch.machine import libraries
     from cpulaunch.machine.host import HostQuery
 
@@ -92,7 +93,8 @@ def host_query(opts: Options):
         numactl_policy=opts.request.mem_policy if numactl else None,
         free_port=ddp is not None and ddp.master_port is None and ddp.nnodes == "1" and not ddp.master_addr
         and not ddp.elastic,
-        ccl_program=opts.program if ddp is not None and ddp.backend != "gloo" else None)
+        ccl_program=opts.program if ddp is not None and ddp.backend != "gloo" else None,
+        zentorch_program=opts.program if opts.inference_path == "zentorch" else None)
 
 
 def _resolve_program(opts: Options, python: str) -> tuple:
@@ -132,7 +134,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
 
 def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
     """Plan and render on ``topo`` (:func:`prepare` without the probe)."""
-    from cpulaunch.render import render
+    from cpulaunch.render import render, with_recipe
 
     program = _resolve_program(opts, host.python)
     ddp_info, label, instance_env, run_environ, programs = None, "instance", {}, environ, {}
@@ -152,6 +154,7 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
     elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
     settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed, programs)
+    settings = with_recipe(settings, topo, opts.recipe, opts.omp_wait_policy, opts.zendnn_matmul_algo)  # issue 33
     rendered = render(the_plan, program, settings)
     rendered = rendered._replace(notes=opts.notes + rendered.notes + tuple(notes))
     prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,

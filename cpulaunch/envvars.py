@@ -7,7 +7,7 @@ place their names are spelled. (The option variables, ``CPULAUNCH_<OPTION>``, ar
 __all__ = [
     "CPUS", "INSTANCE_INDEX", "NUM_INSTANCES", "DATALOADER_CPUS", "DATALOADER_WORKERS",
     "RESERVED_CPUS", "BOUND_CPUS", "MEM_POLICY", "MEM_NODES", "INFERENCE_PATH", "DIST_BACKEND",
-    "USER_OMP_NUM_THREADS", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX", "CCL_WORKER_CPUS", "BINDING_FILE",
+    "USER_OMP_NUM_THREADS", "RECIPE", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX", "CCL_WORKER_CPUS", "BINDING_FILE",
 ]
 
 #: The instance's logical CPUs, a cpulist ("0-3,8"); written by render for every instance.
@@ -32,6 +32,10 @@ MEM_POLICY = "CPULAUNCH_PLANNED_MEM_POLICY"
 MEM_NODES = "CPULAUNCH_MEM_NODES"
 #: --inference-path, read by ``cpulaunch.inference.optimize``.
 INFERENCE_PATH = "CPULAUNCH_PLANNED_INFERENCE_PATH"
+#: The environment recipe applied (``amd-zen``, ``arm-neoverse``, ``generic``:
+#: :mod:`cpulaunch.machine.recipes`), written by render for every instance; not
+#: CPULAUNCH_RECIPE, which is --recipe's option variable.
+RECIPE = "CPULAUNCH_PLANNED_RECIPE"
 #: --ddp: the process-group backend cpulaunch chose, read by
 #: ``cpulaunch.distributed.init_process_group``.
 DIST_BACKEND = "CPULAUNCH_DIST_BACKEND"

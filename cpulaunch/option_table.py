@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, Optional
 
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
 from cpulaunch.machine.numactl import MemPolicy
+from cpulaunch.machine.recipes import RECIPE_CHOICES, RECIPES, WAIT_POLICIES
 from cpulaunch.plan import PLACEMENT_MODES
 
 __all__ = [
@@ -218,6 +219,10 @@ def _choices(enum_type) -> str:
     return ", ".join(m.value for m in enum_type)
 
 
+#: --inference-path values: cpulaunch.inference.PATHS (kept here as data: the launcher does not
+#: import the runtime; tests/test_inference.py holds the two equal).
+INFERENCE_PATHS = ("auto", "eager", "onednn-graph", "inductor", "zentorch")
+
 P, R, M, D, O = Section.PLACEMENT, Section.RESTRICTIONS, Section.MEMORY, Section.DISTRIBUTED, Section.OUTPUT
 _COUNT_WORDS = ("digits",)
 
@@ -276,9 +281,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("--omp-places", "omp_places", FLAG, M, "Pin GNU OpenMP threads with OMP_PLACES/OMP_PROC_BIND."),
     Option("--override-env", "override_env", FLAG, M,
            "cpulaunch's values win over ones already in your environment."),
-    Option("--inference-path", "inference_path", _choice(("auto", "eager", "onednn-graph", "inductor")), M,
-           "The path cpulaunch.optimize() takes in the program: auto, eager, onednn-graph or inductor.",
+    Option("--inference-path", "inference_path", _choice(INFERENCE_PATHS), M,
+           "The path cpulaunch.optimize() takes in the program: " + ", ".join(INFERENCE_PATHS[:-1]) + " or "
+           + INFERENCE_PATHS[-1] + " (AMD's torch.compile backend, where it imports with this torch).",
            metavar="PATH"),
+    Option("--recipe", "recipe", _choice(RECIPE_CHOICES), M,
+           "Environment recipe: auto (the platform's, named by --show-topology), "
+           + ", ".join(f"{r.name} ({r.title})" for r in RECIPES.values()) + ".", default="auto", metavar="NAME"),
+    Option("--omp-wait-policy", "omp_wait_policy", _choice(WAIT_POLICIES), M,
+           "OMP_WAIT_POLICY of OpenMP's idle threads: active (spin) or passive (sleep); auto: the recipe's "
+           "(unset: the runtime's own).", default="auto", metavar="POLICY"),
+    Option("--zendnn-matmul-algo", "zendnn_matmul_algo", _integer(0), M,
+           "ZENDNNL_MATMUL_ALGO for zentorch (ZenDNN's guide: 1 for latency, its default; 5 for NLP throughput).",
+           metavar="N"),
     # ---------------------------------------------------------------- distributed
     Option("--ddp", "ddp", FLAG, D, "Distributed training: one rank per socket (see --nproc-per-node)."),
     Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag; implies --ddp).",

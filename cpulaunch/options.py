@@ -151,6 +151,10 @@ class Options(NamedTuple):
         ddp: distributed options, None without --ddp.
         omp_places: set OMP_PLACES/OMP_PROC_BIND for GNU OpenMP.
         kmp_blocktime: KMP_BLOCKTIME in ms for Intel OpenMP (None: the registry's 1 ms).
+        recipe: ``--recipe``: "auto" (the platform's) or a recipe of
+            :data:`cpulaunch.machine.recipes.RECIPES`.
+        omp_wait_policy: ``--omp-wait-policy``: "auto" (the recipe's), "active" or "passive".
+        zendnn_matmul_algo: ``--zendnn-matmul-algo`` (ZENDNNL_MATMUL_ALGO), None: not set.
         verbose: -v count.
         aliases: the other launchers' spellings the user typed (``"--use-logical-core"``),
             for notes where they plan differently (:data:`cpulaunch.option_table.ALIASES`).
@@ -178,6 +182,9 @@ class Options(NamedTuple):
     ddp: Optional[DdpOptions] = None
     omp_places: bool = False
     kmp_blocktime: Optional[int] = None
+    recipe: str = "auto"
+    omp_wait_policy: str = "auto"
+    zendnn_matmul_algo: Optional[int] = None
     verbose: int = 0
     aliases: tuple[str, ...] = ()
     share_host: Optional[str] = None
@@ -692,6 +699,9 @@ def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
         ddp=ddp,
         omp_places=bool(c.v.get("omp_places")),
         kmp_blocktime=c.v.get("kmp_blocktime"),
+        recipe=str(c.v.get("recipe") or "auto").lower(),
+        omp_wait_policy=str(c.v.get("omp_wait_policy") or "auto").lower(),
+        zendnn_matmul_algo=c.v.get("zendnn_matmul_algo"),
         verbose=int(c.v.get("verbose") or 0),
         aliases=tuple(a.name for a in table.ALIASES if values.get(a.dest) not in (None, False)),
         share_host=share_host,

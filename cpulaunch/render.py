@@ -17,6 +17,11 @@ Rules and where they come from:
   to one thread (pytorch#149422). ``OMP_PROC_BIND``/``OMP_PLACES`` are left unset by
   default (measured within noise here: docs/dev/measurements.md).
 - jemalloc's ``MALLOC_CONF`` comes from the library registry (tuning guide value).
+- The platform's environment recipe (:mod:`cpulaunch.machine.recipes`, chosen by
+  :func:`with_recipe`): its variables are tunables like the ones above; they replace the
+  registry's (AMD's MALLOC_CONF for jemalloc) and give way to cpulaunch's options and
+  pinning (``--kmp-blocktime``, ``--omp-places`` and helper CPUs' OMP_PLACES/OMP_PROC_BIND).
+  Every instance gets ``CPULAUNCH_PLANNED_RECIPE`` naming it.
 """
 
 import sys
@@ -28,10 +33,12 @@ from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine import numactl
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
+from cpulaunch.machine.recipes import Applied
 from cpulaunch.plan import Instance, Plan
 
 __all__ = [
     "Settings",
+    "with_recipe",
     "Rendered",
     "RenderedInstance",
     "ProgramError",
@@ -49,6 +56,7 @@ __all__ = [
     "one_line",
     "command_text",
     "topology_text",
+    "platform_line",
     "topology_boxes",
     "SocketBox",
     "NodeBox",
@@ -83,6 +91,8 @@ class Settings(NamedTuple):
         dataloader_workers: --dataloader-workers (cores per instance for DataLoader workers).
         instance_program: per instance index, its program where it is not the shared one
             (a DDP rank's ``--local_rank=N`` under ``--pass-local-rank``).
+        recipe: the platform's environment recipe for this launch
+            (:class:`cpulaunch.machine.recipes.Applied`, :func:`with_recipe`); None: none.
     """
 
     omp_runtime: str = "gnu"
@@ -100,6 +110,30 @@ class Settings(NamedTuple):
     kmp_blocktime: Optional[int] = None
     dataloader_workers: int = 0
     instance_program: Mapping[int, tuple[str, ...]] = MappingProxyType({})
+    recipe: Optional[Applied] = None
+
+
+def with_recipe(settings: Settings, topo, choice: str = "auto", wait_policy: str = "auto",
+                matmul_algo: Optional[int] = None) -> Settings:
+    """``settings`` with the environment recipe of ``--recipe choice`` on the machine
+    ``topo`` (pure): ``auto`` takes the platform's (``topo.platform``,
+    :func:`cpulaunch.machine.recipes.recipe_for`); its variables are those that take effect
+    with the OpenMP runtime and allocator of ``settings`` and the CPU's flags, then
+    ``--omp-wait-policy`` and ``--zendnn-matmul-algo``
+    (:func:`cpulaunch.machine.recipes.recipe_env`).
+
+    Raises:
+        KeyError: ``choice`` names no recipe (the option table's choices prevent it).
+    """
+    from cpulaunch.machine import recipes
+
+    platform = topo.platform
+    recipe = recipes.resolve_recipe(choice, platform.kind)
+    env = recipes.recipe_env(recipe, openmp_pin_style=by_choice("openmp", settings.omp_runtime).pin_style,
+                             allocator=settings.allocator, flags=topo.flags, wait_policy=wait_policy,
+                             matmul_algo=matmul_algo)
+    applied = Applied(recipe, platform.text, "auto" if choice in (None, "auto") else "--recipe", env)
+    return settings._replace(recipe=applied)
 
 
 class RenderedInstance(NamedTuple):
@@ -133,11 +167,13 @@ class RenderedInstance(NamedTuple):
 
 
 class Rendered(NamedTuple):
-    """The rendered plan: instances and every note (plan notes first)."""
+    """The rendered plan: instances and every note (plan notes first), and the
+    environment recipe applied (None: none)."""
 
     instances: tuple[RenderedInstance, ...]
     num_instances: int
     notes: tuple[str, ...]
+    recipe: Optional[Applied] = None
 
 
 def resolve_program(args: Sequence[str], no_python: bool = False, python: str = sys.executable) -> tuple[str, ...]:
@@ -197,6 +233,10 @@ def _planned_tunables(inst: Instance, settings: Settings) -> dict:
     env.update(omp.env)
     if settings.allocator:
         env.update(REGISTRY[settings.allocator].env)
+    if settings.recipe is not None:  # over the registry's values, under cpulaunch's own pinning
+        pinned = {"KMP_AFFINITY", "OMP_PLACES", "OMP_PROC_BIND"} & env.keys()
+        env.update((k, v) for k, v in settings.recipe.env.items() if k not in pinned
+                   and not (k == "KMP_BLOCKTIME" and settings.kmp_blocktime is not None))
     env.update(settings.extra_env)
     return env
 
@@ -307,6 +347,8 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
         env[envvars.INSTANCE_INDEX] = str(inst.index)
         env[envvars.NUM_INSTANCES] = str(plan.num_instances)
         env[envvars.CPUS] = inst.cpulist
+        if settings.recipe is not None:
+            env[envvars.RECIPE] = settings.recipe.recipe.name
         env.update(_budget_env(inst, settings))
         env.update(settings.instance_env.get(inst.index, {}))
         if settings.bind == "numactl":
@@ -334,7 +376,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
             )
         )
     return Rendered(instances=tuple(out), num_instances=plan.num_instances,
-                    notes=tuple(one_line(n) for n in notes))
+                    notes=tuple(one_line(n) for n in notes), recipe=settings.recipe)
 
 
 # --------------------------------------------------------------------------- text forms
@@ -461,6 +503,8 @@ def plan_json(rendered: Rendered, topology: dict[str, Any], extra: Optional[dict
         "notes": list(rendered.notes),
         "topology": topology,
     }
+    if rendered.recipe is not None:
+        doc["recipe"] = rendered.recipe.to_dict()
     if extra:
         doc.update(extra)
     return json_text(doc)
@@ -584,6 +628,8 @@ def dry_run_text(rendered: Rendered) -> str:
                 + (f", affinity {cpulist.format(inst.affinity)}" if inst.affinity else ""))
         lines.append(one_line(head))
         lines.append(command_text(inst.env, inst.argv, TEXT_WIDTH))
+    if rendered.recipe is not None:
+        lines.append(f"# {one_line(rendered.recipe.line)}")
     for note in rendered.notes:
         lines.append(f"# note: {one_line(note)}")
     return "\n".join(lines) + "\n"
@@ -723,6 +769,15 @@ def _item_lines(topo, item, pad: str) -> list:
     return lines
 
 
+def platform_line(platform) -> str:
+    """The platform and the recipe ``--recipe auto`` applies there, one line
+    (``--show-topology``, ``cpulaunch doctor``): ``"platform: AMD Zen 4 (family 0x19
+    model 0x11); recipe amd-zen"``."""
+    from cpulaunch.machine.recipes import recipe_for
+
+    return f"platform: {platform.text}; recipe {recipe_for(platform.kind).name}"
+
+
 def topology_text(topo) -> str:
     """A person's view (``--show-topology``): sockets -> NUMA nodes -> cores with their
     SMT siblings (logical CPU ids), inside a node grouped by L3 domain and by L2 or
@@ -741,6 +796,7 @@ def topology_text(topo) -> str:
     if topo.flags:
         have = [f for f in ISA_FLAGS if f in topo.flags]
         lines.append("ISA for PyTorch: " + (" ".join(have) if have else "none of " + " ".join(ISA_FLAGS)))
+    lines.append(platform_line(topo.platform))
     for box in topology_boxes(topo):
         sock = box.socket
         pkg = f"package {sock.package_id}" if sock.package_id is not None else "no package id"

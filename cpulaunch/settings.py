@@ -11,7 +11,7 @@ from cpulaunch.errors import CpulaunchError
 from cpulaunch.options import BindMode, Options
 from cpulaunch.render import Settings
 
-__all__ = ["LIVE_OUTPUT_ENV", "supervised", "resolve_settings"]
+__all__ = ["LIVE_OUTPUT_ENV", "supervised", "resolve_settings", "zentorch_note"]
 
 #: Planned for every instance whose output cpulaunch relays (:func:`supervised`): a Python
 #: program writing to a pipe block-buffers its stdout (8 KiB), so a training loop's progress
@@ -79,6 +79,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         if note:
             notes.append(note)
     extra = {envvars.INFERENCE_PATH: opts.inference_path} if opts.inference_path else {}
+    notes += [n for n in [zentorch_note(getattr(host, "zentorch", None))] if n]
     if relayed:
         extra.update(LIVE_OUTPUT_ENV)
     settings = Settings(
@@ -118,3 +119,18 @@ def _library_path(host, name: str, option: str, fallback: str) -> object:
             f"{lib.install}, or use {fallback}"
         )
     return path
+
+
+def zentorch_note(binding) -> Optional[str]:
+    """The one-line note for ``--inference-path zentorch`` where zentorch cannot be used
+    (pure): not installed, or its import refused by this torch; None where it imports."""
+    if binding is None or binding.loads:
+        return None
+    if binding.path is None:
+        return (f"--inference-path zentorch: zentorch is not installed for {binding.python}; the program's "
+                "optimize() will refuse path zentorch (pip install zentorch, built for this torch's minor "
+                "release), or use --inference-path auto")
+    return (f"--inference-path zentorch: zentorch {binding.version or '?'} does not import with torch "
+            f"{binding.torch_version or '?'} ({binding.why}); the program's optimize() will refuse path "
+            "zentorch: install the zentorch built for this torch, or use --inference-path auto (the other "
+            "paths)")

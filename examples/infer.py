@@ -21,6 +21,7 @@ Examples::
 
     python examples/infer.py                      # ResNet-50-like, batch 1, 10 s, eager
     python examples/infer.py --model bert --dtype bf16 --path onednn-graph
+    python examples/infer.py --model mlp --path zentorch    # AMD's zentorch (pip install zentorch)
     cpulaunch --ninstances 2 --inference-path auto examples/infer.py --json
 """
 
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/models.py
-from models import MODEL_NAMES, SIZES, make_model  # noqa: E402
+from models import INFER_MODEL_NAMES, SIZES, make_model  # noqa: E402
 
 from cpulaunch import cpulist  # noqa: E402
 from cpulaunch.inference import INFERENCE_PATH_ENV, PATHS, optimize, resolve_path  # noqa: E402
@@ -81,8 +82,10 @@ def metric_line(name: str, value: float) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=MODEL_NAMES, default="cnn",
-                   help="cnn: ResNet-50-like; bert: BERT-base-like (default: cnn)")
+    p.add_argument("--model", choices=INFER_MODEL_NAMES, default="cnn",
+                   help="cnn: ResNet-50-like; bert: BERT-base-like; mlp: 3 Linear layers, 1024-4096-4096-1000; "
+                        "block: one BERT-base encoder layer; timm-vit: timm's ViT-S/16 (needs timm); hf-bert: "
+                        "transformers' BERT-base (needs transformers) (default: cnn)")
     p.add_argument("--size", choices=SIZES, default="full",
                    help="full (the real shape) or small (tests) (default: full)")
     p.add_argument("--batch-size", type=int, default=1, help="samples per call (default: 1)")

@@ -1,6 +1,7 @@
 """Models for the examples, defined in code with seeded random weights (no downloads).
 
-Two families, each in a full size (the shape people benchmark) and a small size (for tests):
+Two families for training and inference, each in a full size (the shape people benchmark) and
+a small size (for tests):
 
 - ``resnet50_like``: a ResNet-50-shaped CNN. Stem conv 7x7/2 + BatchNorm + ReLU + max-pool,
   then bottleneck blocks ``[3, 4, 6, 3]`` (1x1 -> 3x3 -> 1x1 convs, each followed by
@@ -15,6 +16,21 @@ Two families, each in a full size (the shape people benchmark) and a small size 
   ``attention_mask`` ``(N, seq_len)`` int64 (1 = attend, 0 = padding); output
   ``(N, num_labels)`` logits. Default ``seq_len`` is 128. ``bert_small`` is 2 layers,
   hidden 64, 4 heads, sequence 32.
+
+For inference only (``INFER_MODEL_NAMES``, examples/infer.py and scripts/bench_inference.py):
+
+- ``mlp``: three Linear layers with GELU between them, 1024 -> 4096 -> 4096 -> 1000
+  (about 25 M parameters), input ``(N, 1024)`` float32; small: 64 -> 128 -> 128 -> 10.
+- ``block``: one BERT-base encoder layer (the ``bert`` family's own layer: attention with
+  hidden 768 and 12 heads, GELU feed-forward 3072, post-LayerNorm) on ``(N, 128, 768)``
+  float32 activations, no padding; small: hidden 64, 4 heads, sequence 32.
+- ``timm-vit``: timm's ``vit_small_patch16_224`` built from its configuration
+  (``pretrained=False``: nothing downloaded), input ``(N, 3, 224, 224)``; needs ``pip
+  install timm``. Small: ``vit_tiny_patch16_224`` at the same input.
+- ``hf-bert``: Hugging Face transformers' ``BertForSequenceClassification`` built from
+  ``BertConfig()`` (BERT-base; no hub access), inputs ``input_ids`` and
+  ``attention_mask`` ``(N, 128)``; needs ``pip install transformers``. Small: 2 layers,
+  hidden 64, sequence 32.
 
 The weights are random but reproducible: each builder seeds its own generator (the caller's
 global RNG state is left untouched). CNN BatchNorm statistics are calibrated on one seeded
@@ -38,8 +54,11 @@ from typing import Callable, Sequence, Tuple
 import torch
 from torch import nn
 
-#: Model names accepted by :func:`make_model`.
+#: Model names of the training example (examples/train_ddp.py).
 MODEL_NAMES = ("cnn", "bert")
+#: Every model name :func:`make_model` accepts (the inference examples take them all; the
+#: last two need timm and transformers installed).
+INFER_MODEL_NAMES = MODEL_NAMES + ("mlp", "block", "timm-vit", "hf-bert")
 #: Sizes accepted by :func:`make_model`.
 SIZES = ("full", "small")
 
@@ -286,6 +305,76 @@ def bert_small(*, seed: int = 0) -> BertLike:
                      max_positions=64, seed=seed)
 
 
+# --------------------------------------------------------------------------- inference-only models
+
+
+class MLP(nn.Module):
+    """Linear -> GELU -> Linear -> GELU -> Linear."""
+
+    def __init__(self, sizes: Sequence[int]):
+        super().__init__()
+        layers: list = []
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(nn.GELU())
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class Block(nn.Module):
+    """One BERT encoder layer on activations, without padding (a zero additive mask)."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int):
+        super().__init__()
+        self.layer = EncoderLayer(hidden, heads, intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(x.shape[0], 1, 1, x.shape[1], dtype=x.dtype, device=x.device)
+        return self.layer(x, mask)
+
+
+def _seeded(build: Callable[[], nn.Module], seed: int, init: Callable[[nn.Module], None] = _init_bert) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build()
+        init(model)
+    return model.eval()
+
+
+def _timm_vit(small: bool, seed: int) -> nn.Module:
+    import timm  # pip install timm; built from its config, no download
+
+    name = "vit_tiny_patch16_224" if small else "vit_small_patch16_224"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return timm.create_model(name, pretrained=False).eval()
+
+
+class _HfLogits(nn.Module):
+    """transformers' model returning its logits tensor (not a ModelOutput), so every path
+    takes it."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def _hf_bert(small: bool, seed: int) -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification  # pip install transformers
+
+    cfg = (BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=256, max_position_embeddings=64) if small else BertConfig())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _HfLogits(BertForSequenceClassification(cfg)).eval()
+
+
 # --------------------------------------------------------------------------- registry
 
 InputsFn = Callable[[int], Tuple[torch.Tensor, ...]]
@@ -295,25 +384,29 @@ def make_model(name: str, size: str = "full", *, seed: int = 0) -> Tuple[nn.Modu
     """Build a model and a function that makes example inputs for it.
 
     Args:
-        name: "cnn" (ResNet-50-like; small: :func:`resnet_small`) or "bert" (BERT-base-like;
-            small: :func:`bert_small`).
+        name: "cnn" (ResNet-50-like; small: :func:`resnet_small`), "bert" (BERT-base-like;
+            small: :func:`bert_small`), or an inference-only model: "mlp", "block",
+            "timm-vit", "hf-bert" (module doc).
         size: "full" or "small".
         seed: seeds the weights; the inputs function uses its own fixed seed.
 
     Returns:
         ``(model, example_inputs)``: the model in eval mode, and ``example_inputs(batch_size)``
         returning a tuple of tensors to call it with: cnn ``((N, 3, 224, 224) float32,)``
-        (64x64 for small); bert ``((N, 128) int64 ids, (N, 128) int64 mask of ones)``
-        (sequence 32 for small).
+        (64x64 for small); bert and hf-bert ``((N, 128) int64 ids, (N, 128) int64 mask of
+        ones)`` (sequence 32 for small); mlp ``((N, 1024),)`` (64 small); block ``((N, 128,
+        768),)`` ((N, 32, 64) small); timm-vit ``((N, 3, 224, 224),)``.
 
     Raises:
         ValueError: unknown name or size.
     """
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if name not in INFER_MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(INFER_MODEL_NAMES)}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     small = size == "small"
+    if name in ("mlp", "block", "timm-vit"):
+        return _inference_model(name, small, seed)
     if name == "cnn":
         model = resnet_small(seed=seed) if small else resnet50_like(seed=seed)
         image = 64 if small else 224
@@ -324,9 +417,13 @@ def make_model(name: str, size: str = "full", *, seed: int = 0) -> Tuple[nn.Modu
 
         return model, cnn_inputs
 
-    model = bert_small(seed=seed) if small else bert_like(seed=seed)
+    if name == "hf-bert":
+        model = _hf_bert(small, seed)
+        vocab = model.model.config.vocab_size
+    else:
+        model = bert_small(seed=seed) if small else bert_like(seed=seed)
+        vocab = model.word_embeddings.num_embeddings
     seq_len = 32 if small else 128
-    vocab = model.word_embeddings.num_embeddings
 
     def bert_inputs(batch_size: int) -> Tuple[torch.Tensor, ...]:
         gen = torch.Generator().manual_seed(1234)
@@ -334,3 +431,24 @@ def make_model(name: str, size: str = "full", *, seed: int = 0) -> Tuple[nn.Modu
         return ids, torch.ones(batch_size, seq_len, dtype=torch.int64)
 
     return model, bert_inputs
+
+
+def _inference_model(name: str, small: bool, seed: int) -> Tuple[nn.Module, InputsFn]:
+    """mlp, block and timm-vit with their inputs function (see :func:`make_model`)."""
+    if name == "mlp":
+        sizes = (64, 128, 128, 10) if small else (1024, 4096, 4096, 1000)
+        model = _seeded(lambda: MLP(sizes), seed)
+        shape: Tuple[int, ...] = (sizes[0],)
+    elif name == "block":
+        hidden, heads, inter, seq = (64, 4, 256, 32) if small else (768, 12, 3072, 128)
+        model = _seeded(lambda: Block(hidden, heads, inter), seed)
+        shape = (seq, hidden)
+    else:
+        model = _timm_vit(small, seed)
+        shape = (3, 224, 224)
+
+    def inputs(batch_size: int) -> Tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(1234)
+        return (torch.randn(batch_size, *shape, generator=gen),)
+
+    return model, inputs

@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""Benchmark the inference paths: eager vs onednn-graph vs inductor, fp32 and bf16.
+"""Benchmark the inference paths: eager vs onednn-graph vs inductor vs zentorch, fp32 and bf16.
 
-For each model and batch size (CNN = ResNet-50-like at batch 1 and 32, transformer =
-BERT-base-like at sequence 128, batch 1 and 8) and each dtype, every path is built with
+Models (examples/models.py, random weights, nothing downloaded): the project's CNN
+(ResNet-50-like, batch 1 and 32), an MLP (1024-4096-4096-1000, batch 1 and 64), a
+transformer block (one BERT-base encoder layer on 128 tokens, batch 1), timm's ViT-S/16
+(``timm-vit``, batch 1) and transformers' BERT-base (``hf-bert``, sequence 128, batch 1);
+``--models`` also takes ``bert`` (the project's own BERT-base-like encoder). For each model,
+batch size and dtype (bf16 only where /proc/cpuinfo shows AVX512_BF16, AMX-BF16 or arm64
+BF16, unless ``--dtypes`` names it), every path is built with
 ``cpulaunch.inference.optimize`` and timed in interleaved rounds (round r times every path
-once, so a burst of foreign load hits all paths alike). Reported per path:
+once, so a burst of foreign load hits all paths alike). zentorch is timed where it imports
+with this torch (zentorch 2.14.0.1: torch 2.14.x), else its rows say why. Reported per path:
 
 - steady throughput, samples/s: median over ``--repeats`` timed windows of ``--seconds``
   (at least one call each), and the spread (min..max) of those windows;
@@ -16,6 +22,9 @@ once, so a burst of foreign load hits all paths alike). Reported per path:
 - oneDNN fusion groups (onednn-graph).
 
 Then, per model and dtype, what ``optimize(path="auto")`` picks at the first batch size.
+
+The CPU model, its platform (vendor, family) and its bf16 support are printed first, and the
+load average (``uptime``) at the start and the end.
 
 Before each round the script measures the CPU time used by other processes (system busy
 time minus its own and its children's, /proc/stat via psutil, over 0.5 s, steal time
@@ -42,10 +51,21 @@ sys.path.insert(0, str(ROOT / "examples"))  # models.py
 sys.path.insert(0, str(ROOT))  # cpulaunch, when not installed
 
 from cpulaunch import cpulist  # noqa: E402
-from cpulaunch.inference import CONCRETE_PATHS, DTYPES, optimize  # noqa: E402
+from cpulaunch.inference import CONCRETE_PATHS, DTYPES, Bf16Support, host_bf16_support, optimize  # noqa: E402
 
-BATCHES = {"cnn": (1, 32), "bert": (1, 8)}
-LABELS = {"cnn": "ResNet-50-like CNN", "bert": "BERT-base-like encoder"}
+BATCHES = {"cnn": (1, 32), "mlp": (1, 64), "block": (1,), "timm-vit": (1,), "hf-bert": (1,), "bert": (1, 8)}
+LABELS = {"cnn": "ResNet-50-like CNN", "mlp": "MLP 1024-4096-4096-1000", "block": "BERT-base encoder layer",
+          "timm-vit": "timm vit_small_patch16_224", "hf-bert": "transformers BERT-base", "bert": "BERT-base-like encoder"}
+DEFAULT_MODELS = "cnn,mlp,block,timm-vit,hf-bert"
+
+
+def cpu_line() -> str:
+    """The CPU model, platform and bf16 support, as this script's first line says them."""
+    from cpulaunch.machine import probe
+
+    topo = probe.probe("/")
+    return (f"CPU: {topo.model or '?'}, {topo.platform.text}, {len(topo.allowed)} CPUs allowed; "
+            f"bf16: {host_bf16_support().value}")
 
 
 def check_quiet(threshold: float, wait: float) -> float:
@@ -104,7 +124,7 @@ def bench_config(name, model, inputs, batch, dtype, paths, args, log) -> list:
 
 
 def fmt_row(r) -> str:
-    head = f"{r['model']:<5}{r['batch']:>6} {r['dtype']:<5} {r['path']:<13}"
+    head = f"{r['model']:<9}{r['batch']:>6} {r['dtype']:<5} {r['path']:<13}"
     if "error" in r:
         return f"{head}  FAILED: {r['error']}"
     spread = f"{min(r['windows']):.1f}..{max(r['windows']):.1f}"
@@ -116,18 +136,50 @@ def fmt_row(r) -> str:
             f" {r['max_abs_diff']:>10.2e} {r['rel_diff']:>9.2e}{match} {groups:>6}  {quiet}")
 
 
-HEADER = (f"{'model':<5}{'batch':>6} {'dtype':<5} {'path':<13}{'samples/s':>10} "
+HEADER = (f"{'model':<9}{'batch':>6} {'dtype':<5} {'path':<13}{'samples/s':>10} "
           f"{'windows min..max':>17} {'vs eager':>7} {'build s':>8} {'max|diff|':>10} "
           f"{'rel diff':>9} {'groups':>6}  quiet")
+
+
+def markdown_table(rows, autos, models, dtypes) -> str:
+    """The table docs/guide/inference.md holds: per model, batch and dtype, eager's samples/s and
+    every other path's throughput as a ratio to eager (FAILED, or "differs" where its
+    outputs did not match eager), what auto chose, and the largest foreign load of the
+    rounds (CPUs)."""
+    paths = [p for p in CONCRETE_PATHS if p != "eager" and any(r["path"] == p for r in rows)]
+    head = ("| model | batch | dtype | eager samples/s | " + " | ".join(paths)
+            + " | auto picks | foreign load (CPUs) |\n|" + "---|" * (6 + len(paths)) + "\n")
+    picks = {(a["model"], a["batch"], a["dtype"]): a.get("chose") or "FAILED" for a in autos}
+    keys = sorted({(r["model"], r["batch"], r["dtype"]) for r in rows},
+                  key=lambda k: (models.index(k[0]), dtypes.index(k[2]), k[1]))
+    lines = []
+    for key in keys:
+        same = {r["path"]: r for r in rows if (r["model"], r["batch"], r["dtype"]) == key}
+        eager = same.get("eager", {})
+        cells = []
+        for p in paths:
+            r = same.get(p)
+            if r is None or "error" in r:
+                cells.append("FAILED")
+            else:
+                cells.append(f"{r['ratio_to_eager']:.2f}x" + ("" if r["matches_eager"] else " (differs)"))
+        load = max((r.get("max_foreign_cpus", 0.0) for r in same.values()), default=0.0)
+        rate = f"{eager['samples_per_s']:.2f}" if "samples_per_s" in eager else "-"
+        lines.append(f"| {LABELS[key[0]]} | {key[1]} | {key[2]} | {rate} | " + " | ".join(cells)
+                     + f" | {picks.get(key, '')} | {load:.2f} |")
+    return head + "\n".join(lines) + "\n"
 
 
 def parse_args(argv=None):
     p = benchkit.parser(__doc__, "small models, 2 repeats of 0.3 s, warm-up 2: proves the "
                                  "script works in a minute or two; figures are not meaningful")
-    p.add_argument("--models", default="cnn,bert", help="subset, e.g. cnn (default: cnn,bert)")
-    p.add_argument("--dtypes", default="fp32,bf16", help="subset of fp32,bf16")
+    p.add_argument("--models", default=DEFAULT_MODELS,
+                   help=f"subset of {','.join(BATCHES)} (default: {DEFAULT_MODELS})")
+    p.add_argument("--dtypes", default=None,
+                   help="subset of fp32,bf16 (default: both where the CPU has bf16, else fp32)")
     p.add_argument("--paths", default=",".join(CONCRETE_PATHS),
-                   help="subset of eager,onednn-graph,inductor (eager is the ratio base)")
+                   help=f"subset of {','.join(CONCRETE_PATHS)} (eager is the ratio base)")
+    p.add_argument("--batches", default=None, help="batch sizes for every model, e.g. 1 (default: per model)")
     p.add_argument("--size", choices=("full", "small"), default=None,
                    help="model size (default: full; small with --quick)")
     p.add_argument("--repeats", type=int, default=None, help="timed windows per path (default 5)")
@@ -150,7 +202,15 @@ def parse_args(argv=None):
         return items
 
     args.models = subset(args.models, tuple(BATCHES), "--models")
+    if args.dtypes is None:
+        native = host_bf16_support() is Bf16Support.NATIVE
+        args.dtypes = "fp32,bf16" if native else "fp32"
     args.dtypes = subset(args.dtypes, DTYPES, "--dtypes")
+    if args.batches is not None:
+        try:
+            args.batches = tuple(int(b) for b in args.batches.split(","))
+        except ValueError:
+            p.error(f"--batches {args.batches!r}: comma-separated whole numbers")
     args.paths = subset(args.paths, CONCRETE_PATHS, "--paths")
     quick = {"size": "small", "repeats": 2, "seconds": 0.3, "warmup": 2}
     full = {"size": "full", "repeats": 5, "seconds": 3.0, "warmup": 5}
@@ -171,6 +231,7 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    print(cpu_line())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, affinity "
           f"{cpulist.format(os.sched_getaffinity(0))}, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS')}, LD_PRELOAD={os.environ.get('LD_PRELOAD')}")
@@ -180,13 +241,13 @@ def main(argv=None) -> int:
     for name in args.models:
         model, make_inputs = make_model(name, args.size)
         for dtype in args.dtypes:
-            for batch in BATCHES[name]:
+            for batch in args.batches or BATCHES[name]:
                 log(f"{name} batch {batch} {dtype}")
                 rows += bench_config(name, model, make_inputs(batch), batch, dtype,
                                      args.paths, args, log)
             if args.no_auto:
                 continue
-            batch = BATCHES[name][0]
+            batch = (args.batches or BATCHES[name])[0]
             log(f"{name} batch {batch} {dtype}: optimize(path='auto')")
             load = check_quiet(args.busy_threshold, args.wait_quiet)
             try:
@@ -230,6 +291,9 @@ def main(argv=None) -> int:
             print(f"  {a['model']} b{a['batch']} {a['dtype']}: {a['chose']} "
                   f"(speed-up vs eager in its trial: {ratios}){errors}{quiet}")
 
+    print("\nAs docs/guide/inference.md holds it:\n")
+    print(markdown_table(rows, autos, args.models, args.dtypes))
+    print(f"load average at the end {os.getloadavg()}")
     noisy = [r for r in rows if "quiet" in r and not r["quiet"]]
     if noisy:
         print(f"\nWARNING: {len(noisy)} of {len(rows)} rows were timed while other processes "

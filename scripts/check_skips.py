@@ -14,6 +14,12 @@ reason beside it in .ci/run (for example a binding that may not be built there).
 ``--allow-reason PREFIX`` (repeatable) allows the tests whose skip reason starts with PREFIX
 in every report: the docs' commands marked ``<!-- commands: not run: WHY -->`` skip with
 "not run: WHY" on every machine by design, and each says why in the docs themselves.
+
+``--only-reason TEXT=PREFIX`` (repeatable) admits one skip reason for the tests whose id
+contains TEXT: where such a test skips (in any report) its reason must start with PREFIX, or
+the check fails. tests/test_zentorch.py's real-zentorch tests skip on every torch but
+zentorch's (.ci/run's zentorch step runs them) with "zentorch does not import here", and
+with nothing else.
 """
 
 from __future__ import annotations
@@ -48,6 +54,18 @@ def never_run(seen: dict[str, list[Optional[str]]], allow: list[str], allow_reas
                   and not all(any(r.startswith(p) for p in allow_reason) for r in reasons))
 
 
+def wrong_reasons(seen: dict[str, list[Optional[str]]], only: list[str]) -> list[str]:
+    """``"test id: reason"`` for each skip of a test named by an ``only`` rule
+    (``"TEXT=PREFIX"``) whose reason does not start with PREFIX."""
+    rules = [rule.split("=", 1) for rule in only]
+    out = []
+    for test_id, reasons in sorted(seen.items()):
+        for text, prefix in rules:
+            if text in test_id:
+                out += [f"{test_id}: {r}" for r in reasons if r is not None and not r.startswith(prefix)]
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("reports", nargs="+", help="junit XML files, one per CI step")
@@ -55,14 +73,22 @@ def main(argv=None) -> int:
                    help="tests allowed to be skipped everywhere (say why in .ci/run)")
     p.add_argument("--allow-reason", action="append", default=[], metavar="PREFIX",
                    help="tests allowed to be skipped everywhere with a reason starting with PREFIX")
+    p.add_argument("--only-reason", action="append", default=[], metavar="TEXT=PREFIX",
+                   help="tests whose id contains TEXT may skip only with a reason starting with PREFIX")
     a = p.parse_args(argv)
+    bad_rules = [r for r in a.only_reason if "=" not in r]
+    if bad_rules:
+        p.error(f"--only-reason {bad_rules[0]!r}: give TEXT=PREFIX")
     seen = outcomes(a.reports)
     bad = never_run(seen, a.allow, a.allow_reason)
+    wrong = wrong_reasons(seen, a.only_reason)
     print(f"check_skips: {len(seen)} tests in {len(a.reports)} report(s); "
-          f"{len(bad)} skipped in every one")
+          f"{len(bad)} skipped in every one" + (f"; {len(wrong)} skipped for a reason not admitted" if wrong else ""))
     for test_id in bad:
         print(f"  never run: {test_id}")
-    return 1 if bad else 0
+    for line in wrong:
+        print(f"  skipped for another reason: {line}")
+    return 1 if bad or wrong else 0
 
 
 if __name__ == "__main__":

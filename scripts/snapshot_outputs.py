@@ -67,6 +67,9 @@ PLACEMENT = [
      "--master-port", "29500"],
     ["--ddp", "--backend", "ccl", "--master-port", "29500"],
     ["--ddp", "--nnodes", "1:2", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "job"],
+    # issue 33: the platform's recipe forced, and off, with the options it yields to
+    ["--recipe", "amd-zen", "--allocator", "jemalloc", "--omp-runtime", "intel"],
+    ["--recipe", "generic", "--omp-wait-policy", "active", "--zendnn-matmul-algo", "5"],
 ]
 #: Generated trees: name -> (sockets, nodes per socket, cores per node, threads, offline CPUs).
 GENERATED = {

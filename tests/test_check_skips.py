@@ -68,3 +68,19 @@ def test_allow_reason_needs_the_reason_in_every_report(tmp_path):
     assert proc.stdout.splitlines()[1:] == ["  never run: test_sample::test_never"]
     assert _check(a, b, "--allow-reason", "not run: three").stdout.splitlines()[1:] == [
         "  never run: test_sample::test_doc_on_two_machines", "  never run: test_sample::test_never"]
+
+
+def test_only_reason_admits_one_skip_reason(tmp_path):
+    """--only-reason TEXT=PREFIX (issue 33): test_only_b skips in step a with "only in step
+    b"; admitted when that is the rule's reason, a failure naming the test and its reason
+    when the rule admits another."""
+    a, b = _report(tmp_path, "a"), _report(tmp_path, "b")
+    allow = ["--allow", "test_sample::test_never", "--allow-reason", "not run: "]
+    ok = _check(a, b, *allow, "--only-reason", "test_only_b=only in step")
+    assert ok.returncode == 0, ok.stdout
+    bad = _check(a, b, *allow, "--only-reason", "test_only_b=zentorch does not import here")
+    assert bad.returncode == 1
+    assert bad.stdout.splitlines() == [
+        "check_skips: 5 tests in 2 report(s); 0 skipped in every one; 1 skipped for a reason not admitted",
+        "  skipped for another reason: test_sample::test_only_b: only in step b"]
+    assert _check(a, "--only-reason", "no-equals-sign").returncode == 2

@@ -94,8 +94,12 @@ def test_import_does_not_import_torch():
 
 def test_constants():
     assert INFERENCE_PATH_ENV == "CPULAUNCH_PLANNED_INFERENCE_PATH"
-    assert PATHS == ("onednn-graph", "inductor", "eager", "auto")
+    assert PATHS == ("onednn-graph", "inductor", "zentorch", "eager", "auto")
     assert set(CONCRETE_PATHS) == set(PATHS) - {"auto"}
+    assert CONCRETE_PATHS[-1] == "zentorch"  # built last: its compile touches process-global settings
+    from cpulaunch.option_table import INFERENCE_PATHS  # the launcher's choices, kept apart from torch
+
+    assert set(INFERENCE_PATHS) == set(PATHS)
 
 
 # ------------------------------------------------------------------ argument handling
@@ -112,7 +116,7 @@ def test_resolve_path_reads_env(monkeypatch):
     monkeypatch.setenv(INFERENCE_PATH_ENV, "fast")
     with pytest.raises(ValueError, match=r"\$CPULAUNCH_PLANNED_INFERENCE_PATH is 'fast'"):
         resolve_path(None)
-    with pytest.raises(ValueError, match="choose one of onednn-graph, inductor, eager, auto"):
+    with pytest.raises(ValueError, match="choose one of onednn-graph, inductor, zentorch, eager, auto"):
         resolve_path("jit")
 
 
@@ -329,7 +333,8 @@ def test_auto_skips_paths_that_do_not_match_or_fail(monkeypatch):
 
     monkeypatch.setitem(inference._BUILDERS, "onednn-graph", wrong_but_fast)
     monkeypatch.setitem(inference._BUILDERS, "inductor", broken)
-    opt = optimize(conv_bn_relu(), cnn_inputs(), path="auto", trial_seconds=0.2)
+    opt = optimize(conv_bn_relu(), cnn_inputs(), path="auto", trial_seconds=0.2,
+                   candidates=("eager", "onednn-graph", "inductor"))  # zentorch too where installed
     assert opt.path == "eager"
     assert opt.report["matches_eager"] == {"eager": True, "onednn-graph": False}
     assert opt.report["ms_per_call"]["onednn-graph"] < opt.report["ms_per_call"]["eager"]

@@ -725,6 +725,7 @@ def test_cli_per_socket_argv_and_env(sysroots, monkeypatch, numactl):
         "CPULAUNCH_MEM_NODES": "0",
         "CPULAUNCH_NUM_INSTANCES": "2",
         "CPULAUNCH_PLANNED_MEM_POLICY": "bind",
+        "CPULAUNCH_PLANNED_RECIPE": "generic",  # issue 33: a Xeon keeps the generic recipe
         "OMP_NUM_THREADS": "8",
         "PYTHONUNBUFFERED": "1",  # two instances: their output is relayed (issue 24, live output)
     }

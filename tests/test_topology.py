@@ -346,8 +346,9 @@ def test_show_topology_amd_cgroup_job(sysroots):
     assert lines[1] == (
         "allowed CPUs: 0-5 (cgroup cpuset /cgroup/unified/uid_2008/job_15389/step_0/cpuset.cpus.effective)"
     )
+    assert lines[3] == "platform: AMD K10 (family 0x10 model 0x9); recipe generic"  # issue 33: pre-Zen
     # issue 22: cores drawn inside their L3 domain (one per node on this Opteron)
-    assert lines[4:7] == ["  node 0 (16.0 GiB)", "    L3 5118 KiB: CPUs 0-3", "      core 0: 0"]
+    assert lines[5:8] == ["  node 0 (16.0 GiB)", "    L3 5118 KiB: CPUs 0-3", "      core 0: 0"]
     assert "      core 5: 5" in lines and "      core 6: 6!" in lines and "      core 31: 31!" in lines
     assert sum(line.endswith("!") for line in lines if line.startswith("      core")) == 26
     assert "socket 3 (package 3): CPUs 24-31" in lines

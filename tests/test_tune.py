@@ -154,7 +154,10 @@ def test_instance_choices_dedupe_by_plan(topos):
 
 def test_space_on_smt_machine(topos):
     space = build_space(topos[XEON], AXES, ALL_LIBS)
-    assert space.axes == AXES
+    assert space.axes == AXES[:6]  # the platform axes are AMD Zen's
+    assert space.notes == ("axes recipe, omp-wait-policy, zendnn-matmul-algo dropped: they are searched on AMD "
+                           "Zen CPUs only (this one: Intel Skylake-SP / Cascade Lake / Cooper Lake (family 0x6 "
+                           "model 0x55), recipe generic)",)
     assert space.values["instances"] == ("1", "per-socket", "4", "8", "16")
     assert space.values["allocator"] == ("tcmalloc", "default", "jemalloc")
     assert space.values["omp-runtime"] == ("gnu", "intel")
@@ -177,6 +180,8 @@ def test_space_drops_what_this_machine_lacks(topos):
     assert space.axes == ("instances", "allocator", "omp-places")
     assert space.values["allocator"] == ("default", "jemalloc")  # no tcmalloc: cpulaunch's default is malloc
     assert space.notes == (
+        "axes recipe, omp-wait-policy, zendnn-matmul-algo dropped: they are searched on AMD Zen CPUs only (this "
+        "one: AMD K10 (family 0x10 model 0x9), recipe generic)",
         "axis omp-runtime dropped: libiomp5 not found here (pip install intel-openmp)",
         "axis kmp-blocktime dropped: it applies to Intel OpenMP, and libiomp5 is not found here "
         "(pip install intel-openmp)",
@@ -184,6 +189,29 @@ def test_space_drops_what_this_machine_lacks(topos):
     )
     with pytest.raises(TuneError, match="nothing to compare: axis smt dropped"):
         build_space(topos[AMD], ("smt",), ALL_LIBS)
+
+
+def test_space_on_amd_zen_tries_its_recipe(tmp_path):
+    """On an AMD Zen CPU (a tree whose cpuinfo is an EPYC 9004's) tune searches the recipe
+    against generic, OMP_WAIT_POLICY and ZENDNNL_MATMUL_ALGO, each as cpulaunch's flags
+    and best.toml keys (issue 33)."""
+    from bigtree import make_tree
+
+    root = tmp_path / "zen4"
+    make_tree(root, sockets=1, nodes_per_socket=1, cores_per_node=4, threads_per_core=1, extra={
+        "proc/cpuinfo": "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                        "flags\t\t: fpu sse2 avx2 avx512f\n\n"})
+    space = build_space(probe.probe(str(root)), ("recipe", "omp-wait-policy", "zendnn-matmul-algo"), ALL_LIBS)
+    assert space.axes == ("recipe", "omp-wait-policy", "zendnn-matmul-algo") and space.notes == ()
+    assert space.values == {"recipe": ("amd-zen", "generic"), "omp-wait-policy": ("auto", "active", "passive"),
+                            "zendnn-matmul-algo": (1, 5)}
+    assert space.default == {"recipe": "amd-zen", "omp-wait-policy": "auto", "zendnn-matmul-algo": 1}
+    c = {"recipe": "generic", "omp-wait-policy": "active", "zendnn-matmul-algo": 5}
+    assert config_key(c) == "recipe=generic,omp-wait-policy=active,zendnn-matmul-algo=5"
+    assert config_flags(space, c) == ["--recipe", "generic", "--omp-wait-policy", "active",
+                                      "--zendnn-matmul-algo", "5"]
+    assert config_toml(space, c) == {"recipe": "generic", "omp-wait-policy": "active", "zendnn-matmul-algo": 5}
+    assert len(grid_configs(space)) == 2 * 3 * 2
 
 
 def test_kmp_blocktime_alone_fixes_intel(topos):

@@ -9,7 +9,8 @@ Costs (issue 12): no subprocess except one ``numactl ... true`` when binding wit
 on this machine (none under ``--sysroot``, where the plan describes the dumped machine and
 numactl is assumed there), and, for ``--ddp`` with ``--backend auto|ccl`` when
 oneccl_bindings_for_pytorch is installed, one ``python -c "import torch,
-oneccl_bindings_for_pytorch"`` whose verdict is cached (:func:`ccl_binding`); libraries
+oneccl_bindings_for_pytorch"`` whose verdict is cached (:func:`ccl_binding`), and the same
+check of zentorch for ``--inference-path zentorch`` (:func:`zentorch_binding`); libraries
 are found by looking in folders, not ``ldconfig -p``.
 """
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding",
            "cache_dir", "clear_cache", "verdict_key", "verdict_name", "rank_python", "ccl_collective_check", "CCL_MODULE",
-           "CCL_CHECK_SECONDS"]
+           "CCL_CHECK_SECONDS", "Extension", "CCL", "ZENTORCH", "extension_binding", "zentorch_binding"]
 
 
 class Host(NamedTuple):
@@ -55,6 +56,8 @@ class Host(NamedTuple):
         fabric: oneCCL's libfabric and its providers
             (:func:`cpulaunch.machine.libfinder.find_libfabric`); None when not looked up
             (as ``ccl``, or the bindings are not installed).
+        zentorch: zentorch and whether it imports with this torch (:func:`zentorch_binding`);
+            None when not looked up (no ``--inference-path zentorch``).
     """
 
     live: bool
@@ -69,6 +72,7 @@ class Host(NamedTuple):
     free_port: Optional[int] = None
     ccl: Optional["CclBinding"] = None
     fabric: Optional["Fabric"] = None
+    zentorch: Optional["CclBinding"] = None
 
 
 class HostQuery(NamedTuple):
@@ -84,6 +88,8 @@ class HostQuery(NamedTuple):
         free_port: find a TCP port free on 127.0.0.1 (a one-machine --ddp run).
         ccl_program: the program whose Python is checked for oneCCL's bindings
             (``--ddp`` with ``--backend auto|ccl``); None: not looked up.
+        zentorch_program: the program whose Python is checked for zentorch
+            (``--inference-path zentorch``); None: not looked up.
     """
 
     sysroot: str = "/"
@@ -92,6 +98,7 @@ class HostQuery(NamedTuple):
     numactl_policy: Optional[MemPolicy] = None
     free_port: bool = False
     ccl_program: Optional[tuple[str, ...]] = None
+    zentorch_program: Optional[tuple[str, ...]] = None
 
 
 def check_numactl(prefixes: Sequence[Sequence[str]], timeout: float = 10.0) -> Optional[str]:
@@ -174,6 +181,9 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
     if query.ccl_program is not None:
         ccl = ccl_binding(rank_python(query.ccl_program, environ), environ, cache_dir(environ))
         fabric = find_libfabric(environ) if ccl.path is not None else None
+    zentorch = None
+    if query.zentorch_program is not None:
+        zentorch = zentorch_binding(rank_python(query.zentorch_program, environ), environ, cache_dir(environ))
     return Host(
         live=live,
         environ=dict(environ),
@@ -187,6 +197,7 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
         free_port=port,
         ccl=ccl,
         fabric=fabric,
+        zentorch=zentorch,
     )
 
 
@@ -203,8 +214,32 @@ CCL_CHECK_SECONDS = 120.0
 _VERDICT_BYTES = 64 << 10
 
 
+class Extension(NamedTuple):
+    """A compiled PyTorch extension whose import is checked in a child process
+    (:func:`extension_binding`): built against one torch, it may refuse another or abort
+    the interpreter at import.
+
+    Attributes:
+        module: the module imported ("oneccl_bindings_for_pytorch", "zentorch").
+        distributions: the names its package metadata goes by.
+        cache_name: the start of its verdict's cache file name.
+    """
+
+    module: str
+    distributions: tuple[str, ...]
+    cache_name: str
+
+
+#: oneCCL's bindings (issue 21).
+CCL = Extension(CCL_MODULE, CCL_DISTRIBUTIONS, "ccl-binding")
+#: AMD's zentorch (issue 33): its wheel imports only with the torch minor release it was
+#: built for (zentorch 2.14.0.1: torch 2.14.x; it raises ImportError on 2.13 and 2.15).
+ZENTORCH = Extension("zentorch", ("zentorch", "zentorch-weekly"), "zentorch")
+
+
 class CclBinding(NamedTuple):
-    """oneccl_bindings_for_pytorch in the ranks' Python environment (:func:`ccl_binding`).
+    """An extension (:class:`Extension`: oneccl_bindings_for_pytorch, zentorch) in the
+    Python environment the program runs (:func:`extension_binding`).
 
     Attributes:
         python: the interpreter checked (the one the ranks run: :func:`rank_python`).
@@ -278,12 +313,13 @@ def verdict_key(python: str, torch_version: Optional[str], folder: Path, environ
     return {"python": python, "torch": torch_version, "files": _binding_files(folder), "env": env}
 
 
-def verdict_name(key: dict) -> str:
-    """The cache file's name for ``key``: ``ccl-binding-<32 hex digits of its sha256>.json``."""
+def verdict_name(key: dict, prefix: str = "ccl-binding") -> str:
+    """The cache file's name for ``key``: ``PREFIX-<32 hex digits of its sha256>.json``
+    (the extension's :attr:`Extension.cache_name`: ``ccl-binding``, ``zentorch``)."""
     import hashlib
     import json  # not on the launch path (issue 12)
 
-    return "ccl-binding-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".json"
+    return prefix + "-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".json"
 
 
 def _own_and_private(fd: int) -> bool:
@@ -364,7 +400,7 @@ def _write_verdict(folder: Path, name: str, key: dict, loads: bool, why: str) ->
 
 
 def clear_cache(folder: Optional[Path]) -> list[str]:
-    """Remove every cached oneCCL verdict (``ccl-binding-*.json``) of this user's from
+    """Remove every cached import verdict (``ccl-binding-*.json``, ``zentorch-*.json``) of this user's from
     ``folder`` (:func:`cache_dir`; ``cpulaunch doctor --clear-cache``); returns the files
     removed. Only in a folder that is this user's alone; links and other users' files are
     left (a name is unlinked, never followed).
@@ -382,7 +418,7 @@ def clear_cache(folder: Optional[Path]) -> list[str]:
     removed = []
     try:
         for entry in os.listdir(dfd):
-            if not (entry.startswith("ccl-binding-") and entry.endswith(".json")):
+            if not (entry.startswith(tuple(e.cache_name + "-" for e in (CCL, ZENTORCH))) and entry.endswith(".json")):
                 continue
             st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
             if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
@@ -393,15 +429,15 @@ def clear_cache(folder: Optional[Path]) -> list[str]:
     return removed
 
 
-def _import_check(python: str, environ: Mapping[str, str]) -> tuple:
-    """(loads, why, worth caching) of ``python -c "import torch, oneccl_bindings_for_pytorch"``
-    run in a child with ``environ``: an import that aborts (a binding built for another
-    torch can) ends only the child."""
+def _import_check(python: str, environ: Mapping[str, str], module: str = CCL_MODULE) -> tuple:
+    """(loads, why, worth caching) of ``python -c "import torch, MODULE"`` run in a child
+    with ``environ``: an import that aborts (a binding built for another torch can) ends
+    only the child."""
     from cpulaunch.errors import printable
     from cpulaunch.machine.exec import run_quietly, signal_name
 
     try:
-        code, out = run_quietly([python, "-c", f"import torch, {CCL_MODULE}"], timeout=CCL_CHECK_SECONDS,
+        code, out = run_quietly([python, "-c", f"import torch, {module}"], timeout=CCL_CHECK_SECONDS,
                                 env=environ)
     except TimeoutError:
         return False, f"did not finish importing in {CCL_CHECK_SECONDS:g} s", False
@@ -415,9 +451,11 @@ def _import_check(python: str, environ: Mapping[str, str]) -> tuple:
     return False, printable(lines[-1][:300]) if lines else f"import failed with exit code {code}", True
 
 
-#: Where the bindings are, asked in a child when the ranks run another interpreter than
-#: the launcher: one JSON line (no torch import: about as fast as the interpreter starts).
-_CCL_LOCATE = f"""\
+def _locate_script(ext: Extension) -> str:
+    """Where an extension is, asked in a child when the program runs another interpreter
+    than the launcher: one JSON line (no torch import: about as fast as the interpreter
+    starts)."""
+    return f"""\
 import importlib.metadata as m, importlib.util as u, json
 def v(*names):
     for n in names:
@@ -425,9 +463,9 @@ def v(*names):
             return m.version(n)
         except m.PackageNotFoundError:
             pass
-s = u.find_spec({CCL_MODULE!r})
+s = u.find_spec({ext.module!r})
 print(json.dumps({{"origin": s and s.origin, "locations": list(s and s.submodule_search_locations or []),
-                  "version": v(*{CCL_DISTRIBUTIONS!r}), "torch": v("torch")}}))
+                  "version": v(*{ext.distributions!r}), "torch": v("torch")}}))
 """
 
 
@@ -447,25 +485,26 @@ def rank_python(program: Sequence[str], environ: Mapping[str, str]) -> str:
     return sys.executable
 
 
-def _locate(python: str, environ: Mapping[str, str]) -> tuple:
-    """(package folder or None, bindings' version, torch's version) as ``python`` sees them:
-    in this process when it is this interpreter, else from a child (:data:`_CCL_LOCATE`)."""
+def _locate(python: str, environ: Mapping[str, str], ext: Extension = CCL) -> tuple:
+    """(package folder or None, extension's version, torch's version) as ``python`` sees
+    them: in this process when it is this interpreter, else from a child
+    (:func:`_locate_script`)."""
     import json  # not on the launch path (issue 12)
     import importlib.util
 
     if python == sys.executable:
         try:
-            spec = importlib.util.find_spec(CCL_MODULE)
+            spec = importlib.util.find_spec(ext.module)
         except (ImportError, ValueError):
             spec = None
         origin, locations = (spec.origin, list(spec.submodule_search_locations or [])) if spec else (None, [])
         found = spec is not None
-        version, torch_version = (dist_version(*CCL_DISTRIBUTIONS), dist_version("torch")) if found else (None, None)
+        version, torch_version = (dist_version(*ext.distributions), dist_version("torch")) if found else (None, None)
     else:
         from cpulaunch.machine.exec import run_quietly
 
         try:
-            code, out = run_quietly([python, "-c", _CCL_LOCATE], timeout=30, env=environ, stderr=False)
+            code, out = run_quietly([python, "-c", _locate_script(ext)], timeout=30, env=environ, stderr=False)
             data = json.loads(out.strip().splitlines()[-1]) if code == 0 and out.strip() else {}
         except (OSError, TimeoutError, ValueError):
             data = {}
@@ -479,33 +518,46 @@ def _locate(python: str, environ: Mapping[str, str]) -> tuple:
 
 def ccl_binding(python: str, environ: Mapping[str, str], cache: Optional[Path]) -> CclBinding:
     """Is oneccl_bindings_for_pytorch installed for ``python`` (the ranks' interpreter), and
-    does it load with its torch?
+    does it load with its torch? :func:`extension_binding` of :data:`CCL`."""
+    return extension_binding(CCL, python, environ, cache)
+
+
+def zentorch_binding(python: str, environ: Mapping[str, str], cache: Optional[Path]) -> CclBinding:
+    """Is zentorch installed for ``python`` (the program's interpreter), and does it import
+    with its torch? :func:`extension_binding` of :data:`ZENTORCH` (the child's import of
+    torch and zentorch took 5-16 s here; its verdict is cached)."""
+    return extension_binding(ZENTORCH, python, environ, cache)
+
+
+def extension_binding(ext: Extension, python: str, environ: Mapping[str, str], cache: Optional[Path]) -> CclBinding:
+    """Is the extension ``ext`` installed for ``python``, and does it import with its torch?
 
     Found with ``importlib.util.find_spec`` (not imported; in a child when ``python`` is not
-    this interpreter); then ``import torch, oneccl_bindings_for_pytorch`` runs in a child
-    process of ``python`` with ``environ`` (the ranks' environment), because a binding built
-    for another torch can abort the interpreter at import while its metadata looks right
-    (issue 21). The verdict is kept in ``cache`` (a folder, :func:`cache_dir`; None: not
-    kept) under a key of everything that decides it (:func:`verdict_key`: ``python``,
-    torch's version, each binding file's path, mtime and size, and the LD_*, PYTHON*,
-    CCL_*, FI_* and I_MPI_* variables), so a run pays the 1.4-10 s check once per build and
-    environment; it is read back only from a folder and file of this user's that nobody
-    else may write (:func:`_read_verdict`), and ``cpulaunch doctor --clear-cache`` removes
-    it (:func:`clear_cache`). A check that ran out of time is not kept.
+    this interpreter); then ``import torch, MODULE`` runs in a child process of ``python``
+    with ``environ`` (the program's environment), because an extension built for another
+    torch can abort the interpreter at import while its metadata looks right (oneCCL's
+    bindings) or refuse the import (zentorch checks torch's minor release). The verdict is
+    kept in ``cache`` (a folder, :func:`cache_dir`; None: not kept) under a key of
+    everything that decides it (:func:`verdict_key`: ``python``, torch's version, each
+    package file's path, mtime and size, and the LD_*, PYTHON*, CCL_*, FI_* and I_MPI_*
+    variables), so a run pays the check once per build and environment; it is read back
+    only from a folder and file of this user's that nobody else may write
+    (:func:`_read_verdict`), and ``cpulaunch doctor --clear-cache`` removes it
+    (:func:`clear_cache`). A check that ran out of time is not kept.
 
     Returns:
         :class:`CclBinding` (``path`` None when not installed; then no import is tried).
     """
-    folder, version, torch_version = _locate(python, environ)
+    folder, version, torch_version = _locate(python, environ, ext)
     if folder is None:
         return CclBinding(python, None)
     key = verdict_key(python, torch_version, folder, environ)
-    name = verdict_name(key)
+    name = verdict_name(key, ext.cache_name)
     hit = _read_verdict(cache, name, key) if cache is not None else None
     if hit is not None:
         return CclBinding(python, str(folder), version, torch_version, hit[0], hit[1], cached=True,
                           cache_file=str(cache / name))
-    loads, why, keep = _import_check(python, environ)
+    loads, why, keep = _import_check(python, environ, ext.module)
     kept = keep and cache is not None and _write_verdict(cache, name, key, loads, why)
     return CclBinding(python, str(folder), version, torch_version, loads, why,
                       cache_file=str(cache / name) if kept else None)

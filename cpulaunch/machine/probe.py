@@ -31,7 +31,9 @@ under the root (``/sys/devices/system/cpu/online: bad item '' in cpulist '1,,2';
   ``cpu/kernel_max`` and ``cpu/possible`` that do not parse (the bound falls back to
   ``cpulist.MAX_IDS``), ``nodeN/meminfo`` without a ``MemTotal`` line, ``cpu_capacity``
   and ``cpuinfo_max_freq`` that are not numbers (no E-core detection from them),
-  ``proc/cpuinfo`` (free text; only its first 64 KiB are read), and these files or
+  ``proc/cpuinfo`` (free text; only its first 64 KiB are read; its first processor's
+  identifiers name the platform: :mod:`cpulaunch.machine.platform`), arm64's
+  ``cpu0/regs/identification/midr_el1`` (read only when cpuinfo names no implementer), and these files or
   ``proc/self/{status,cgroup,mounts}`` when unreadable (permission denied, not a regular
   file, over the size bound): then they count as absent;
 - ignored silently: lines of ``proc/self/cgroup`` / ``proc/mounts`` that are not in the
@@ -64,6 +66,7 @@ from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.cpulist import CpulistError, excerpt
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.machine import platform
 from cpulaunch.machine.files import FileReader, corrupt
 from cpulaunch.machine.topology import (
     CacheFacts,
@@ -577,14 +580,18 @@ def read_facts(root: str | os.PathLike = "/", *, core_ids: bool = True,
             lscpu = parse_lscpu(text) if text is not None else None
     present = fs.read(f"{CPU_DIR}/present")
     has_memory = fs.read(f"{NODE_DIR}/has_memory")
-    flags, model = parse_cpuinfo(fs.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES, truncate=True))
+    cpuinfo = fs.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES, truncate=True)
+    flags, model = parse_cpuinfo(cpuinfo)
+    cpu_id = platform.parse_cpuid(cpuinfo)
+    if cpu_id.arch == "arm64" and cpu_id.implementer is None:  # no ids in cpuinfo: arm64's MIDR
+        cpu_id = platform.parse_cpuid(cpuinfo, fs.read(platform.MIDR_FILE, strict=False))
     cache_facts = read_caches(fs, online, cpus, limit) if caches else None
     return HostFacts(
         online=online_file, cpus=cpus, nodes=nodes, hybrid_atom=hybrid_atom, lscpu=lscpu,
         present=None if present is None else _parse(fs, present, f"{CPU_DIR}/present", limit),
         has_memory=(None if has_memory is None
                     else _parse(fs, has_memory, f"{NODE_DIR}/has_memory", cpulist.MAX_NODE_IDS)),
-        flags=flags, model=model, cpu_limit=limit, root=fs.root, **limits, notes=tuple(fs.notes),
+        flags=flags, model=model, cpu=cpu_id, cpu_limit=limit, root=fs.root, **limits, notes=tuple(fs.notes),
         caches=cache_facts,
     )
 

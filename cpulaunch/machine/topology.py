@@ -22,6 +22,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine.platform import CpuId, Platform, platform_of
 
 __all__ = [
     "CpuFacts",
@@ -136,6 +137,8 @@ class HostFacts(NamedTuple):
     hybrid_atom: Optional[frozenset[int]] = None
     flags: frozenset[str] = frozenset()  # CPU feature flags of /proc/cpuinfo's first processor
     model: str = ""  # its model name
+    #: its identifiers (vendor, family and model; arm64 implementer and part), None: not read
+    cpu: Optional[CpuId] = None
     allowed: Optional[frozenset[int]] = None  # logical CPUs this process may use; None: all online
     allowed_source: str = "all online CPUs"
     cpuset: Optional[frozenset[int]] = None  # cgroup cpuset of the process (None: unknown)
@@ -253,6 +256,7 @@ class _TopologyFields(NamedTuple):
     cpu_limit: int = cpulist.MAX_IDS
     caches: Optional[Caches] = None
     quota_source: str = ""
+    cpu: Optional[CpuId] = None
 
 
 class Topology(_TopologyFields):
@@ -286,6 +290,8 @@ class Topology(_TopologyFields):
             and for ``--show-topology``: docs/guide/placement.md).
         quota_source: the cgroup folder whose quota ``quota_cpus`` is (below the root),
             for messages; "" when there is none or it is unknown.
+        cpu: the first processor's identifiers (:class:`cpulaunch.machine.platform.CpuId`),
+            None where the probe read none; :attr:`platform` names them.
 
     A NamedTuple like the other records (immutable; change one with ``._replace()``;
     equal when the fields are). ``core_of`` and ``node_of`` are O(1): each builds its map
@@ -321,6 +327,11 @@ class Topology(_TopologyFields):
         return index.get(cpu)
 
     @property
+    def platform(self) -> Platform:
+        """The CPU's vendor and family (:func:`cpulaunch.machine.platform.platform_of`)."""
+        return platform_of(self.cpu)
+
+    @property
     def memory_nodes(self) -> frozenset[int]:
         """Ids of nodes that have memory."""
         return frozenset(n.id for n in self.nodes.values() if n.has_memory)
@@ -330,6 +341,7 @@ class Topology(_TopologyFields):
         return {
             "source": self.source,
             "model": self.model,
+            "platform": self.platform.to_dict(),
             "online": cpulist.format(self.online),
             "offline": cpulist.format(self.offline),
             "allowed": cpulist.format(self.allowed),
@@ -697,7 +709,7 @@ def build(facts: HostFacts) -> Topology:
         nodes=nodes, sockets=tuple(sockets), flags=facts.flags, model=facts.model, hybrid=hybrid,
         source=facts.source, notes=tuple(notes), allowed_mems=facts.allowed_mems,
         allowed_mems_source=facts.allowed_mems_source, cpu_limit=facts.cpu_limit,
-        caches=caches, quota_source=facts.quota_source if facts.quota_cpus is not None else "",
+        caches=caches, quota_source=facts.quota_source if facts.quota_cpus is not None else "", cpu=facts.cpu,
     )
 
 

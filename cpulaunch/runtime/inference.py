@@ -1,4 +1,4 @@
-"""The inference path: run a model through oneDNN Graph (TorchScript), inductor or eager.
+"""The inference path: run a model through oneDNN Graph (TorchScript), inductor, zentorch or eager.
 
 ``optimize(model, example_inputs)`` returns an :class:`OptimizedModel`, a callable wrapper
 that says which path it took (``.path``) and what it measured (``.report``).
@@ -21,10 +21,29 @@ Paths (``PATHS``):
 - ``"inductor"``: ``torch.compile(model, options={"freezing": True})`` (inductor freezing
   folds the weights into the compiled graph as constants; without it inductor was slower
   than eager at batch 1 here) called in inference mode.
+- ``"zentorch"``: ``torch.compile(model, backend=<zentorch's backend>, dynamic=False)``
+  called under ``torch.no_grad()``: AMD's extension for EPYC (``pip install zentorch``)
+  replaces Linear layers, attention and their fused epilogues with ZenDNN kernels and
+  prepacks the weights. ZenDNN's guide asks for inductor freezing
+  (``TORCHINDUCTOR_FREEZING=1``); here it is set for zentorch's own calls only
+  (:func:`zentorch_settings`), as the inductor path does with ``options=``. zentorch's
+  backend also sets inductor's process-global ``joint_custom_post_pass`` to its own graph
+  pass, which would then run inside every later inductor compile of the process: this
+  module sets both around each call of the zentorch model (inductor compiles the graph
+  lazily, at the first call and at each recompile) and restores the previous values after
+  it, so the inductor path and the user's own ``torch.compile`` calls stay untouched;
+  ``auto`` builds zentorch last besides. Importing
+  zentorch cannot be undone (it registers its ops and its backend), and costs 2.5-6 s
+  here. zentorch 2.14.0.1 imports only with torch 2.14.x (its wheel checks the minor
+  release): whether it imports is checked once in a child process
+  (:func:`cpulaunch.machine.host.zentorch_binding`, the verdict cached), so a refused
+  version is one note in ``auto`` (the other paths run) and one line from an explicit
+  ``path="zentorch"`` (:class:`UnsupportedModelError`), never an import in this process.
 - ``"eager"``: ``model.eval()`` under ``torch.inference_mode()``.
 - ``"auto"``: build each candidate path, check its outputs against eager, time them
   interleaved, keep the fastest one whose outputs match. Progress goes to stderr, one line
-  per candidate (``progress=False`` silences it).
+  per candidate (``progress=False`` silences it). zentorch is a candidate where it imports
+  (checked as above); where it is installed but refused, a note says why.
 
 For every path the model is first copied (the caller's model is never changed), put in eval
 mode, Conv+BatchNorm pairs are folded with ``torch.fx.experimental.optimization.fuse``
@@ -75,11 +94,12 @@ from cpulaunch.machine.probe import parse_cpuinfo
 #: --inference-path`` sets it for the program it launches.
 INFERENCE_PATH_ENV = envvars.INFERENCE_PATH
 
-#: Every value ``optimize(path=...)`` and ``$CPULAUNCH_PLANNED_INFERENCE_PATH`` accept.
-PATHS = ("onednn-graph", "inductor", "eager", "auto")
+#: Every value ``optimize(path=...)`` and ``$CPULAUNCH_PLANNED_INFERENCE_PATH`` accept
+#: (``cpulaunch --inference-path`` takes the same: :data:`cpulaunch.option_table.INFERENCE_PATHS`).
+PATHS = ("onednn-graph", "inductor", "zentorch", "eager", "auto")
 
-#: The concrete paths, in the order ``auto`` tries them.
-CONCRETE_PATHS = ("eager", "onednn-graph", "inductor")
+#: The concrete paths, in the order ``auto`` tries them (zentorch last: see the module doc).
+CONCRETE_PATHS = ("eager", "onednn-graph", "inductor", "zentorch")
 
 #: Path taken by ``optimize(path=None)`` when ``$CPULAUNCH_PLANNED_INFERENCE_PATH`` is unset or empty.
 DEFAULT_PATH = "auto"
@@ -203,6 +223,31 @@ def host_bf16_support(cpuinfo_path: str = "/proc/cpuinfo") -> Bf16Support:
         return Bf16Support.UNKNOWN
 
 
+def zentorch_usable() -> Tuple[bool, str]:
+    """Whether zentorch can be used in this process: ``(True, "")``, or ``(False, why)`` in
+    one line. Checked once per process (and cached across processes) by importing torch
+    and zentorch in a child of this interpreter with this environment
+    (:func:`cpulaunch.machine.host.zentorch_binding`), so a refused or broken zentorch never
+    imports here. Not installed: ``(False, "zentorch is not installed ...")``."""
+    global _ZENTORCH_VERDICT
+    if _ZENTORCH_VERDICT is None:
+        from cpulaunch.machine.host import cache_dir, zentorch_binding
+
+        b = zentorch_binding(sys.executable, dict(os.environ), cache_dir(os.environ))
+        if b.path is None:
+            _ZENTORCH_VERDICT = (False, "zentorch is not installed (pip install zentorch, the release built "
+                                        "for this torch)")
+        elif b.loads:
+            _ZENTORCH_VERDICT = (True, "")
+        else:
+            _ZENTORCH_VERDICT = (False, f"zentorch {b.version or '?'} does not import with torch "
+                                        f"{b.torch_version or '?'}: {b.why}")
+    return _ZENTORCH_VERDICT
+
+
+_ZENTORCH_VERDICT: Optional[Tuple[bool, str]] = None
+
+
 def bf16_notes(support: Bf16Support, aarch64: bool = False) -> List[str]:
     """The sentences a bf16 report carries for a CPU with this support (empty for NATIVE
     and UNKNOWN). ``aarch64`` words the missing feature as aarch64 names it."""
@@ -315,7 +360,8 @@ def optimize(model: Any, example_inputs: Any = (), *,
             onednn-graph path makes at least 2.
         channels_last: convert the model and 4-D floating inputs to channels_last; ``None``
             decides: yes when the model has a ``Conv2d`` and an input is 4-D.
-        candidates: paths "auto" tries (default :data:`CONCRETE_PATHS`); ignored otherwise.
+        candidates: paths "auto" tries (default :data:`CONCRETE_PATHS`; zentorch only where
+            it imports, and always last); ignored otherwise.
         trial_seconds: wall-clock seconds "auto" spends timing each candidate (spread over 3
             interleaved rounds, at least 3 calls each).
         progress: "auto" writes one line per candidate to stderr
@@ -340,8 +386,10 @@ def optimize(model: Any, example_inputs: Any = (), *,
             inputs not tensors.
         UnsupportedModelError (a ValueError): the requested path cannot take this model
             (one line naming what and the path to use instead).
+        UnsupportedModelError: ``path="zentorch"`` where zentorch is not installed or does
+            not import with this torch (:func:`zentorch_usable`).
         RuntimeError (or whatever torch raises): building an explicitly requested inductor
-            path failed ("auto" records such failures in ``report["errors"]`` and moves on).
+            or zentorch path failed ("auto" records such failures in ``report["errors"]`` and moves on).
     """
     requested, dtype_name, candidates = _check_arguments(path, dtype, warmup, trial_seconds,
                                                          candidates)
@@ -365,8 +413,9 @@ def optimize(model: Any, example_inputs: Any = (), *,
     }
     auto = requested == "auto"
     say = _progress_writer(progress and auto)
-    built = _build_paths(candidates if auto else (requested,), prepared, args, kwargs,
-                         warmup, reference, report, say, keep_going=auto)
+    names = _usable_paths(candidates if auto else (requested,), report, explicit=not auto,
+                          default_candidates=candidates == CONCRETE_PATHS)
+    built = _build_paths(names, prepared, args, kwargs, warmup, reference, report, say, keep_going=auto)
     chosen = _choose(built, args, kwargs, report, trial_seconds, say) if auto else requested
     _note_bf16(report)
     runner, module, graph = built[chosen]
@@ -388,6 +437,8 @@ def _check_arguments(path: Optional[str], dtype: Any, warmup: Any, trial_seconds
         raise ValueError(f"trial_seconds must be > 0, got {trial_seconds!r}")
     chosen = tuple(CONCRETE_PATHS if candidates is None else candidates)
     bad = [c for c in chosen if c not in CONCRETE_PATHS]
+    # zentorch last whatever the order given: its compile is the one with process-wide effects
+    chosen = tuple(c for c in chosen if c != "zentorch") + tuple(c for c in chosen if c == "zentorch")
     if bad or not chosen:
         raise ValueError(f"candidates {list(chosen)!r} must be a non-empty subset of "
                          f"{', '.join(CONCRETE_PATHS)}")
@@ -426,6 +477,24 @@ def _prepare_model(base: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
 
 
 Runner = Tuple[Callable[..., Any], Any, Optional[str]]
+
+
+def _usable_paths(names: Sequence[str], report: Dict[str, Any], explicit: bool,
+                  default_candidates: bool) -> Tuple[str, ...]:
+    """``names`` without zentorch where it cannot be used here (:func:`zentorch_usable`):
+    an explicit ``path="zentorch"`` raises one line; ``auto`` notes why, except when
+    zentorch is simply not installed and the caller did not name it."""
+    if "zentorch" not in names:
+        return tuple(names)
+    ok, why = zentorch_usable()
+    if ok:
+        return tuple(names)
+    if explicit:
+        raise UnsupportedModelError(f"path='zentorch' cannot be used here: {why}; use path='inductor' "
+                                    f"or path='auto'")
+    if not (default_candidates and why.startswith("zentorch is not installed")):
+        report["notes"].append(f"zentorch not tried: {why}")
+    return tuple(n for n in names if n != "zentorch")
 
 
 def _build_paths(names: Sequence[str], model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
@@ -763,10 +832,52 @@ def _build_inductor(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], d
     return run, compiled, None, {}
 
 
+def _build_zentorch(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], dtype_name: str,
+                    warmup: int) -> Built:
+    import torch
+
+    import zentorch  # registers its ops and the "zentorch" dynamo backend
+
+    compiled = torch.compile(model, backend=zentorch.zentorch_compile, dynamic=False)
+
+    def run(*a: Any, **k: Any) -> Any:
+        # zentorch's guide: torch.no_grad() (freezing needs grad mode off)
+        with zentorch_settings(), _quiet_torchscript(), torch.no_grad(), _autocast(dtype_name):
+            return compiled(*a, **k)
+
+    for _ in range(warmup):
+        run(*args, **kwargs)
+    return run, compiled, None, {}
+
+
+@contextlib.contextmanager
+def zentorch_settings() -> Iterator[None]:
+    """The inductor settings a zentorch-compiled model needs, for the duration of one call,
+    and the previous values back afterwards: ``freezing=True`` (ZenDNN's
+    ``TORCHINDUCTOR_FREEZING=1``: weights prepacked and folded as constants) and
+    ``joint_custom_post_pass`` = zentorch's graph pass, which zentorch's backend sets
+    process-wide and never resets. Both are read when inductor compiles, and it compiles
+    the graph zentorch's backend returns lazily, at the first call (measured here: with the
+    settings restored as soon as the backend returned, the MLP ran at 11-18 samples/s
+    instead of 150, its weights prepacked on every call), so they are set around every call
+    of the compiled model (the first, and any that recompiles at a new shape). Imports
+    zentorch."""
+    import zentorch
+    from torch._inductor import config
+
+    saved = config.joint_custom_post_pass, config.freezing
+    config.joint_custom_post_pass, config.freezing = zentorch._compile_backend.optimize_pass, True
+    try:
+        yield
+    finally:
+        config.joint_custom_post_pass, config.freezing = saved
+
+
 _BUILDERS: Dict[str, Callable[..., Built]] = {
     "eager": _build_eager,
     "onednn-graph": _build_onednn,
     "inductor": _build_inductor,
+    "zentorch": _build_zentorch,
 }
 
 

@@ -19,6 +19,10 @@ What comes from where:
   :func:`cpulaunch.machine.libfinder.find_libfabric`), and whether a ccl collective can
   start (a one-rank ``init_process_group("ccl")`` and all_reduce in a child with the
   launcher's oneCCL variables: :func:`cpulaunch.machine.host.ccl_collective_check`);
+- zentorch (``--inference-path zentorch``), when installed: whether it imports with this
+  torch (the launcher's cached child-process verdict,
+  :func:`cpulaunch.machine.host.zentorch_binding`); not installed: an info finding on AMD
+  Zen CPUs only;
 - numactl is run only when ``live``, with the launcher's own check
   (:func:`cpulaunch.machine.numactl.check_argv`: ``numactl -C <allowed CPUs> -m
   <their memory nodes> true`` for ``--mem-policy bind``); on a dump it is "not checked:
@@ -30,7 +34,8 @@ Every file is read through the probe's bounded reader
 becomes a ``file-not-read:<path>`` finding naming it, never a hang.
 
 Cost: no torch import, no py-cpuinfo (about 1.1 s per call here: docs/dev/measurements.md), at most one
-``numactl`` run and the library search; well under 2 s. With oneCCL's bindings installed,
+``numactl`` run and the library search; well under 2 s. With zentorch installed, its
+import check once (5-16 s here; cached). With oneCCL's bindings installed,
 two children more: the import check (1.4-10 s here, once per build: cached) and the
 one-rank collective (a few seconds). torch's ``libtorch_cpu.so``
 (~430 MB) is memory-mapped, so only the pages holding its ELF headers and dynamic
@@ -63,7 +68,9 @@ from cpulaunch.machine.host import dist_version
 from cpulaunch.machine.libraries import openmp_runtime_of
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.probe import CPUINFO_BYTES
-from cpulaunch.render import ISA_FLAGS
+from cpulaunch.machine.platform import Platform
+from cpulaunch.machine.recipes import RECIPES, recipe_for
+from cpulaunch.render import ISA_FLAGS, platform_line
 from cpulaunch.tools import CLICK_CONTEXT
 
 __all__ = [
@@ -135,6 +142,9 @@ class TopologySummary:
 
     Attributes:
         model: CPU model name from cpuinfo ("" if unknown).
+        platform: vendor and family (:class:`cpulaunch.machine.platform.Platform`).
+        recipe: the environment recipe ``--recipe auto`` applies on it
+            (:mod:`cpulaunch.machine.recipes`).
         sockets: number of sockets (packages).
         nodes: NUMA node ids that have CPUs.
         memory_nodes: NUMA node ids that have memory.
@@ -151,6 +161,8 @@ class TopologySummary:
     """
 
     model: str
+    platform: Platform
+    recipe: str
     sockets: int
     nodes: tuple[int, ...]
     memory_nodes: tuple[int, ...]
@@ -398,6 +410,8 @@ def _topology(files: FileReader, findings: list) -> tuple:
     summary = TopologySummary(
         model=topo.model or _arm_model(files.read("proc/cpuinfo", strict=False, cap=CPUINFO_BYTES,
                                                   truncate=True)),
+        platform=topo.platform,
+        recipe=recipe_for(topo.platform.kind).name,
         sockets=len(topo.sockets),
         nodes=tuple(sorted(n.id for n in topo.nodes.values() if n.cpus)),
         memory_nodes=tuple(sorted(topo.memory_nodes)),
@@ -428,6 +442,11 @@ def _topology_findings(summary: TopologySummary, topo, quota_source: str) -> lis
         f"{summary.sockets} socket(s), {len(summary.nodes)} NUMA node(s) with CPUs, {summary.cores} cores, "
         f"{summary.threads_per_core} thread(s) per core, {len(topo.online)} CPUs online"
         + (f" ({summary.model})" if summary.model else ""),
+    ))
+    recipe = RECIPES[summary.recipe]
+    findings.append(Finding(
+        "platform", "ok", f"{summary.platform.text}; environment recipe {recipe.name}",
+        f"{recipe.title}. Each launch shows the recipe it applied (CPULAUNCH_PLANNED_RECIPE, --dry-run).",
     ))
     if topo.hybrid:
         ecores = frozenset(c for core in topo.cores if core.efficiency for c in core.cpus)
@@ -886,6 +905,36 @@ def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
 # --------------------------------------------------------------------------- diagnose
 
 
+def _zentorch(environ: Mapping[str, str], topo, findings: list) -> None:
+    """zentorch (AMD's torch.compile backend, ``--inference-path zentorch``): whether it
+    imports with this torch, by the launcher's own cached child-process check
+    (:func:`cpulaunch.machine.host.zentorch_binding`). Not installed: said on AMD Zen CPUs
+    only, where it is worth installing."""
+    import sys
+
+    from cpulaunch.machine.host import cache_dir, zentorch_binding
+
+    # the user's cache folder, else this process's (a report made with an empty environment)
+    b = zentorch_binding(sys.executable, environ, cache_dir(environ) or cache_dir(os.environ))
+    torch_v = b.torch_version or dist_version("torch") or "not installed"
+    if b.path is None:
+        if topo is not None and topo.platform.kind == "amd-zen":
+            findings.append(Finding(
+                "zentorch", "info", "zentorch (AMD's torch.compile backend for EPYC) is not installed",
+                "it is one of the inference paths (--inference-path zentorch; auto tries it where it imports)",
+                fix=f"pip install zentorch, the release built for torch {torch_v}"))
+        return
+    if b.loads:
+        findings.append(Finding("zentorch", "ok", f"zentorch {b.version or '?'} imports with torch {torch_v}: "
+                                              "--inference-path zentorch can be used"))
+    else:
+        findings.append(Finding(
+            "zentorch", "warn", f"zentorch {b.version or '?'} does not import with torch {torch_v}: {b.why}",
+            "a zentorch wheel imports only with the torch minor release it was built for (zentorch 2.14.0.1: "
+            "torch 2.14.x); cpulaunch's auto path leaves it out with a note",
+            fix="install the zentorch release built for this torch, or the torch it was built for"))
+
+
 def _failed(name: str, exc: Exception) -> Finding:
     return Finding(f"check-failed:{name}", "warn", f"the {name} check failed: {exc}",
                    f"{type(exc).__name__}: {exc}",
@@ -966,6 +1015,7 @@ def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]]
     torch = _guarded("torch", findings, _torch, findings)
     env = _guarded("environment", findings, _environment, environ, findings)
     ccl = _guarded("ccl", findings, _ccl, environ, findings)
+    _guarded("zentorch", findings, _zentorch, environ, topo, findings)
     findings += _files_not_read((files, host))
     return Report(
         root=str(root), live=live, findings=tuple(findings), topology=summary, numactl=numactl,
@@ -1000,7 +1050,8 @@ def to_json(report: Report) -> dict[str, Any]:
             for f in report.findings
         ],
         "topology": None if t is None else {
-            "model": t.model, "sockets": t.sockets, "nodes": list(t.nodes),
+            "model": t.model, "platform": t.platform.text, "vendor": t.platform.vendor or None,
+            "family": t.platform.family or None, "recipe": t.recipe, "sockets": t.sockets, "nodes": list(t.nodes),
             "memory_nodes": list(t.memory_nodes), "cores": t.cores,
             "threads_per_core": t.threads_per_core, "online": fmt(t.online), "offline": fmt(t.offline),
             "allowed": fmt(t.allowed), "allowed_source": t.allowed_source,
@@ -1058,6 +1109,7 @@ def render_text(report: Report) -> str:
         lines.append(f"  CPU: {t.model or '?'}; {t.sockets} socket(s), NUMA nodes {fmt(t.nodes) or '-'} "
                      f"(memory on {fmt(t.memory_nodes) or '-'}), {t.cores} cores x {t.threads_per_core} "
                      f"thread(s), online {fmt(t.online)}" + (f", offline {fmt(t.offline)}" if t.offline else ""))
+        lines.append(f"  {platform_line(t.platform)}")
         lines.append(f"  allowed CPUs: {fmt(t.allowed)} ({t.allowed_source})"
                      + (f"; cgroup cpuset {fmt(t.cpuset)}" if t.cpuset is not None else "")
                      + (f"; CPU quota {t.quota_cpus:g}" if t.quota_cpus is not None else ""))

@@ -31,7 +31,11 @@ __all__ = [
 # --------------------------------------------------------------------------- constants
 
 #: Axes of the search space, in the order configurations are keyed, printed and flagged.
-AXES = ("instances", "allocator", "omp-runtime", "kmp-blocktime", "omp-places", "smt")
+AXES = ("instances", "allocator", "omp-runtime", "kmp-blocktime", "omp-places", "smt", "recipe",
+        "omp-wait-policy", "zendnn-matmul-algo")
+#: Axes searched only on the platforms whose recipe lists them (``Recipe.tune``,
+#: cpulaunch.machine.recipes: AMD Zen's).
+PLATFORM_AXES = ("recipe", "omp-wait-policy", "zendnn-matmul-algo")
 #: What each axis is, for --help and docs/guide/tune.md.
 AXIS_HELP = {
     "instances": "how many instances (and so cores per instance): 1, per socket, per NUMA node, "
@@ -41,7 +45,14 @@ AXIS_HELP = {
     "kmp-blocktime": "KMP_BLOCKTIME 0, 1, 5, 200 ms (intel only; alone it fixes --omp-runtime intel)",
     "omp-places": "OMP_PLACES/OMP_PROC_BIND off/on (gnu only)",
     "smt": "--use-logical-cores off/on (only on a machine with SMT)",
+    "recipe": "the platform's environment recipe against generic (AMD Zen only: ZenDNN's OMP_DYNAMIC, "
+              "KMP_* barriers, AMD's jemalloc MALLOC_CONF)",
+    "omp-wait-policy": "OMP_WAIT_POLICY unset (auto), ACTIVE, PASSIVE (AMD Zen only; ZenDNN's guide: ACTIVE)",
+    "zendnn-matmul-algo": "ZENDNNL_MATMUL_ALGO 1 (zentorch's default: latency) and 5 (NLP throughput) "
+                          "(AMD Zen only; read by zentorch)",
 }
+#: ZENDNNL_MATMUL_ALGO values tried; the first is what zentorch reads when it is unset.
+MATMUL_ALGOS = (1, 5)
 #: KMP_BLOCKTIME values tried, in ms; the first is cpulaunch's default (the registry's 1 ms).
 KMP_BLOCKTIMES = (1, 0, 5, 200)
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smh])")
@@ -118,7 +129,9 @@ class Space:
         axes: the searched axes (at least two values each), in :data:`AXES` order.
         values: axis -> its values, the default first. Instances are labels of
             ``instances``; allocator/omp-runtime are cpulaunch's choices ("tcmalloc",
-            "intel"); kmp-blocktime is in ms; omp-places and smt are booleans.
+            "intel"); kmp-blocktime is in ms; omp-places and smt are booleans; recipe and
+            omp-wait-policy are ``--recipe``/``--omp-wait-policy`` values; zendnn-matmul-algo
+            an int.
         default: the configuration cpulaunch uses without flags, restricted to the
             searched axes (plus ``fixed``).
         fixed: values every configuration carries without searching them (``omp-runtime
@@ -218,7 +231,10 @@ def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
 
     Returns:
         a :class:`Space`; an axis with a single possible value here (no SMT, no libiomp5,
-        one instance choice) is dropped with a note.
+        one instance choice) is dropped with a note, and so are the platform axes
+        (:data:`PLATFORM_AXES`) on a CPU whose recipe does not list them (one note; on AMD
+        Zen: recipe amd-zen vs generic, OMP_WAIT_POLICY auto/active/passive,
+        ZENDNNL_MATMUL_ALGO 1/5).
 
     Raises:
         TuneError: no axis is left with two values (nothing to compare).
@@ -238,8 +254,27 @@ def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
     intel = "iomp5" in available
     usable = topo.online & topo.allowed
     smt = any(len(set(c.cpus) & usable) > 1 for c in topo.cores)
+    platform = topo.platform
+    from cpulaunch.machine.recipes import WAIT_POLICIES, recipe_for
+
+    recipe = recipe_for(platform.kind)
+    foreign = [a for a in wanted if a in PLATFORM_AXES and a not in recipe.tune]
+    if foreign:
+        notes.append(f"axes {', '.join(foreign)} dropped: they are searched on AMD Zen CPUs only (this one: "
+                     f"{platform.text}, recipe {recipe.name})")
     for axis in wanted:
-        if axis == "instances":
+        if axis in foreign:
+            continue
+        if axis == "recipe":
+            vals = (recipe.name, "generic")
+            why = ""
+        elif axis == "omp-wait-policy":
+            vals = WAIT_POLICIES
+            why = ""
+        elif axis == "zendnn-matmul-algo":
+            vals = MATMUL_ALGOS
+            why = ""
+        elif axis == "instances":
             vals = tuple(inst)
             why = "one usable core gives a single choice"
         elif axis == "allocator":
@@ -316,7 +351,8 @@ def config_flags(space: Space, config: Mapping[str, object]) -> list[str]:
         v = config[axis]
         if axis == "instances":
             flags += list(space.instances[v].flags)
-        elif axis in ("allocator", "omp-runtime", "kmp-blocktime"):
+        elif axis in ("allocator", "omp-runtime", "kmp-blocktime", "recipe", "omp-wait-policy",
+                      "zendnn-matmul-algo"):
             flags += [f"--{axis}", str(v)]
         elif axis == "omp-places" and v:
             flags.append("--omp-places")
