@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import threading
@@ -868,6 +869,14 @@ def test_dump_topology_equals_live(live_roots, folder):
     caches = got.pop("caches")
     assert caches == expected_caches(Truth(meta["lscpu"], meta["numactl"]))
     assert live.pop("caches", caches) == caches  # guests recorded before issue 22 drew none
+    # The platform (issue 33) is named from the guest's /proc/cpuinfo, recorded in the dump:
+    # QEMU's TCG CPU says GenuineIntel, family 15 model 107, which no Intel table names.
+    info = (live_roots[folder] / "proc/cpuinfo").read_text()
+    first = dict(re.findall(r"^(vendor_id|cpu family|model)\s*: (\S+)$", info.split("\n\n")[0], re.M))
+    assert first == {"vendor_id": "GenuineIntel", "cpu family": "15", "model": "107"}
+    assert got.pop("platform") == {"vendor": "Intel", "family": None, "ids": "family 0xf model 0x6b",
+                                   "kind": "intel"}
+    assert live.pop("platform", None) is None  # recorded before issue 33
     assert got == live
 
 

@@ -221,10 +221,10 @@ def test_run_cpu_placement_is_what_run_cpu_does(xeon, tmp_path, args):
     done = subprocess.run([sys.executable, "-m", "torch.backends.xeon.run_cpu", *args, "--no-python", "true"],
                           check=False, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     theirs = [line.split(" -C ")[1].split()[0] for line in done.stderr.splitlines() if "numactl -C" in line]
-    values = {"ninstances": None, "ncores_per_instance": None, "use_logical_core": False}
+    values = {"ninstances": None, "ncores_per_instance": None, "use_logical_cores": False}
     for name, value in zip(args[::2], args[1::2] + [None]):
         if name == "--use-logical-core":
-            values["use_logical_core"] = True
+            values["use_logical_cores"] = True
         else:
             values[name[2:].replace("-", "_")] = int(value)
     req = from_values(values).request
