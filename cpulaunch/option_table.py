@@ -163,7 +163,8 @@ class Option(NamedTuple):
             (config files also take the dashed spelling).
         kind: the values it takes.
         section: its help section.
-        help: one line for ``--help`` and the reference.
+        help: one short line for ``--help`` (and the reference).
+        more: what the reference adds after ``help`` (defaults, sources, details); "" for none.
         default: the value when not given (None: not given; never -1).
         metavar: the value's name in help ("N", "CPULIST").
         bare: the value of the option given without one, for options whose value is
@@ -197,6 +198,12 @@ class Option(NamedTuple):
     requires_ddp: bool = False
     run_only: bool = False
     torchrun: bool = False
+    more: str = ""
+
+    @property
+    def text(self) -> str:
+        """Its help and its ``more``: the reference's "what it does"."""
+        return f"{self.help} {self.more}" if self.more else self.help
 
     @property
     def variable(self) -> str:
@@ -229,138 +236,163 @@ _COUNT_WORDS = ("digits",)
 #: Every option, in --help's order within each section.
 OPTIONS: tuple[Option, ...] = (
     # ---------------------------------------------------------------- placement
-    Option("--ninstances", "ninstances", _integer(1), P, "Number of instances; together they use every usable core.",
-           metavar="N"),
+    Option("--ninstances", "ninstances", _integer(1), P, "Instances; together they use every core.", metavar="N",
+           more="Every usable core: allowed, online, not set aside."),
     Option("--instances-per-socket", "instances_per_socket", _integer(1), P,
            "Instances per socket (package); bare: 1.", metavar="[N]", bare=1, words=_COUNT_WORDS),
     Option("--instances-per-node", "instances_per_node", _integer(1), P, "Instances per NUMA node; bare: 1.",
            metavar="[N]", bare=1, words=_COUNT_WORDS),
     Option("--instances-per-l3", "instances_per_l3", _integer(1), P,
-           "Instances per L3 cache domain (AMD CCX/CCD, Intel socket or SNC); bare: 1.", metavar="[N]", bare=1,
-           words=_COUNT_WORDS),
+           "Instances per L3 cache domain; bare: 1.", metavar="[N]", bare=1,
+           words=_COUNT_WORDS, more="An L3 domain is an AMD CCX or CCD, an Intel socket or SNC cluster."),
     Option("--ncores-per-instance", "ncores_per_instance", STRING, P,
-           "Physical cores per instance, or one count per instance: 43,43,42.", metavar="C[,C...]"),
-    Option("--latency-mode", "latency_mode", FLAG, P, "4 cores per instance, as many instances as fit."),
+           "Physical cores per instance, or 43,43,42.", metavar="C[,C...]",
+           more="One count for every instance, or one count per instance."),
+    Option("--latency-mode", "latency_mode", FLAG, P, "4 cores per instance, as many as fit."),
     Option("--throughput-mode", "throughput_mode", FLAG, P, "One instance per NUMA node."),
     Option("--equal-sizes", "equal_sizes", FLAG, P,
-           "Instances within one core of each other, even where nodes or L3 domains are uneven."),
-    Option("--use-logical-cores", "use_logical_cores", FLAG, P, "Give instances every SMT sibling of their cores."),
+           "Instances within one core of each other.",
+           more="Even where NUMA nodes or L3 domains are uneven."),
+    Option("--use-logical-cores", "use_logical_cores", FLAG, P, "Give instances the SMT siblings too.",
+           more="Every SMT sibling of their cores, one OpenMP thread per logical CPU (by default: one per "
+           "physical core)."),
     Option("--use-e-cores", "use_e_cores", FLAG, P, "Also use the E-cores of hybrid CPUs."),
     Option("--dataloader-workers", "dataloader_workers", _integer(0), P,
-           "Cores per instance set aside for DataLoader workers.", metavar="N"),
+           "Cores per instance for DataLoader workers.", metavar="N",
+           more="Set aside from OpenMP's; cpulaunch.dataloader_kwargs() pins the workers there."),
     Option("--reserve-cores", "reserve_cores", _integer(0), P,
-           "Cores per instance set aside for the program's own non-OpenMP threads.", metavar="N"),
+           "Cores per instance for non-OpenMP threads.", metavar="N",
+           more="Set aside from OpenMP's for the program's own threads."),
     Option("--share-host", "share_host", STRING, P,
-           "Claim the planned cores host-wide so other cpulaunch jobs plan on the rest; when too few are "
-           "free: fail (bare flag; names who holds them) or wait.", metavar="[fail|wait]", bare="fail",
-           words=("fail", "wait")),
-    Option("--lease-dir", "lease_dir", PATH, P, "Folder of --share-host's leases: a lease space of its own "
-           "(default: the host's, /run/cpulaunch and /tmp/cpulaunch).", metavar="DIR"),
+           "Claim the cores host-wide: fail or wait.", metavar="[fail|wait]", bare="fail",
+           words=("fail", "wait"), more="Other cpulaunch jobs plan on the rest. When too few are free: fail "
+           "(the bare flag; names who holds them) or wait."),
+    Option("--lease-dir", "lease_dir", PATH, P, "A lease space of its own for --share-host.", metavar="DIR",
+           more="Default: the host's, /run/cpulaunch and /tmp/cpulaunch."),
     Option("--follow-cpuset", "follow_cpuset", FLAG, P,
-           "While instances run, follow changes of the CPUs this job may use (cgroup cpuset, affinity): plan "
-           "again with the same options and re-pin every thread of each instance.", run_only=True),
+           "Re-pin threads when the cpuset changes.", run_only=True,
+           more="While instances run, follow changes of the CPUs this job may use (cgroup cpuset, affinity): "
+           "plan again with the same options and re-pin every thread of each instance."),
     # ---------------------------------------------------------------- restrictions
     Option("--core-list", "core_list", STRING, R, "Use only these logical CPUs, e.g. 0-31,64-95.", metavar="CPULIST"),
     Option("--node-list", "node_list", STRING, R, "Use only the CPUs of these NUMA nodes, e.g. 0,2.",
            metavar="NODES"),
     Option("--instance-idx", "instance_idx", STRING, R,
-           "Run only these instances (e.g. 0,2); --print-env: which one.", metavar="I[,I...]"),
+           "Only these instances (0,2); --print-env: the one.", metavar="I[,I...]",
+           more="Run only these instances of the plan; with --print-env, the instance printed."),
     # ---------------------------------------------------------------- memory and libraries
     Option("--mem-policy", "mem_policy", _choice(MemPolicy), M,
-           "NUMA memory policy on the nodes of each instance's CPUs: " + _choices(MemPolicy) + ".",
-           default="bind", metavar="POLICY"),
+           "Memory: " + _choices(MemPolicy) + ".", default="bind", metavar="POLICY",
+           more="The NUMA memory policy, on the nodes of each instance's CPUs."),
     Option("--bind", "bind", _choice(BindMode), M,
-           "numactl (CPUs and memory), affinity (CPUs only) or none.", default="numactl", metavar="HOW"),
+           "numactl (CPUs, memory), affinity (CPUs) or none.", default="numactl", metavar="HOW",
+           more="numactl binds CPUs and memory; affinity sets only the CPU affinity."),
     Option("--omp-runtime", "omp_runtime", _choice(OPENMP_CHOICES), M,
-           "OpenMP runtime: auto (torch's own), " + _lib_help("openmp") + ".", default="auto", metavar="NAME"),
+           "OpenMP runtime: auto (torch's own), intel or gnu.", default="auto", metavar="NAME",
+           more=_lib_help("openmp") + "."),
     Option("--allocator", "allocator", _choice(ALLOCATOR_CHOICES), M,
-           "Allocator to preload: auto (tcmalloc if installed), default (the C library's), "
-           + _lib_help("allocator") + ".", default="auto", metavar="NAME"),
+           "Allocator: auto, default, tcmalloc, jemalloc.", default="auto", metavar="NAME",
+           more="auto: tcmalloc if installed; default: the C library's; " + _lib_help("allocator") + "."),
     Option("--kmp-blocktime", "kmp_blocktime", _integer(0), M,
-           "KMP_BLOCKTIME in ms for --omp-runtime intel (default 1, the tuning guide's).", metavar="MS"),
-    Option("--omp-places", "omp_places", FLAG, M, "Pin GNU OpenMP threads with OMP_PLACES/OMP_PROC_BIND."),
+           "KMP_BLOCKTIME (ms) for Intel OpenMP (default 1).", metavar="MS",
+           more="With --omp-runtime intel; 1 is the PyTorch tuning guide's value."),
+    Option("--omp-places", "omp_places", FLAG, M, "Pin GNU OpenMP threads to their CPUs.",
+           more="Sets OMP_PLACES and OMP_PROC_BIND."),
     Option("--override-env", "override_env", FLAG, M,
-           "cpulaunch's values win over ones already in your environment."),
+           "cpulaunch's values win over your environment's.",
+           more="By default a variable already set in your environment is kept, and said so."),
     Option("--inference-path", "inference_path", _choice(INFERENCE_PATHS), M,
-           "The path cpulaunch.optimize() takes in the program: " + ", ".join(INFERENCE_PATHS[:-1]) + " or "
-           + INFERENCE_PATHS[-1] + " (AMD's torch.compile backend, where it imports with this torch).",
-           metavar="PATH"),
+           "The path of cpulaunch.optimize(): " + ", ".join(INFERENCE_PATHS) + ".", metavar="PATH",
+           more="zentorch is AMD's torch.compile backend, where it imports with this torch."),
     Option("--recipe", "recipe", _choice(RECIPE_CHOICES), M,
-           "Environment recipe: auto (the platform's, named by --show-topology), "
-           + ", ".join(f"{r.name} ({r.title})" for r in RECIPES.values()) + ".", default="auto", metavar="NAME"),
+           "Recipe: auto, " + ", ".join(RECIPES) + ".", default="auto", metavar="NAME",
+           more="auto: the platform's, named by --show-topology; "
+           + "; ".join(f"{r.name}: {r.title}" for r in RECIPES.values()) + "."),
     Option("--omp-wait-policy", "omp_wait_policy", _choice(WAIT_POLICIES), M,
-           "OMP_WAIT_POLICY of OpenMP's idle threads: active (spin) or passive (sleep); auto: the recipe's "
-           "(unset: the runtime's own).", default="auto", metavar="POLICY"),
+           "OMP_WAIT_POLICY: active, passive or auto.", default="auto", metavar="POLICY",
+           more="For OpenMP's idle threads: active spins, passive sleeps; auto: the recipe's (unset: the "
+           "runtime's own)."),
     Option("--zendnn-matmul-algo", "zendnn_matmul_algo", _integer(0), M,
-           "ZENDNNL_MATMUL_ALGO for zentorch (ZenDNN's guide: 1 for latency, its default; 5 for NLP throughput).",
-           metavar="N"),
+           "ZENDNNL_MATMUL_ALGO for zentorch (1 or 5).", metavar="N",
+           more="ZenDNN's guide: 1 for latency, its default; 5 for NLP throughput."),
     # ---------------------------------------------------------------- distributed
-    Option("--ddp", "ddp", FLAG, D, "Distributed training: one rank per socket (see --nproc-per-node)."),
-    Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (torchrun's flag; implies --ddp).",
+    Option("--ddp", "ddp", FLAG, D, "Distributed training, one rank per socket.",
+           more="Other counts: --nproc-per-node."),
+    Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (implies --ddp).", more="torchrun's flag.",
            torchrun=True),
     Option("--nproc-per-node", "nproc_per_node", STRING, D,
-           "Ranks on this machine: a number, 'socket', 'node' or 'auto' (one per usable core, at most the CPU "
-           "quota).", metavar="N|socket|node|auto", requires_ddp=True, torchrun=True),
-    Option("--nnodes", "nnodes", STRING, D, "Number of machines (MIN:MAX with --rdzv-endpoint); default 1.",
+           "Ranks on this machine (default: socket).", metavar="N|socket|node|auto",
+           more="A number, one per socket or NUMA node, or auto: one per usable core, at most the CPU quota.", requires_ddp=True, torchrun=True),
+    Option("--nnodes", "nnodes", STRING, D, "Number of machines (default 1).", more="MIN:MAX with --rdzv-endpoint.",
            metavar="N", requires_ddp=True, torchrun=True),
     Option("--node-rank", "node_rank", _integer(0), D, "This machine's rank (default 0).", metavar="N",
            requires_ddp=True, torchrun=True),
-    Option("--master-addr", "master_addr", STRING, D, "Address of rank 0's machine (default 127.0.0.1).",
+    Option("--master-addr", "master_addr", STRING, D, "Rank 0's machine (default 127.0.0.1).",
            metavar="HOST", requires_ddp=True, torchrun=True),
-    Option("--master-port", "master_port", _integer(1, 65535), D, "Port of rank 0's store (default: a free one).",
+    Option("--master-port", "master_port", _integer(1, 65535), D, "Rank 0's store port (default: a free one).",
            metavar="PORT", requires_ddp=True, torchrun=True),
     Option("--rdzv-endpoint", "rdzv_endpoint", STRING, D,
-           "Elastic c10d rendezvous HOST:PORT (torchrun's agent starts the ranks).", metavar="HOST:PORT",
+           "Elastic c10d rendezvous (torchrun's agent).", metavar="HOST:PORT",
+           more="torchrun's agent starts the ranks.",
            requires_ddp=True, torchrun=True),
     Option("--rdzv-id", "rdzv_id", STRING, D, "Rendezvous job id (elastic).", metavar="ID", requires_ddp=True,
            torchrun=True),
     Option("--max-restarts", "max_restarts", _integer(0), D,
-           "Times torchrun's agent restarts the ranks after a failure (elastic; default 0).", metavar="N",
+           "Rank restarts after a failure (elastic).", metavar="N",
+           more="By torchrun's agent; default 0.",
            requires_ddp=True, torchrun=True),
     Option("--backend", "backend", _choice(("auto", "gloo", "ccl")), D,
-           "Process-group backend: auto (ccl when oneccl_bindings_for_pytorch loads with this torch and "
-           "oneCCL's libfabric is found, else gloo), gloo or ccl.", metavar="NAME", requires_ddp=True),
+           "Process-group backend: auto, gloo or ccl.", metavar="NAME", requires_ddp=True,
+           more="auto: ccl when oneccl_bindings_for_pytorch loads with this torch and oneCCL's libfabric is "
+           "found, else gloo."),
     Option("--ccl-worker-count", "ccl_worker_count", _integer(0), D,
-           "With ccl: cores per rank set aside for oneCCL's workers (default 1 when each rank has a core to "
-           "spare; 0: none).", metavar="N", requires_ddp=True),
-    Option("--iface", "iface", STRING, D, "Network interface (GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE).",
+           "Cores per rank for oneCCL's workers (ccl).", metavar="N", requires_ddp=True,
+           more="Default 1 when each rank has a core to spare; 0: none."),
+    Option("--iface", "iface", STRING, D, "Network interface for gloo and oneCCL.", more="Sets GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE.",
            metavar="NAME", requires_ddp=True),
     Option("--no-exit-hook", "no_exit_hook", FLAG, D,
-           "Do not end a Python rank's process group at exit when the program did not.", requires_ddp=True),
+           "Do not end a rank's process group at exit.", requires_ddp=True,
+           more="By default a Python rank whose program did not end its process group has it ended at exit."),
     Option("--pass-local-rank", "pass_local_rank", FLAG, D,
-           "Also pass --local_rank=N to each rank's program, as torch.distributed.launch did.", requires_ddp=True),
+           "Also pass --local_rank=N to each rank.", requires_ddp=True,
+           more="As torch.distributed.launch did."),
     # ---------------------------------------------------------------- output and logs
-    Option("--dry-run", "dry_run", FLAG, O, "Show each instance's command, environment and notes; run nothing.",
+    Option("--dry-run", "dry_run", FLAG, O, "Show what would run, with notes; run nothing.",
+           more="Each instance's command and environment, and the plan's notes.",
            sources=_ACTION),
-    Option("--print-env", "print_env", FLAG, O, "Print one instance's environment for a shell script (--format).",
+    Option("--print-env", "print_env", FLAG, O, "Print one instance's environment for a script.",
+           more="As shell text by default; --format gives the others.",
            sources=_ACTION),
     Option("--show-topology", "show_topology", FLAG, O, "Draw sockets, NUMA nodes, cores and SMT siblings.",
            sources=_ACTION),
     Option("--format", "fmt", _choice(Format), O,
-           "--dry-run: text, json, svg; --print-env: shell, dotenv, json, omp-bind, vllm, sglang; "
-           "--show-topology: text, json, svg.", metavar="FMT", sources=_ACTION),
+           "text, json, svg; --print-env: shell, omp-bind, dotenv, json, vllm, sglang.",
+           metavar="FMT", sources=_ACTION, more="text, json and svg for --dry-run and --show-topology."),
     Option("--sysroot", "sysroot", PATH, O, "Read the machine from this root (like lscpu --sysroot).",
            default="/", metavar="DIR", sources=frozenset({"flag", "env", "api"})),
     Option("--config", "config", PATH, O,
-           "Defaults from a TOML file (tune's best.toml, or [tool.cpulaunch] of a pyproject.toml); "
-           "flags > CPULAUNCH_* variables > this file > built-in defaults.", metavar="FILE", sources=_ACTION),
-    Option("--log-dir", "log_dir", PATH, O, "Logs in DIR/<run-id>/<i>/stdout.log|stderr.log, plan.json, result.json.",
+           "Defaults from a TOML file (tune's best.toml).", metavar="FILE", sources=_ACTION,
+           more="A pyproject.toml's [tool.cpulaunch]. Flags > CPULAUNCH_* variables > this file > built-in defaults."),
+    Option("--log-dir", "log_dir", PATH, O, "Logs, plan.json and result.json in DIR/<run-id>/.",
+           more="Each instance's in DIR/<run-id>/<i>/stdout.log and stderr.log.",
            metavar="DIR", run_only=True),
     Option("--no-prefix", "no_prefix", FLAG, O, "Do not prefix instances' console lines with [i].", run_only=True),
     Option("--stdin-instance", "stdin_instance", _integer(0), O,
-           "Instance that reads cpulaunch's stdin (default: the only one; none when several).", metavar="I",
+           "Instance that reads stdin (default: the only one).", metavar="I",
+           more="None when there are several.",
            run_only=True),
     Option("--keep-going", "keep_going", FLAG, O, "When an instance fails, let the others finish.", run_only=True),
     Option("--grace-period", "grace_period", _seconds(), O, "Seconds between SIGTERM and SIGKILL when stopping.",
            default=10.0, metavar="S", run_only=True),
-    Option("--verify", "verify", FLAG, O, "After start-up, check what the processes really got (verify.json).",
+    Option("--verify", "verify", FLAG, O, "Check what the processes really got.",
+           more="After start-up (--verify-after); written to verify.json.",
            run_only=True),
     Option("--verify-after", "verify_after", _seconds(), O, "Seconds after start for --verify (default 5).",
            metavar="S", run_only=True),
     Option("--no-python", "no_python", FLAG, O, "Run the program as it is, even if it ends in .py.", torchrun=True),
     # ---------------------------------------------------------------- other launchers' options
     Option("--rdzv-backend", "rdzv_backend", Kind("choice", ("c10d",)), Section.COMPAT,
-           "torchrun's rendezvous backend: c10d, the only one (with --rdzv-endpoint).", metavar="c10d",
+           "torchrun's rendezvous backend: c10d, the only one.", metavar="c10d", more="With --rdzv-endpoint.",
            requires_ddp=True, torchrun=True),
     Option("--verbose", "verbose", Kind("count"), O, "More diagnostics on stderr (-v: commands, notes, logs).",
            short="-v", default=0, sources=_ACTION),
@@ -509,7 +541,7 @@ def reference_markdown() -> str:
         rows = [o for o in OPTIONS if o.section is section]
         if section is Section.COMPAT:
             out.append(f"### {section.value}\n\n| option | means | variable |\n|---|---|---|")
-            out += [f"| `{o.name}` | {_cell(o.help)} | `{o.variable}` |" for o in rows]
+            out += [f"| `{o.name}` | {_cell(o.text)} | `{o.variable}` |" for o in rows]
             out += [f"| `{a.name}`{' VALUE' if a.value is None else ''} | {_cell(a.meaning)} ({a.origin}) | "
                     f"`{option_variable(a.name)}` |" for a in ALIASES]
             out.append("")
@@ -525,7 +557,7 @@ def reference_markdown() -> str:
             out.append(f"| {names} | {_cell(values)} | {default} | "
                        + (f"`{o.variable}`" if "env" in o.sources else "none") + " | "
                        + ("yes" if "config" in o.sources else "no") + " | "
-                       + ("yes" if "api" in o.sources else "no") + f" | {_cell(o.help)} |")
+                       + ("yes" if "api" in o.sources else "no") + f" | {_cell(o.text)} |")
         out.append("")
     out.append("### Rules\n\nChecked before anything is planned; each message names the options as you gave them.\n\n"
                "| rule | options | why |\n|---|---|---|")
