@@ -8,8 +8,8 @@ real ``logging.getLogger(name)``, so handlers, levels and pytest's ``caplog`` se
 records as with a plain logger.
 
 :func:`configure` is called by :mod:`cpulaunch.cli` only (the one module that sets up
-logging): it records the command line's level and cli's set-up function (which calls
-``logging.basicConfig``), and that function runs when the first message at or above the
+logging): it records the command line's level and cli's set-up function (which installs
+cli's handler on the root logger), and that function runs when the first message at or above the
 level is emitted. Library use (``cpulaunch.plan_instances``) never
 calls it, so cpulaunch then adds no handler: the application's logging configuration
 decides, as the logging HOWTO asks of libraries.

@@ -221,6 +221,48 @@ def available_libraries(environ: Optional[Mapping[str, str]] = None) -> frozense
                      if lib.filenames and lib.selectable and libfinder.find(lib, environ) is not None)
 
 
+def _axis_candidates(topo, axes: Sequence[str], available: frozenset, recipe: str,
+                     instance_labels: tuple[str, ...]) -> dict:
+    """{axis: (its values here, why it has a single one)} for ``axes``, in their order
+    (pure; :func:`build_space` drops the axes with fewer than two values). ``recipe``: the
+    name of the platform's recipe (compared with generic); ``instance_labels``: the
+    instance choices' labels (:func:`instance_choices`)."""
+    from cpulaunch.machine import libraries
+    from cpulaunch.machine.recipes import WAIT_POLICIES
+
+    allocs = tuple(lib.choice for name, lib in libraries.REGISTRY.items()
+                   if lib.kind == "allocator" and name in available)
+    auto = libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR)
+    default_alloc = auto.choice if auto.name in available else "default"
+    intel = "iomp5" in available
+    usable = topo.online & topo.allowed
+    smt = any(len(set(c.cpus) & usable) > 1 for c in topo.cores)
+    no_iomp = "libiomp5 not found here (pip install intel-openmp)"
+    out = {}
+    for axis in axes:
+        if axis == "recipe":
+            out[axis] = ((recipe, "generic"), "")
+        elif axis == "omp-wait-policy":
+            out[axis] = (WAIT_POLICIES, "")
+        elif axis == "zendnn-matmul-algo":
+            out[axis] = (MATMUL_ALGOS, "")
+        elif axis == "instances":
+            out[axis] = (instance_labels, "one usable core gives a single choice")
+        elif axis == "allocator":
+            out[axis] = ((default_alloc,) + tuple(a for a in ("default",) + allocs if a != default_alloc),
+                         "no tcmalloc or jemalloc found here")
+        elif axis == "omp-runtime":
+            out[axis] = (("gnu", "intel") if intel else ("gnu",), no_iomp)
+        elif axis == "kmp-blocktime":
+            out[axis] = (KMP_BLOCKTIMES if intel else (KMP_BLOCKTIMES[0],),
+                         "it applies to Intel OpenMP, and " + no_iomp.replace("not found", "is not found"))
+        elif axis == "omp-places":
+            out[axis] = ((False, True), "")
+        else:
+            out[axis] = ((False, True) if smt else (False,), "this machine has no SMT siblings among its usable CPUs")
+    return out
+
+
 def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
     """The search space for ``axes`` on ``topo`` with the libraries ``available`` (pure).
 
@@ -239,59 +281,22 @@ def build_space(topo, axes: Sequence[str], available: Iterable[str]) -> Space:
     Raises:
         TuneError: no axis is left with two values (nothing to compare).
     """
-    from cpulaunch.machine import libraries
+    from cpulaunch.machine.recipes import recipe_for
 
-    available = frozenset(available)
     wanted = [a for a in AXES if a in axes]
     values: dict = {}
     notes: list = []
     fixed: dict = {}
-    inst = {c.label: c for c in instance_choices(topo)} if "instances" in wanted else {}
-    allocs = tuple(lib.choice for name, lib in libraries.REGISTRY.items()
-                   if lib.kind == "allocator" and name in available)
-    auto = libraries.by_choice("allocator", libraries.AUTO_ALLOCATOR)
-    default_alloc = auto.choice if auto.name in available else "default"
-    intel = "iomp5" in available
-    usable = topo.online & topo.allowed
-    smt = any(len(set(c.cpus) & usable) > 1 for c in topo.cores)
     platform = topo.platform
-    from cpulaunch.machine.recipes import WAIT_POLICIES, recipe_for
-
     recipe = recipe_for(platform.kind)
     foreign = [a for a in wanted if a in PLATFORM_AXES and a not in recipe.tune]
     if foreign:
         notes.append(f"axes {', '.join(foreign)} dropped: they are searched on AMD Zen CPUs only (this one: "
                      f"{platform.text}, recipe {recipe.name})")
-    for axis in wanted:
-        if axis in foreign:
-            continue
-        if axis == "recipe":
-            vals = (recipe.name, "generic")
-            why = ""
-        elif axis == "omp-wait-policy":
-            vals = WAIT_POLICIES
-            why = ""
-        elif axis == "zendnn-matmul-algo":
-            vals = MATMUL_ALGOS
-            why = ""
-        elif axis == "instances":
-            vals = tuple(inst)
-            why = "one usable core gives a single choice"
-        elif axis == "allocator":
-            vals = (default_alloc,) + tuple(a for a in ("default",) + allocs if a != default_alloc)
-            why = "no tcmalloc or jemalloc found here"
-        elif axis == "omp-runtime":
-            vals = ("gnu", "intel") if intel else ("gnu",)
-            why = "libiomp5 not found here (pip install intel-openmp)"
-        elif axis == "kmp-blocktime":
-            vals = KMP_BLOCKTIMES if intel else (KMP_BLOCKTIMES[0],)
-            why = "it applies to Intel OpenMP, and libiomp5 is not found here (pip install intel-openmp)"
-        elif axis == "omp-places":
-            vals = (False, True)
-            why = ""
-        else:
-            vals = (False, True) if smt else (False,)
-            why = "this machine has no SMT siblings among its usable CPUs"
+    inst = {c.label: c for c in instance_choices(topo)} if "instances" in wanted else {}
+    candidates = _axis_candidates(topo, [a for a in wanted if a not in foreign], frozenset(available), recipe.name,
+                                  tuple(inst))
+    for axis, (vals, why) in candidates.items():
         if len(vals) < 2:
             notes.append(f"axis {axis} dropped: {why}")
             continue
