@@ -118,10 +118,13 @@ def test_first_failure_stops_others_and_sets_exit_code(tmp_path):
     child = script(tmp_path, """
         import os, sys, time
         idx = int(os.environ["CPULAUNCH_INSTANCE_INDEX"])
-        open(sys.argv[1] + f"/pid{idx}", "w").write(str(os.getpid()))
-        if idx == 1:
-            time.sleep(0.5)
+        if idx == 1:  # fails once instance 0 runs (its pid file, written whole, is there)
+            while not os.path.exists(sys.argv[1] + "/pid0"):
+                time.sleep(0.01)
             sys.exit(3)
+        with open(sys.argv[1] + "/pid0.tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(sys.argv[1] + "/pid0.tmp", sys.argv[1] + "/pid0")
         time.sleep(120)
     """)
     t0 = time.monotonic()
@@ -182,11 +185,14 @@ def test_sigterm_then_sigkill_after_grace_period(tmp_path):
     child = script(tmp_path, """
         import os, signal, sys, time
         idx = os.environ["CPULAUNCH_INSTANCE_INDEX"]
-        if idx == "1":
-            time.sleep(0.5)
+        if idx == "1":  # fails once instance 0 ignores SIGTERM (then it writes its pid file whole)
+            while not os.path.exists(sys.argv[1] + "/pid0"):
+                time.sleep(0.01)
             sys.exit(9)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stubborn instance
-        open(sys.argv[1] + "/pid0", "w").write(str(os.getpid()))
+        with open(sys.argv[1] + "/pid0.tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(sys.argv[1] + "/pid0.tmp", sys.argv[1] + "/pid0")
         time.sleep(120)
     """)
     t0 = time.monotonic()
@@ -269,13 +275,15 @@ def test_log_dir_layout_and_runs_kept(tmp_path):
 def test_log_dir_result_json_names_root_cause_and_signal(tmp_path):
     child = script(tmp_path, """
         import os, signal, sys, time
-        if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":
-            time.sleep(0.3)
+        if os.environ["CPULAUNCH_INSTANCE_INDEX"] == "1":  # dies once instance 0 runs
+            while not os.path.exists(sys.argv[1] + "/ready0"):
+                time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGABRT)
+        open(sys.argv[1] + "/ready0", "w").close()
         time.sleep(60)
     """)
     logs = tmp_path / "logs"
-    proc = run(cpulaunch("--ninstances", "2", "--bind", "none", "--log-dir", str(logs), child))
+    proc = run(cpulaunch("--ninstances", "2", "--bind", "none", "--log-dir", str(logs), child, str(tmp_path)))
     assert proc.returncode == 128 + signal.SIGABRT
     (run_dir,) = logs.iterdir()
     result = json.loads((run_dir / "result.json").read_text())
