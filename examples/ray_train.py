@@ -18,7 +18,9 @@ Ray's default (OMP_NUM_THREADS = the worker's CPUs, nothing pinned) for comparis
 
 Needs ``pip install 'ray[train]'`` (Ray 2.60 ran here). Ray's session files go to a
 temporary folder removed at the end; ``ray.shutdown()`` stops the processes this script
-started (never run ``ray stop`` on a shared machine: it stops every Ray process there).
+started, and any of them still there 10 s later is killed, also when SIGTERM or Ctrl-C
+cut ``ray.init()`` short (never run ``ray stop`` on a shared machine: it stops every Ray
+process there).
 """
 
 from __future__ import annotations
@@ -104,6 +106,26 @@ def train_func(config: dict) -> None:
     ray.train.report({"rank": rank})
 
 
+def _shutdown(ray) -> None:
+    """ray.shutdown(), then kill what Ray started here and is still running 10 s later.
+    Ray's head processes (GCS, raylet, their workers) run in sessions of their own, so a
+    signal to this script's process group does not reach them; they are its descendants,
+    though, even when a signal cut ray.init() short (ray.shutdown() then knows of none)."""
+    import psutil
+
+    started = psutil.Process().children(recursive=True)
+    try:
+        ray.shutdown()
+    finally:
+        _, alive = psutil.wait_procs(started, timeout=10)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2)
@@ -126,12 +148,12 @@ def main(argv=None) -> int:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     with tempfile.TemporaryDirectory(prefix="ray-train-") as out:
-        # Ray's session files (logs, sockets) in this run's own folder, removed with it (by
-        # default each run leaves a session folder under /tmp/ray)
-        ray.init(num_cpus=args.workers, include_dashboard=False, object_store_memory=128 << 20,
-                 log_to_driver=False, runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}},
-                 _temp_dir=str(Path(out, "ray")))
         try:
+            # Ray's session files (logs, sockets) in this run's own folder, removed with it (by
+            # default each run leaves a session folder under /tmp/ray)
+            ray.init(num_cpus=args.workers, include_dashboard=False, object_store_memory=128 << 20,
+                     log_to_driver=False, runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}},
+                     _temp_dir=str(Path(out, "ray")))
             trainer = TorchTrainer(
                 train_func,
                 train_loop_config={"bind": not args.no_bind, "steps": args.steps, "warmup": args.warmup,
@@ -143,7 +165,7 @@ def main(argv=None) -> int:
             )
             trainer.fit()
         finally:
-            ray.shutdown()
+            _shutdown(ray)
         records = sorted((json.loads(f.read_text()) for f in Path(out).glob("worker-*.json")),
                          key=lambda r: r["rank"])
     for r in records:

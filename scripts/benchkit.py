@@ -139,7 +139,9 @@ def time_once(argv: list, env: dict) -> float:
 def run_bounded(argv: list, env: dict, timeout: float, grace: float = 30.0, cwd=None) -> tuple:
     """Run ``argv`` to its end or to ``timeout`` seconds -> (return code, stdout, stderr,
     stopped: True when the deadline stopped it). A late run gets SIGTERM (cpulaunch forwards it to its
-    instances and kills them after its grace period), then SIGKILL after ``grace`` seconds."""
+    instances and kills them after its grace period), then SIGKILL after ``grace`` seconds; so
+    does the run when this script is interrupted (SIGTERM, Ctrl-C), and the interruption is then
+    raised again: no run outlives the script."""
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -152,6 +154,14 @@ def run_bounded(argv: list, env: dict, timeout: float, grace: float = 30.0, cwd=
             proc.kill()
             out, err = proc.communicate()
         return proc.returncode, out, err + f"\n(stopped after {timeout:.0f} s)", True
+    except BaseException:  # SIGTERM (exit_on_sigterm) or Ctrl-C here: the run ends with us, not after
+        proc.terminate()
+        try:
+            proc.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
 
 
 def exit_on_sigterm() -> None:
