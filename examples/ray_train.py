@@ -18,7 +18,8 @@ Ray's default (OMP_NUM_THREADS = the worker's CPUs, nothing pinned) for comparis
 
 Needs ``pip install 'ray[train]'`` (Ray 2.60 ran here). Ray's session files go to a
 temporary folder removed at the end; ``ray.shutdown()`` stops the processes this script
-started, and any of them still there 10 s later is killed, also when SIGTERM or Ctrl-C
+started, and any of them still there 10 s later is killed (found as this script's
+descendants or by a variable they inherit), also when SIGTERM or Ctrl-C
 cut ``ray.init()`` short (never run ``ray stop`` on a shared machine: it stops every Ray
 process there).
 """
@@ -106,24 +107,44 @@ def train_func(config: dict) -> None:
     ray.train.report({"rank": rank})
 
 
-def _shutdown(ray) -> None:
-    """ray.shutdown(), then kill what Ray started here and is still running 10 s later.
-    Ray's head processes (GCS, raylet, their workers) run in sessions of their own, so a
-    signal to this script's process group does not reach them; they are its descendants,
-    though, even when a signal cut ray.init() short (ray.shutdown() then knows of none)."""
+#: Set to the run's folder in the environment every process Ray starts here inherits.
+RUN_MARK = "EXAMPLE_RAY_TRAIN_RUN"
+
+
+def _shutdown(ray, folder: str) -> None:
+    """ray.shutdown(), then kill what Ray started here and is still running 10 s later: the
+    script's descendants and every process that inherited :data:`RUN_MARK` = ``folder``
+    (this run's folder) in its environment. Ray's head processes and workers run in sessions
+    of their own, so a signal to this script's process group does not reach them; a worker
+    the raylet started while it was stopping is nobody's child any more, and its command
+    line may be renamed (``ray::IDLE``); a signal that cut ray.init() short leaves processes
+    that ray.shutdown() knows nothing of."""
     import psutil
 
-    started = psutil.Process().children(recursive=True)
+    def ours() -> list:
+        found = {p.pid: p for p in psutil.Process().children(recursive=True)}
+        for p in psutil.process_iter():
+            try:
+                if p.pid != os.getpid() and p.environ().get(RUN_MARK) == folder:
+                    found[p.pid] = p
+            except (psutil.Error, OSError):  # gone, or another user's
+                pass
+        return list(found.values())
+
     try:
         ray.shutdown()
     finally:
-        _, alive = psutil.wait_procs(started, timeout=10)
-        for proc in alive:
+        deadline = time.monotonic() + 10
+        left = ours()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)  # Ray's processes end on their own after ray.shutdown(), most within 1 s
+            left = ours()
+        for proc in left:
             try:
                 proc.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(alive, timeout=5)
+        psutil.wait_procs(left, timeout=5)
 
 
 def main(argv=None) -> int:
@@ -138,6 +159,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def stop(signum, _frame):  # SIGTERM ends the run as Ctrl-C does: ray.shutdown() below still runs
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the clean-up short
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -148,12 +170,14 @@ def main(argv=None) -> int:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     with tempfile.TemporaryDirectory(prefix="ray-train-") as out:
+        os.environ[RUN_MARK] = out
         try:
             # Ray's session files (logs, sockets) in this run's own folder, removed with it (by
             # default each run leaves a session folder under /tmp/ray)
             ray.init(num_cpus=args.workers, include_dashboard=False, object_store_memory=128 << 20,
                      log_to_driver=False, runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}},
                      _temp_dir=str(Path(out, "ray")))
+            signal.signal(signal.SIGTERM, stop)  # again: ray.init() installs its own, which aborts
             trainer = TorchTrainer(
                 train_func,
                 train_loop_config={"bind": not args.no_bind, "steps": args.steps, "warmup": args.warmup,
@@ -165,7 +189,7 @@ def main(argv=None) -> int:
             )
             trainer.fit()
         finally:
-            _shutdown(ray)
+            _shutdown(ray, out)
         records = sorted((json.loads(f.read_text()) for f in Path(out).glob("worker-*.json")),
                          key=lambda r: r["rank"])
     for r in records:

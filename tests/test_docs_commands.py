@@ -255,6 +255,16 @@ def _left_in(folder: Path) -> list:
     return out
 
 
+def _cmdline(pid: int) -> str:
+    """What process ``pid`` runs and who started it, for a message."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        return f"{argv[:200]} (parent {ppid})"
+    except OSError:
+        return "(gone)"
+
+
 def _stop(pgid: int, proc: subprocess.Popen) -> None:
     """SIGTERM to the command's process group (a benchmark or tune then stops what it
     started, as on Ctrl-C), SIGKILL 15 s later if it is still there."""
@@ -294,7 +304,7 @@ def _run(cmd: Command, cwd: Path, env: dict, window: float | None):
         deadline = time.monotonic() + 15
         while _left_in(cwd) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = _left_in(cwd)
+        left = {pid: _cmdline(pid) for pid in _left_in(cwd)}
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         assert not left, f"{cmd.where} left processes behind: {left}"
