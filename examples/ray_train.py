@@ -99,6 +99,7 @@ def train_func(config: dict) -> None:
         "threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "params": hashlib.sha256(params).hexdigest(), "allreduce": total.item(), "loss": loss.item(),
         "seconds": seconds, "samples_per_s": config["steps"] * config["batch"] / seconds,
+        "process_cpu_seconds": time.process_time(),  # the worker process's CPU time so far, every thread
         "plan_cpus": list(plan.cpus) if plan else None, "node_cpus": {str(k): list(v) for k, v in
                                                                        plan.node_cpus.items()} if plan else None,
         "threads_pinned": len(plan.threads_pinned) if plan else 0, "notes": list(plan.notes) if plan else [],
