@@ -237,7 +237,6 @@ def _axis_candidates(topo, axes: Sequence[str], available: frozenset, recipe: st
     intel = "iomp5" in available
     usable = topo.online & topo.allowed
     smt = any(len(set(c.cpus) & usable) > 1 for c in topo.cores)
-    no_iomp = "libiomp5 not found here (pip install intel-openmp)"
     out = {}
     for axis in axes:
         if axis == "recipe":
@@ -252,10 +251,10 @@ def _axis_candidates(topo, axes: Sequence[str], available: frozenset, recipe: st
             out[axis] = ((default_alloc,) + tuple(a for a in ("default",) + allocs if a != default_alloc),
                          "no tcmalloc or jemalloc found here")
         elif axis == "omp-runtime":
-            out[axis] = (("gnu", "intel") if intel else ("gnu",), no_iomp)
+            out[axis] = (("gnu", "intel") if intel else ("gnu",), "libiomp5 not found here (pip install intel-openmp)")
         elif axis == "kmp-blocktime":
             out[axis] = (KMP_BLOCKTIMES if intel else (KMP_BLOCKTIMES[0],),
-                         "it applies to Intel OpenMP, and " + no_iomp.replace("not found", "is not found"))
+                         "it applies to Intel OpenMP, and libiomp5 is not found here (pip install intel-openmp)")
         elif axis == "omp-places":
             out[axis] = ((False, True), "")
         else:
