@@ -15,9 +15,32 @@ import sys
 #: The two users the tests make (and keep: making them again costs nothing).
 USERS = ("cpulaunch-u1", "cpulaunch-u2")
 
-#: Prefix of a shell line that runs the rest in a private mount namespace with fresh /run and /tmp.
-FRESH = ("unshare", "-m", "--propagation", "private", "sh", "-c",
-         'mount -t tmpfs -o mode=0755 tmpfs /run && mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$@"', "sh")
+#: The shell script :func:`fresh` runs as root: a fresh ``/run`` and ``/tmp`` (tmpfs), with
+#: the folders named before ``--`` (those of the old /tmp that the command needs) bound back
+#: at their own paths through a short-lived view of the old /tmp, then the command after ``--``.
+FRESH_SCRIPT = """set -e
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir /run/host-tmp
+mount --bind /tmp /run/host-tmp
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+while [ "$1" != -- ]; do mkdir -p "$1"; mount --bind "/run/host-tmp${1#/tmp}" "$1"; shift; done
+shift
+umount /run/host-tmp
+rmdir /run/host-tmp
+exec "$@"
+"""
+
+
+def kept_under_tmp() -> list:
+    """The folders under /tmp that a command run here needs and a fresh /tmp would hide:
+    the checkout and this interpreter's environment (a clone with its .venv under /tmp)."""
+    import sysconfig
+
+    folders = {REPO, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)),
+               sysconfig.get_paths()["purelib"]}
+    real = {os.path.realpath(f) for f in folders}
+    under = sorted(f for f in real if f == "/tmp" or f.startswith("/tmp/"))
+    return [f for f in under if not any(f.startswith(o + "/") for o in under)]
 
 
 def missing() -> str:
@@ -50,8 +73,11 @@ def uid_of(name: str) -> int:
 
 
 def fresh(argv) -> list:
-    """``argv`` run in a private mount namespace with fresh /run and /tmp."""
-    return [*FRESH, *argv]
+    """``argv`` run in a private mount namespace with fresh /run and /tmp, where the
+    checkout and this interpreter stay reachable (:func:`kept_under_tmp`): a tmpfs over
+    /tmp must not hide the program that runs inside it."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", FRESH_SCRIPT, "sh",
+            *kept_under_tmp(), "--", *argv]
 
 
 def user_python(user: str) -> tuple[str, dict]:

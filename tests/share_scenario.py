@@ -1,5 +1,5 @@
 """Scenarios of --share-host on the host's own folders, run by tests/test_share_host.py as
-root inside a private mount namespace with fresh /run and /tmp (tests/hostusers.FRESH),
+root inside a private mount namespace with fresh /run and /tmp (tests/hostusers.fresh),
 so that they do not depend on the host's past: ``python share_scenario.py NAME USER1
 USER2``. Each prints one JSON object on its last line.
 
