@@ -17,7 +17,13 @@ A marker comment on the line before a block says how to take it, items separated
   :data:`LONG_WINDOW` seconds and must not have failed by then (it is then stopped, its
   whole process group); ``CPULAUNCH_DOCS_LONG=0`` skips them;
 - ``<!-- commands: output -->``: the ``$`` commands' stdout must be exactly the lines
-  shown under them.
+  shown under them;
+- ``<!-- commands: output; varies: TEXT -->`` (with ``output``): TEXT, wherever it stands in
+  the shown lines, is what varies from machine to machine (``/usr/lib/x86_64-linux-gnu``,
+  where Debian keeps the allocators, is ``/usr/lib/aarch64-linux-gnu`` on Arm): it matches
+  any run of non-blank characters there, and the rest must be exact (:func:`shown_matches`).
+  Output that depends on this machine's topology or CPU is recorded on a ``--sysroot`` dump
+  instead, which every machine prints alike.
 
 They run as a user runs them: in a copy of the checkout (where they write their files),
 in the environment the tests run in (scripts/test.sh's .venv: its ``python`` and
@@ -157,6 +163,25 @@ def _item(block: Block, name: str) -> str | None:
     return None
 
 
+def varies(block: Block) -> list:
+    """The texts a block's marker says vary between machines (``varies: TEXT`` items)."""
+    return [item.split(":", 1)[1].strip() for item in block.marker if item.startswith("varies:")]
+
+
+def shown_matches(shown, printed, varying) -> bool:
+    """Whether the printed lines are the shown ones, where each text of ``varying`` in a
+    shown line stands for any run of non-blank characters (the rest compared exactly)."""
+    if len(shown) != len(printed):
+        return False
+    for want, got in zip(shown, printed):
+        pattern = re.escape(want)
+        for text in varying:
+            pattern = pattern.replace(re.escape(text), r"\S+")
+        if not re.fullmatch(pattern, got):
+            return False
+    return True
+
+
 ALL_BLOCKS = [b for path in DOCS for b in read_blocks(path)]
 ALL_COMMANDS = [c for b in ALL_BLOCKS for c in commands_of(b)]
 
@@ -174,7 +199,7 @@ def test_commands_are_found_and_markers_are_well_formed():
                      "cpulaunch --sysroot $DUMP --print-env --format omp-bind --instances-per-node"):
         assert expected in scripts, expected
     assert {p.parent.name for p in DOCS} >= {"guide", "reference", "dev"}, "the pages in docs/'s subfolders are read"
-    grammar = re.compile(r"^(not run: .{10,}|long: .{10,}|exit \d+|output)$")
+    grammar = re.compile(r"^(not run: .{10,}|long: .{10,}|exit \d+|output|varies: \S+)$")
     for b in ALL_BLOCKS:
         for item in b.marker:
             assert grammar.match(item), f"{b.path.relative_to(REPO)}:{b.line}: marker item {item!r} (say why it is not run)"
@@ -184,6 +209,20 @@ def test_commands_are_found_and_markers_are_well_formed():
             if MARKER.match(line.strip()):
                 nxt = next((x for x in lines[n + 1:] if x.strip()), "")
                 assert FENCE.match(nxt), f"{path.relative_to(REPO)}:{n + 1}: a marker must come right before a block"
+
+
+def test_a_varying_text_stands_for_one_word_only():
+    """``varies: TEXT`` lets the marked text differ (another machine's library folder) and
+    nothing else: a changed value elsewhere on the line, or a line more, still differs."""
+    shown = ["export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "export OMP_NUM_THREADS=8"]
+    arm = ["export LD_PRELOAD=/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4", "export OMP_NUM_THREADS=8"]
+    assert shown_matches(shown, arm, ["/usr/lib/x86_64-linux-gnu"])
+    assert not shown_matches(shown, arm, [])
+    assert not shown_matches(shown, [arm[0], "export OMP_NUM_THREADS=7"], ["/usr/lib/x86_64-linux-gnu"])
+    assert not shown_matches(shown, [arm[0].replace("minimal", "full"), arm[1]], ["/usr/lib/x86_64-linux-gnu"])
+    assert not shown_matches(shown, [*arm, ""], ["/usr/lib/x86_64-linux-gnu"])
+    assert not shown_matches(shown, ["export LD_PRELOAD=/a b/libtcmalloc_minimal.so.4", arm[1]],
+                             ["/usr/lib/x86_64-linux-gnu"])
 
 
 def test_no_command_hides_in_an_untagged_block():
@@ -335,4 +374,6 @@ def test_doc_command_runs_as_shown(cmd, user):
     assert code == expected, f"{cmd.where}: exit {code}, expected {expected}\n{cmd.script}\n{err[-3000:]}"
     assert "Traceback (most recent call last)" not in err, err[-3000:]
     if "output" in cmd.block.marker and cmd.shown:
-        assert out.rstrip("\n").splitlines() == list(cmd.shown), f"{cmd.where}: output differs"
+        printed = out.rstrip("\n").splitlines()
+        assert shown_matches(cmd.shown, printed, varies(cmd.block)), (
+            f"{cmd.where}: output differs (marked as varying: {varies(cmd.block)})\n" + "\n".join(printed))
