@@ -216,6 +216,63 @@ def removed_while_held(u1, u2):
             "after": dry_run(u1)}
 
 
+CACHE_PROBE = """
+import json, sys
+from pathlib import Path
+from cpulaunch.machine import host
+wanted = Path(sys.argv[1])
+folder, note = host.own_cache_dir({"HOME": sys.argv[2]})
+print(json.dumps({"folder": str(folder) if folder else None, "note": note,
+                  "own": host._write_verdict(folder, "zentorch-probe.json", {"k": 1}, True, "") if folder else None,
+                  "wanted": host._write_verdict(wanted, "zentorch-probe.json", {"k": 1}, True, "")}))
+"""
+
+
+def sudo_home(u1, u2):
+    """Root with user 1's HOME (``sudo -E``), in a private namespace with tmpfs homes for
+    root and user 1: root keeps its verdicts in its own cache, leaves nothing of its own in
+    user 1's home, and writes nothing through a link user 1 planted at ~/.cache (to a
+    folder of root's); user 1's own runs keep theirs at home, never through a link; root's
+    ``doctor --clear-cache`` clears what root's runs wrote (root's cache is a tmpfs here)."""
+    import pwd
+
+    home = pwd.getpwnam(u1).pw_dir
+    uid, gid = pwd.getpwnam(u1).pw_uid, pwd.getpwnam(u1).pw_gid
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"mode=0755,uid={uid},gid={gid}", "tmpfs", home], check=True)
+    os.makedirs("/root/.cache", 0o700, exist_ok=True)  # root's own cache: a tmpfs of this namespace's
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", "/root/.cache"], check=True)
+    os.makedirs("/run/rootdir", 0o755)
+
+    def probe(user, env_home):
+        python, extra = python_of(user)
+        proc = subprocess.run(as_user(user, [python, "-c", CACHE_PROBE, f"{env_home}/.cache/cpulaunch", env_home]),
+                              cwd=REPO, env={**os.environ, **extra, "HOME": env_home}, capture_output=True, text=True,
+                              timeout=60)
+        return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr}
+
+    def root_owned():
+        return sorted(os.path.join(d, n) for d, ds, fs in os.walk(home) for n in ds + fs
+                      if os.lstat(os.path.join(d, n)).st_uid == 0)
+
+    out = {"root": probe(None, home), "root_owned": root_owned()}
+    subprocess.run(as_user(u1, ["ln", "-s", "/run/rootdir", f"{home}/.cache"]), check=True)
+    out["root_link"] = probe(None, home)
+    out["through_link"] = sorted(os.listdir("/run/rootdir"))
+    subprocess.run(as_user(u1, ["rm", f"{home}/.cache"]), check=True)
+    out["user"] = probe(u1, home)
+    out["pip"] = subprocess.run(as_user(u1, ["mkdir", "-p", f"{home}/.cache/pip"]), capture_output=True,
+                                text=True).returncode
+    subprocess.run(as_user(u1, ["mkdir", "-p", "/tmp/elsewhere"]), check=True)
+    subprocess.run(as_user(u1, ["sh", "-c", f"rm -r {home}/.cache && ln -s /tmp/elsewhere {home}/.cache"]), check=True)
+    out["user_link"] = probe(u1, home)
+    out["user_through_link"] = sorted(os.listdir("/tmp/elsewhere"))
+    clear = subprocess.run([sys.executable, "-m", "cpulaunch", "doctor", "--clear-cache", "--format", "json"],
+                           cwd=REPO, env={**os.environ, "HOME": home}, capture_output=True, text=True, timeout=60)
+    out["clear"] = {"code": clear.returncode, "stdout": clear.stdout, "stderr": clear.stderr}
+    out["root_cache_after"] = sorted(os.listdir("/root/.cache/cpulaunch"))
+    return out
+
+
 if __name__ == "__main__":
     os.makedirs(WORK, exist_ok=True)
     os.chmod(WORK, 0o1777)

@@ -688,3 +688,26 @@ def test_an_ofd_lock_holder_is_named(sticky, users):
         assert "root's view names it" in proc.stderr
     finally:
         holder.communicate("", timeout=30)
+
+
+def test_root_with_a_users_home_writes_nothing_there(users):
+    """Issue 39: root under ``sudo -E`` (a user's HOME) made ~USER/.cache root's and wrote
+    through a link the user planted. Now root keeps its verdicts in its own cache (a note
+    says so), leaves no file of its own in the user's home, writes nothing through the link;
+    the user's own runs keep theirs at home (never through a link of theirs either) and the
+    user's ``mkdir ~/.cache/pip`` works; root's ``doctor --clear-cache`` clears root's."""
+    got = _scenario("sudo_home", users)
+    home = f"/home/{users[0]}"
+    assert got["root"]["folder"] == "/root/.cache/cpulaunch" and got["root"]["own"] is True, got["root"]
+    assert got["root"]["wanted"] is False and f"the cache {home}/.cache/cpulaunch is not this user's" in \
+        got["root"]["note"], got["root"]
+    assert got["root_owned"] == [], got["root_owned"]
+    assert got["root_link"]["wanted"] is False and got["through_link"] == [], got
+    assert got["user"] == {"folder": f"{home}/.cache/cpulaunch", "note": "", "own": True, "wanted": True}, got["user"]
+    assert got["pip"] == 0
+    assert got["user_link"]["wanted"] is False and got["user_link"]["folder"] is None, got["user_link"]
+    assert got["user_through_link"] == []
+    assert got["clear"]["code"] == 0, got["clear"]
+    cleared = json.loads(got["clear"]["stdout"])
+    assert cleared["cache"] == "/root/.cache/cpulaunch" and len(cleared["removed"]) == 1, cleared
+    assert got["root_cache_after"] == []
