@@ -339,9 +339,15 @@ def _own_and_private(fd: int) -> bool:
 
 
 def _trusted(fd: int) -> bool:
-    """Whether the open folder ``fd`` may lie on the cache's path: this user's and not
-    writable by others, or root's and writable by root alone (issue 39)."""
+    """Whether the open folder ``fd`` may lie on the cache's path (issue 39): this user's
+    and not writable by others, or root's and writable by root alone, or root's and sticky
+    (``/tmp``: others may add names there but never replace or remove ours, and the next
+    folder on the path is checked in its turn)."""
+    import stat
+
     st = os.fstat(fd)
+    if st.st_uid == 0 and st.st_mode & stat.S_ISVTX:
+        return True
     if st.st_uid == os.geteuid():
         return not st.st_mode & 0o002
     return st.st_uid == 0 and not st.st_mode & 0o022
@@ -396,8 +402,9 @@ def _open_cache(folder: Path, create: bool = False) -> Optional[int]:
 def own_cache_dir(environ: Mapping[str, str]) -> tuple[Optional[Path], str]:
     """The cache folder this process may use, and a note when it is not
     :func:`cache_dir`'s: that one when every existing folder on its path is trusted
-    (:func:`_walk_cache`), else this user's own (its home in the password database, as
-    root's under ``sudo -E``), else None (no cache). Never makes anything."""
+    (:func:`_walk_cache`); else, when HOME is not this user's home in the password
+    database (root under ``sudo -E``), the cache in that home; else None (no cache).
+    Never makes anything."""
 
     wanted = cache_dir(environ)
     if wanted is None:
@@ -412,7 +419,8 @@ def own_cache_dir(environ: Mapping[str, str]) -> tuple[Optional[Path], str]:
     except (KeyError, ImportError):
         home = ""
     own = Path(home) / ".cache" / "cpulaunch" if os.path.isabs(home) else None
-    if own is not None and own != wanted and not _path_doubt(own):
+    elsewhere = not os.path.isabs(environ.get("XDG_CACHE_HOME", "")) and environ.get("HOME") != home
+    if elsewhere and own is not None and not _path_doubt(own):  # another's HOME, as under sudo -E
         return own, f"note: the cache {wanted} is not this user's ({why}); verdicts are kept in {own}"
     return None, f"note: the cache {wanted} is not this user's ({why}); no verdict is kept"
 
