@@ -29,13 +29,21 @@ The design (docs/guide/placement.md, "Jobs that share a host", gives the figures
   lease file removed or replaced while held (logind removing a folder at logout, tmpfiles
   ageing ``/tmp``, ``rm -r`` of the folder) keeps its locks, ``/proc/locks`` keeps naming
   them, and no second job is handed the CPU.
+- *Reading costs what this machine has* (issue 39): a lock's range is cut to the online
+  CPUs before any set is made (:func:`decode`), ``F_GETLK`` asks only about the CPU, pending,
+  waiting and first ticket bytes (:func:`_write_locks`), and at most :data:`MAX_FILES` files
+  (:data:`MAX_NAMES` names) per folder and :data:`PROC_LOCKS_BYTES` of /proc/locks are read;
+  what was cut is named in a note (:attr:`Leases.capped`) and by ``cpulaunch doctor``.
 - *Claiming* (:meth:`Claimant.claim`) is optimistic: the job publishes a pending claim
   (its CPUs, its ticket), reads again, and commits (releases the pending byte) only when
-  no other job's pending or held claim overlaps it; a held claim or an older pending one
-  makes it withdraw and plan again; only younger pending claims are waited for (they saw
-  this one, and withdraw, or did not, and commit: bounded by :data:`PATIENCE`). Two
-  overlapping claims can never both commit: each reads after its own publication, so the
-  second to publish sees the first.
+  no other job's pending or held claim overlaps it. Two overlapping claims can never both
+  commit: each reads after its own publication, so the second to publish sees the first.
+  Younger pending claims are waited for (they saw this one, and withdraw, or did not, and
+  commit: bounded by :data:`PATIENCE`); a held claim or an older pending one is waited for
+  too, with this claim kept published, up to :data:`SETTLE` (lock flicker by a user who
+  holds nothing is waited out), then this claim withdraws and the job plans again. Lost
+  races are bounded by time (:data:`RACE_TIME`, ``fail`` only), never by count, and a
+  ``fail`` job fails only when the CPUs it needs are still held after :data:`SETTLE`.
 - *Waiting* (:meth:`Claimant.blocked`): a waiting job publishes its ticket and a waiting
   byte, and sleeps in poll(2) on a pidfd of every process holding a CPU it may use: it
   wakes as soon as any of them ends. Then it reads, after a delay of 10 ms per older
@@ -67,8 +75,9 @@ exec and Python's start 31); 200 one-core jobs of three users started at once, w
 host's folders removed 277 times meanwhile, ran without two ever sharing a CPU and lost 6
 races in all (at most 2 for a job).
 
-Limits: a holder in another PID namespace whose lease file was also removed is seen by no
-one; holders on other machines are not seen (the leases are this host's).
+Limits: a holder in another PID namespace whose lease file was also removed (or lies beyond
+the files read) is seen by no one; holders on other machines are not seen (the leases are
+this host's). What a user who holds no CPU can still do is in docs/guide/placement.md.
 """
 
 import errno
