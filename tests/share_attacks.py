@@ -1,6 +1,7 @@
 """Attackers of --share-host (issue 39), each a process of a user who holds no CPU:
 ``python share_attacks.py KIND FOLDER BASE [N [L]]``. Each sets its attack up, prints
-``ready`` and keeps it (its locks live as long as it does) until its stdin closes.
+``ready`` and keeps it (its locks live as long as it does) until its stdin closes; then it
+removes the files it made.
 
 BASE is the lock window of the space attacked (``key << 44``). The kinds:
 
@@ -38,9 +39,14 @@ def unlock_all(fd):
     fcntl.fcntl(fd, fcntl.F_SETLK, FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0))
 
 
+MADE = []  # the files this attacker made, removed at its end
+
+
 def new_file(folder, name):
-    fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    path = os.path.join(folder, f"{name}-{os.getpid()}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     os.fchmod(fd, 0o644)
+    MADE.append(path)
     return fd
 
 
@@ -88,13 +94,13 @@ def flicker(folder, base, n, per, stop):
             if not seen:
                 continue
             serial += 1
-            fd = new_file(folder, f"lease-flick-{os.getpid()}-{serial}")
+            fd = new_file(folder, f"lease-flick-{serial}")
             lock(fd, base, 1024)
             lock(fd, base + PENDING)
             lock(fd, base + TICKET + 1)
             time.sleep(0.03)
             unlock_all(fd)
-            os.unlink(os.path.join(folder, f"lease-flick-{os.getpid()}-{serial}"))
+            os.unlink(MADE.pop())
             os.close(fd)
             count[0] += 1
 
@@ -124,6 +130,8 @@ def main():
     if thread is not None:
         thread.join(5)
         print(f"flicks {count[0]}", flush=True)
+    for path in MADE:
+        os.unlink(path)
     del keep
 
 

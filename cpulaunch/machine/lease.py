@@ -353,6 +353,8 @@ def _make_shared() -> None:
         st = os.fstat(fd)
         if st.st_uid == 0 and stat.S_IMODE(st.st_mode) != 0o1777:
             os.fchmod(fd, 0o1777)
+    except OSError:
+        pass  # read-only /run: users' jobs use /tmp/cpulaunch-leases
     finally:
         os.close(fd)
 
