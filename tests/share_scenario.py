@@ -216,6 +216,22 @@ def removed_while_held(u1, u2):
             "after": dry_run(u1)}
 
 
+def flooded_folder(u1, u2):
+    """User 2 fills /tmp/cpulaunch-leases with 600 lease files nobody holds: user 1's doctor
+    warns, naming the folder and user 2's count; root's doctor removes them."""
+    subprocess.run(as_user(u2, ["mkdir", "-m", "1777", "/tmp/cpulaunch-leases"]), check=True)
+    subprocess.run(as_user(u2, ["sh", "-c", "cd /tmp/cpulaunch-leases && i=0; while [ $i -lt 600 ]; do "
+                                            ": > lease-x-$i; i=$((i+1)); done"]), check=True)
+
+    def doctor(user):
+        python, extra = python_of(user)
+        proc = subprocess.run(as_user(user, [python, "-m", "cpulaunch", "doctor", "--format", "json"]), cwd=REPO,
+                              env={**os.environ, **extra}, capture_output=True, text=True, timeout=300)
+        return [f for f in json.loads(proc.stdout)["findings"] if f["id"] == "lease-folder"]
+
+    return {"u1": doctor(u1), "root": doctor(None), "left": len(os.listdir("/tmp/cpulaunch-leases"))}
+
+
 CACHE_PROBE = """
 import json, sys
 from pathlib import Path

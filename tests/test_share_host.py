@@ -711,3 +711,16 @@ def test_root_with_a_users_home_writes_nothing_there(users):
     cleared = json.loads(got["clear"]["stdout"])
     assert cleared["cache"] == "/root/.cache/cpulaunch" and len(cleared["removed"]) == 1, cleared
     assert got["root_cache_after"] == []
+
+
+def test_doctor_names_a_flooded_lease_folder(users):
+    """600 lease files of user 2's that nobody holds in /tmp/cpulaunch-leases (more than
+    the 512 a job reads): user 1's doctor warns, naming the folder and user 2's uid and
+    count; root's doctor removes them (issue 39)."""
+    got = _scenario("flooded_folder", users)
+    u2 = hostusers.uid_of(users[1])
+    (warn,) = [f for f in got["u1"] if f["severity"] == "warn"]
+    assert warn["summary"].startswith("/tmp/cpulaunch-leases holds 600 lease files, more than a --share-host job "
+                                      f"reads (512): uid {u2}: 600"), warn
+    assert any("removed 600 that nobody held" in f["summary"] for f in got["root"]), got["root"]
+    assert got["left"] == 0
