@@ -724,3 +724,28 @@ def test_doctor_names_a_flooded_lease_folder(users):
                                       f"reads (512): uid {u2}: 600"), warn
     assert any("removed 600 that nobody held" in f["summary"] for f in got["root"]), got["root"]
     assert got["left"] == 0
+
+
+@pytest.mark.parametrize("how", ["read-only", "not-writable"])
+def test_an_unwritable_lease_dir_is_one_line(sticky, users, how):
+    """A --lease-dir on a read-only file system (a tmpfs mounted ro in a private mount
+    namespace), or root's 0755 folder for a user: exit 2, one line naming the folder, why
+    and what to do; no traceback, nothing made."""
+    folder = sticky / "ro"
+    folder.mkdir(mode=0o755)
+    user = None if how == "read-only" else users[0]
+    python, extra = (sys.executable, {}) if user is None else hostusers.user_python(user)
+    argv = [python, "-m", "cpulaunch", "--share-host", "--lease-dir", str(folder), "--allocator", "default",
+            *ONE_CORE, python, "-c", "pass"]
+    if how == "read-only":
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                f'mount -t tmpfs -o ro,mode=0755 tmpfs "{folder}" && exec "$@"', "sh", *argv]
+    proc = subprocess.run(hostusers.as_user(user, argv), cwd=REPO, env={**os.environ, **extra}, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    why = "Read-only file system); the file system is read-only: pass" if how == "read-only" else \
+        "Permission denied); pass a --lease-dir you can write to"
+    assert lines[0].startswith(f"cpulaunch: error: --share-host: {folder} takes no lease file ({folder}: ") \
+        and why in lines[0], lines
+    assert list(folder.iterdir()) == []
