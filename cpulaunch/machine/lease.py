@@ -946,7 +946,7 @@ class Claimant:
 
 
 #: File descriptors looked at, at most, to find who holds an OFD lock (:func:`_ofd_holder`).
-_MAX_FDS_SCANNED = 65536
+_MAX_FDS_SCANNED = 16384
 
 
 def _ofd_holder(fid: FileId) -> tuple[Optional[int], str]:
@@ -1004,8 +1004,8 @@ def _holder(pid: Optional[int], commands: dict, fid: Optional[FileId] = None) ->
             return Holder(None, "")
         if ("ofd", fid) not in commands:
             commands["scans"] = commands.get("scans", 0) + 1
-            commands[("ofd", fid)] = _ofd_holder(fid) if commands["scans"] <= 4 else \
-                (None, "not looked for: more than 4 files locked without a pid")
+            commands[("ofd", fid)] = _ofd_holder(fid) if commands["scans"] <= 2 else \
+                (None, "not looked for: more than 2 files locked without a pid")
         pid, why = commands[("ofd", fid)]
         if pid is None:
             return Holder(None, "", why)
