@@ -5,9 +5,10 @@ removes the files it made.
 
 BASE is the lock window of the space attacked (``key << 44``). The kinds:
 
-* ``ranges N``: N files of its own in FOLDER, each with one write lock over the window's
+* ``ranges N [U]``: N files of its own in FOLDER, each with one write lock over the window's
   CPU bytes ``BASE+2 .. BASE+65535``, where no CPU exists (every reader used to make a
-  65,534-element set per file: 12 MB each).
+  65,534-element set per file: 12 MB each); U=1: the files are removed once locked (the
+  locks outlive them, seen through /proc/locks).
 * ``many N L``: N files, each with L one-byte write locks in the window, spread over the
   bytes between the CPUs and the pending byte and over the tickets (every reader used to
   walk them all with F_GETLK).
@@ -50,8 +51,13 @@ def new_file(folder, name):
     return fd
 
 
-def ranges(folder, base, n):
-    return [lock(fd, base + 2, 65534) or fd for fd in (new_file(folder, f"lease-ranges-{i}") for i in range(n))]
+def ranges(folder, base, n, unlinked=0):
+    fds = [lock(fd, base + 2, 65534) or fd for fd in (new_file(folder, f"lease-ranges-{i}") for i in range(n))]
+    if unlinked:  # the locks outlive the names: /proc/locks still lists them
+        for path in MADE:
+            os.unlink(path)
+        MADE.clear()
+    return fds
 
 
 def many(folder, base, n, per):

@@ -590,13 +590,15 @@ def assert_unharmed(run: dict, quiet: float) -> None:
     assert run["seconds"] < 2 * quiet + 3.0, (run, quiet)
 
 
-def test_locks_beyond_every_cpu_cost_nothing(sticky, users):
+@pytest.mark.parametrize("unlinked", [0, 1], ids=["files", "removed-files"])
+def test_locks_beyond_every_cpu_cost_nothing(sticky, users, unlinked):
     """40 files of user 1's, each write-locked over the CPU bytes 2 .. 65535 where no CPU
-    exists (before: 0.7 s and 503 MB per job start): user 2's and root's jobs start in
-    their usual time and memory, and plan on CPU 0, which nobody holds."""
+    exists (before: 0.7 s and 503 MB per job start), kept or removed once locked (the
+    locks outlive them): user 2's and root's jobs start in their usual time and memory,
+    and plan on CPU 0, which nobody holds."""
     u1, u2 = users
     quiet = quiet_start(sticky, u2)
-    attack = Attacker(u1, "ranges", sticky, 40)
+    attack = Attacker(u1, "ranges", sticky, 40, unlinked)
     try:
         for user in (u2, None):
             run = victim(sticky, user, "fail", "--core-list", "0")
