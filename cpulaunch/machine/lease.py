@@ -133,7 +133,6 @@ _CPU_LIMIT = 1 << 20
 _PENDING = 1 << 20
 _WAITING = (1 << 20) + 1
 _TICKET = 1 << 21
-_MAX_CPU = 1 << 16  # CPU ids read from someone else's locks are cut here (Linux: NR_CPUS <= 8192)
 _QUEUE_STEP = 0.010  # seconds of delay per older waiter after a wake-up
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
