@@ -198,7 +198,7 @@ def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, s
     run = opts.output is Output.RUN
     whole = _prepare_plan(opts, topo, host, environ)  # a request that cannot fit at all fails here, at once
     with lease.Claimant(lease.space(opts.lease_dir, create=run), topo.online, topo.allowed,
-                        tries=_CLAIM_TRIES) as claimant:
+                        tries=_CLAIM_TRIES, wait=opts.share_host == "wait") as claimant:
         leases = claimant.read()
         while True:
             try:

@@ -268,7 +268,7 @@ OPTIONS: tuple[Option, ...] = (
            words=("fail", "wait"), more="Other cpulaunch jobs plan on the rest. When too few are free: fail "
            "(the bare flag; names who holds them) or wait."),
     Option("--lease-dir", "lease_dir", PATH, P, "A lease space of its own for --share-host.", metavar="DIR",
-           more="Default: the host's, /run/cpulaunch and /tmp/cpulaunch."),
+           more="Default: the host's, /run/cpulaunch-leases and /tmp/cpulaunch-leases."),
     Option("--follow-cpuset", "follow_cpuset", FLAG, P,
            "Re-pin threads when the cpuset changes.", run_only=True,
            more="While instances run, follow changes of the CPUs this job may use (cgroup cpuset, affinity): "

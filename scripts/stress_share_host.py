@@ -9,8 +9,8 @@ wait queue; prints the figures as JSON (docs/guide/placement.md quotes them).
   CPU at the same time (overlaps must be 0). Counted: the races lost between reading and
   claiming (``-v``'s "lost a race" lines), per job at most and in all. In the host's default
   space (``--space default``: in a private mount namespace with fresh /run and /tmp, root
-  only) ``--churn`` removes /run/cpulaunch and /tmp/cpulaunch every 0.2 s during the run,
-  and a user plants /tmp/cpulaunch again.
+  only) ``--churn`` removes /run/cpulaunch-leases and /tmp/cpulaunch-leases every 0.2 s during the run,
+  and a user plants /tmp/cpulaunch-leases again.
 * ``queue``: ``--queue`` (40) one-core jobs in wait mode started 20 ms apart on a machine of
   2 CPUs (only the first 2 CPUs are used), each spinning ``--job`` seconds (0.8). Measured:
   the share of the span (first program's start to last program's end) each CPU ran a
@@ -106,13 +106,13 @@ def collect(work: Path, procs: list) -> dict:
 
 
 def churn(stop: threading.Event, user) -> int:
-    """Remove the host's lease folders every 0.2 s until ``stop``; plant /tmp/cpulaunch as
+    """Remove the host's lease folders every 0.2 s until ``stop``; plant /tmp/cpulaunch-leases as
     ``user`` every other time. Returns how many times."""
     n = 0
     while not stop.wait(0.2):
-        subprocess.run(["rm", "-rf", "/run/cpulaunch", "/tmp/cpulaunch"], check=False)
+        subprocess.run(["rm", "-rf", "/run/cpulaunch-leases", "/tmp/cpulaunch-leases"], check=False)
         if user is not None and n % 2:
-            subprocess.run(hostusers.as_user(user, ["mkdir", "-m", "1777", "/tmp/cpulaunch"]), check=False,
+            subprocess.run(hostusers.as_user(user, ["mkdir", "-m", "1777", "/tmp/cpulaunch-leases"]), check=False,
                            stderr=subprocess.DEVNULL)
         n += 1
     return n

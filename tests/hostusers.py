@@ -1,6 +1,6 @@
 """Other users and private mounts for tests that need them (issue 34): the tests make two
 unprivileged users of their own (``useradd -m``) and run commands as them with setpriv;
-a test that needs a host without ``/run/cpulaunch`` runs in a private mount namespace with
+a test that needs a host without ``/run/cpulaunch-leases`` runs in a private mount namespace with
 fresh ``/run`` and ``/tmp`` (tmpfs), whatever the host's past. Root only; a test skips,
 naming what is missing, elsewhere.
 """

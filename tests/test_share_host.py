@@ -421,10 +421,10 @@ def _scenario(name: str, users) -> dict:
 
 def test_one_lease_space_for_every_user_and_environment(users):
     """In a fresh /run and /tmp (a private mount namespace: whatever the host's past):
-    user 1's first job, before root ever ran, makes /tmp/cpulaunch (1777) and takes CPU 0
-    with XDG_RUNTIME_DIR and HOME set; root's job makes /run/cpulaunch (1777), sees CPU 0
-    held and takes CPU 1; user 2 sees both holders, with or without XDG_RUNTIME_DIR, with
-    root's HOME as under sudo."""
+    user 1's first job, before root ever ran, makes /tmp/cpulaunch-leases (1777) and takes
+    CPU 0 with XDG_RUNTIME_DIR and HOME set; root's job makes /run/cpulaunch-leases (1777),
+    sees CPU 0 held and takes CPU 1; user 2 sees both holders, with or without
+    XDG_RUNTIME_DIR, with root's HOME as under sudo."""
     got = _scenario("folders_and_environments", users)
     u1 = hostusers.uid_of(users[0])
     assert got["u1"]["cpus"] == [0] and got["root"]["cpus"] == [1]
@@ -439,22 +439,26 @@ def test_one_lease_space_for_every_user_and_environment(users):
 
 
 def test_a_planted_fallback_folder_traps_nobody(users):
-    """User 2 makes /tmp/cpulaunch first (0755, its own): user 1's job still runs, its
-    lease file in a private folder (a note says where), and root and user 2 see it held
-    through /proc/locks."""
+    """User 2 makes /tmp/cpulaunch-leases first (0755, its own): user 1's job still runs,
+    its lease file in a private folder (a note says where), and root and user 2 see it held
+    through /proc/locks. The exec'd program leaves its folder; user 1's next job removes
+    it (and leaves its own), and user 1's doctor removes that one (issue 39)."""
     got = _scenario("planted_fallback", users)
     assert got["u1"]["cpus"] == [0] and got["end"]["code"] == 0
     assert "this job's lease file is in /tmp/cpulaunch-lease-" in got["end"]["stderr"]
     for view in (got["root_view"], got["u2_view"]):
         assert view["code"] == 0 and f"CPUs 0 held by pid {got['u1']['pid']} (" in view["stdout"], view
-    # the exec'd program ran no clean-up: its private folder stays (no lock in it), /tmp's to age
     assert len(got["private"]) == 1
+    assert got["end_again"]["code"] == 0 and len(got["private_again"]) == 1
+    assert got["private_again"] != got["private"]
+    assert got["private_after_doctor"] == [], got["doctor"]
+    assert any("removed 1 private lease folder" in f["summary"] for f in got["doctor"]), got["doctor"]
 
 
 def test_folders_removed_while_held_hand_out_nothing(users):
-    """Root removes /run/cpulaunch and /tmp/cpulaunch while two users' jobs hold both CPUs,
-    then user 2 plants a new /tmp/cpulaunch: every view still names both holders; once they
-    end, the CPUs are free."""
+    """Root removes /run/cpulaunch-leases and /tmp/cpulaunch-leases while two users' jobs
+    hold both CPUs, then user 2 plants a new /tmp/cpulaunch-leases: every view still names
+    both holders; once they end, the CPUs are free."""
     got = _scenario("removed_while_held", users)
     assert sorted(got["a"]["cpus"] + got["b"]["cpus"]) == [0, 1]
     for view in (got["before"], got["gone"], got["planted"]):
@@ -464,6 +468,31 @@ def test_folders_removed_while_held_hand_out_nothing(users):
     assert got["after"]["code"] == 0 and "held by" not in got["after"]["stdout"]
 
 
+def test_old_folders_are_read_and_no_folder_shadows_the_package(users):
+    """A job of an older cpulaunch holding CPU 0 through /tmp/cpulaunch is seen; the folders
+    a job makes now are not named ``cpulaunch``, so ``python -m cpulaunch`` started in /tmp
+    imports the package (issue 39: a /tmp/cpulaunch folder was imported as a namespace)."""
+    got = _scenario("old_folder_and_module", users)
+    assert got["view"]["code"] == 0 and f"CPUs 0 held by pid {got['old_pid']} (" in got["view"]["stdout"], got["view"]
+    assert got["made"] == ["cpulaunch-leases"] and got["end"]["code"] == 0
+    assert got["version"]["code"] == 0, got["version"]
+
+
+def test_full_file_systems_give_one_line_and_leave_nothing(users):
+    """User 2 fills /run/cpulaunch-leases and /tmp (small tmpfs mounts, space and inodes):
+    user 1's job fails with exit 2 and one line naming the folders and what to do, and
+    leaves no folder behind (before: exit 70 and an empty cpulaunch-lease-* folder); with a
+    few inodes free again but no space, the job runs (a lease file needs no bytes)."""
+    got = _scenario("full_filesystems", users)
+    full = got["full"]
+    assert full["code"] == 2, got
+    lines = full["stderr"].splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cpulaunch: error: --share-host: "), full
+    assert "/run/cpulaunch-leases: No space left on device" in lines[0] and "free some space" in lines[0], full
+    assert full["litter"] == [], full
+    assert got["space_only"]["cpus"] in ([0], [1]) and got["end"]["code"] == 0, got
+
+
 def test_parse_proc_locks():
     text = ("1: POSIX  ADVISORY  WRITE 4242 00:2a:1234 5 7\n"
             "1: -> POSIX  ADVISORY  WRITE 4243 00:2a:1234 5 7\n"
@@ -471,11 +500,254 @@ def test_parse_proc_locks():
             "3: POSIX  ADVISORY  READ 5 fd:01:9 0 EOF\n"
             "4: POSIX  ADVISORY  WRITE 6 fd:01:10 0 EOF\n"
             "5: OFDLCK ADVISORY  WRITE -1 fd:01:11 0 EOF\n")
-    assert lease.parse_proc_locks(text) == [(4242, (0, 42, 1234), 5, 7), (6, (253, 1, 10), 0, None)]
+    assert lease.parse_proc_locks(text) == [(4242, (0, 42, 1234), 5, 7), (6, (253, 1, 10), 0, None),
+                                            (-1, (253, 1, 11), 0, None)]
 
 
 def test_decode():
     base = 5 << 44
+    cpus = list(range(8))
     assert lease.decode([(base + 2, base + 3, 9), (base + 2**20, base + 2**20, 9), (base + 2**21 + 77,) * 2 + (9,)],
-                        5) == {"cpus": frozenset({2, 3}), "pending": True, "waiting": False, "ticket": 77, "pid": 9}
-    assert lease.decode([(0, None, 9), (base - 1, base + 1, 9)], 5) is None  # not leases: whole-file, outside
+                        5, cpus) == {"cpus": frozenset({2, 3}), "pending": True, "waiting": False, "ticket": 77,
+                                     "pid": 9}
+    assert lease.decode([(0, None, 9), (base - 1, base + 1, 9)], 5, cpus) is None  # not leases: whole-file, outside
+
+
+def test_decode_cuts_ranges_to_the_machines_cpus():
+    """A lock over 65,534 CPU bytes where no CPU exists (issue 39) decodes to the CPUs
+    the machine has, at the cost of the machine's CPUs, not of the range."""
+    base = 5 << 44
+    got = lease.decode([(base + 2, base + 65535, 9)], 5, [0, 1, 2, 3, 8, 9])
+    assert got["cpus"] == frozenset({2, 3, 8, 9})
+    assert lease.decode([(base + 2, base + 65535, 9)], 5, [0, 1])["cpus"] == frozenset()
+    t = time.perf_counter()
+    for _ in range(2000):
+        lease.decode([(base + 2, base + (1 << 20) - 1, 9)], 5, [0, 1])
+    assert time.perf_counter() - t < 2.0  # 2,000 files of a 2**20-byte range: no set of that size is made
+
+
+# --------------------------------------------------------------------------- issue 39: attacks by users who hold no CPU
+
+ATTACKS = Path(__file__).parent / "share_attacks.py"
+#: Peak memory of a victim's job start (MB, ru_maxrss of the child: cpulaunch, then its
+#: program); the targets (2x of a quiet start, 100 MB) are scripts/attack_share_host.py's.
+MEMORY_MB = 100
+
+
+class Attacker:
+    """``share_attacks.py KIND`` run as ``user`` on ``folder`` until :meth:`stop`."""
+
+    def __init__(self, user: str, kind: str, folder: Path, *sizes: int):
+        python, extra = hostusers.user_python(user)
+        base = lease._key_of(str(folder)) << 44
+        argv = [python, str(ATTACKS), kind, str(folder), str(base), *map(str, sizes)]
+        self.proc = subprocess.Popen(hostusers.as_user(user, argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env={**os.environ, **extra})
+        line = self.proc.stdout.readline()
+        if line != "ready\n":
+            self.proc.kill()
+            raise AssertionError(f"the attacker did not start: {self.proc.communicate(timeout=60)}")
+
+    def stop(self) -> str:
+        out, err = self.proc.communicate("", timeout=60)
+        assert self.proc.returncode == 0, err
+        return out
+
+
+def victim(folder: Path, user: str | None, mode: str = "fail", *args: str) -> dict:
+    """One ``--share-host`` job start of ``python -c pass`` on one core: its exit code,
+    seconds, peak memory (MB, from wait4's rusage of the child) and stderr."""
+    import tempfile
+
+    python, extra = (sys.executable, {}) if user is None else hostusers.user_python(user)
+    argv = [python, "-m", "cpulaunch", f"--share-host={mode}", "--lease-dir", str(folder), "--allocator", "default",
+            "--bind", "affinity", *ONE_CORE, *args, python, "-c", "pass"]
+    with tempfile.TemporaryFile() as err:
+        t = time.monotonic()
+        proc = subprocess.Popen(hostusers.as_user(user, argv), cwd=REPO, env={**os.environ, **extra},
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.monotonic() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    return {"code": proc.returncode, "seconds": seconds, "mb": usage.ru_maxrss / 1024, "stderr": text}
+
+
+def quiet_start(folder: Path, user: str) -> float:
+    """The better of two job starts with nobody else in ``folder`` (seconds)."""
+    runs = [victim(folder, user) for _ in range(2)]
+    assert [r["code"] for r in runs] == [0, 0], runs
+    return min(r["seconds"] for r in runs)
+
+
+def assert_unharmed(run: dict, quiet: float) -> None:
+    """The victim ran, within its budget: twice its quiet time plus 3 s of headroom for a
+    loaded 2-core machine (the 2x target itself is the script's), and 100 MB."""
+    assert run["code"] == 0, run
+    assert "Traceback" not in run["stderr"] and "internal error" not in run["stderr"], run
+    assert run["mb"] < MEMORY_MB, run
+    assert run["seconds"] < 2 * quiet + 3.0, (run, quiet)
+
+
+@pytest.mark.parametrize("unlinked", [0, 1], ids=["files", "removed-files"])
+def test_locks_beyond_every_cpu_cost_nothing(sticky, users, unlinked):
+    """40 files of user 1's, each write-locked over the CPU bytes 2 .. 65535 where no CPU
+    exists (before: 0.7 s and 503 MB per job start), kept or removed once locked (the
+    locks outlive them): user 2's and root's jobs start in their usual time and memory,
+    and plan on CPU 0, which nobody holds."""
+    u1, u2 = users
+    quiet = quiet_start(sticky, u2)
+    attack = Attacker(u1, "ranges", sticky, 40, unlinked)
+    try:
+        for user in (u2, None):
+            run = victim(sticky, user, "fail", "--core-list", "0")
+            assert_unharmed(run, quiet)
+        dry = dry_run(sticky, *ONE_CORE, user=u2)
+        assert dry.stdout.startswith("# instance 0: cpus 0,") and "held by" not in dry.stdout, dry.stdout
+    finally:
+        attack.stop()
+
+
+def test_thousands_of_locks_and_files_cost_little(sticky, users):
+    """8 files of 4,096 locks each in the lease window (before: 4.1 s per job start) and
+    2,000 lease files nobody holds: a job starts in its usual time and memory, and says
+    that the folder held more files than a job reads."""
+    u1, u2 = users
+    quiet = quiet_start(sticky, u2)
+    locks = Attacker(u1, "many", sticky, 8, 4096)
+    files = Attacker(u1, "dead", sticky, 2000)
+    try:
+        run = victim(sticky, u2)
+        assert_unharmed(run, quiet)
+        dry = dry_run(sticky, *ONE_CORE, user=u2)
+        assert f"--share-host: {sticky} holds more lease files than a job reads" in dry.stdout, dry.stdout
+        assert "held by" not in dry.stdout
+    finally:
+        locks.stop()
+        files.stop()
+
+
+@pytest.mark.slow
+def test_lock_flicker_fails_no_job(sticky, users):
+    """Issue 39's attack: user 1 watches the folder with inotify and, whenever a lease
+    file appears, write-locks CPUs 0-1023, the pending byte and the oldest ticket in a
+    file of its own for 30 ms, with 1,500 more locks to slow every read (before: 5 of 5
+    victims failed with "other jobs took the planned cores 100 times"). Three ``fail`` and
+    two ``wait`` jobs of user 2's all run, each in its budget, while the attacker flicked."""
+    u1, u2 = users
+    quiet = quiet_start(sticky, u2)
+    attack = Attacker(u1, "flicker", sticky, 1, 1500)
+    try:
+        runs = [victim(sticky, u2, mode) for mode in ("fail", "fail", "fail", "wait", "wait")]
+    finally:
+        flicks = attack.stop()
+    for run in runs:
+        assert_unharmed(run, quiet)
+    assert int(flicks.split()[-1]) >= 5, flicks  # it did flick at every job
+
+
+def test_two_spellings_of_one_folder_are_one_space(tmp_path, leases, jobs):
+    """A bind mount makes a second spelling of the lease folder: a job through either
+    sees the other's CPUs held (the space's key is the folder's device and inode)."""
+    if os.geteuid() != 0:
+        pytest.skip("bind-mounts a folder: needs root")
+    a = start(jobs, tmp_path, "a", leases, *ONE_CORE, "--core-list", "0")
+    assert a.report()["cpus"] == [0]
+    alias = tmp_path / "alias"
+    alias.mkdir(mode=0o700)
+    subprocess.run(["mount", "--bind", str(leases), str(alias)], check=True)
+    try:
+        proc = dry_run(alias, *ONE_CORE, "--core-list", "0", check=2)
+        assert f"CPUs 0 held by pid {a.proc.pid} " in proc.stderr
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)
+    a.release()
+
+
+OFD_LOCKER = """
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, int(sys.argv[2]), 1, 0))
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_ofd_lock_holder_is_named(sticky, users):
+    """A process holding CPU 0 of the space with an OFD lock (whose pid the kernel's lock
+    list shows as -1) is named by root, through /proc/PID/fdinfo; another user, who may not
+    look at root's files, is told why it is not named."""
+    base = lease._key_of(str(sticky)) << 44
+    holder = subprocess.Popen([sys.executable, "-c", OFD_LOCKER, str(sticky / "lease-ofd"), str(base)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        proc = dry_run(sticky, *ONE_CORE, "--core-list", "0", check=2)
+        assert f"CPUs 0 held by pid {holder.pid} ({sys.executable} -c " in proc.stderr, proc.stderr
+        proc = dry_run(sticky, *ONE_CORE, "--core-list", "0", check=2, user=users[1])
+        assert "CPUs 0 held by another process (an OFD lock or another PID namespace; " in proc.stderr, proc.stderr
+        assert "root's view names it" in proc.stderr
+    finally:
+        holder.communicate("", timeout=30)
+
+
+def test_root_with_a_users_home_writes_nothing_there(users):
+    """Issue 39: root under ``sudo -E`` (a user's HOME) made ~USER/.cache root's and wrote
+    through a link the user planted. Now root keeps its verdicts in its own cache (a note
+    says so), leaves no file of its own in the user's home, writes nothing through the link;
+    the user's own runs keep theirs at home (never through a link of theirs either) and the
+    user's ``mkdir ~/.cache/pip`` works; root's ``doctor --clear-cache`` clears root's."""
+    got = _scenario("sudo_home", users)
+    home = f"/home/{users[0]}"
+    assert got["root"]["folder"] == "/root/.cache/cpulaunch" and got["root"]["own"] is True, got["root"]
+    assert got["root"]["wanted"] is False and f"the cache {home}/.cache/cpulaunch is not this user's" in \
+        got["root"]["note"], got["root"]
+    assert got["root_owned"] == [], got["root_owned"]
+    assert got["root_link"]["wanted"] is False and got["through_link"] == [], got
+    assert got["user"] == {"folder": f"{home}/.cache/cpulaunch", "note": "", "own": True, "wanted": True}, got["user"]
+    assert got["pip"] == 0
+    assert got["user_link"]["wanted"] is False and got["user_link"]["folder"] is None, got["user_link"]
+    assert got["user_through_link"] == []
+    assert got["clear"]["code"] == 0, got["clear"]
+    cleared = json.loads(got["clear"]["stdout"])
+    assert cleared["cache"] == "/root/.cache/cpulaunch" and len(cleared["removed"]) == 1, cleared
+    assert got["root_cache_after"] == []
+
+
+def test_doctor_names_a_flooded_lease_folder(users):
+    """600 lease files of user 2's that nobody holds in /tmp/cpulaunch-leases (more than
+    the 512 a job reads): user 1's doctor warns, naming the folder and user 2's uid and
+    count; root's doctor removes them (issue 39)."""
+    got = _scenario("flooded_folder", users)
+    u2 = hostusers.uid_of(users[1])
+    (warn,) = [f for f in got["u1"] if f["severity"] == "warn"]
+    assert warn["summary"].startswith("/tmp/cpulaunch-leases holds 600 lease files, more than a --share-host job "
+                                      f"reads (512): uid {u2}: 600"), warn
+    assert any("removed 600 that nobody held" in f["summary"] for f in got["root"]), got["root"]
+    assert got["left"] == 0
+
+
+@pytest.mark.parametrize("how", ["read-only", "not-writable"])
+def test_an_unwritable_lease_dir_is_one_line(sticky, users, how):
+    """A --lease-dir on a read-only file system (a tmpfs mounted ro in a private mount
+    namespace), or root's 0755 folder for a user: exit 2, one line naming the folder, why
+    and what to do; no traceback, nothing made."""
+    folder = sticky / "ro"
+    folder.mkdir(mode=0o755)
+    user = None if how == "read-only" else users[0]
+    python, extra = (sys.executable, {}) if user is None else hostusers.user_python(user)
+    argv = [python, "-m", "cpulaunch", "--share-host", "--lease-dir", str(folder), "--allocator", "default",
+            *ONE_CORE, python, "-c", "pass"]
+    if how == "read-only":
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                f'mount -t tmpfs -o ro,mode=0755 tmpfs "{folder}" && exec "$@"', "sh", *argv]
+    proc = subprocess.run(hostusers.as_user(user, argv), cwd=REPO, env={**os.environ, **extra}, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    why = "Read-only file system); the file system is read-only: pass" if how == "read-only" else \
+        "Permission denied); pass a --lease-dir you can write to"
+    assert lines[0].startswith(f"cpulaunch: error: --share-host: {folder} takes no lease file ({folder}: ") \
+        and why in lines[0], lines
+    assert list(folder.iterdir()) == []

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from cpulaunch.machine.libfinder import Fabric
 
 __all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding",
-           "cache_dir", "clear_cache", "verdict_key", "verdict_name", "rank_python", "ccl_collective_check", "CCL_MODULE",
+           "cache_dir", "own_cache_dir", "clear_cache", "verdict_key", "verdict_name", "rank_python", "ccl_collective_check", "CCL_MODULE",
            "CCL_CHECK_SECONDS", "Extension", "CCL", "ZENTORCH", "extension_binding", "zentorch_binding"]
 
 
@@ -179,11 +179,11 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
     port = free_port() if query.free_port and engine is None else None
     ccl = fabric = None
     if query.ccl_program is not None:
-        ccl = ccl_binding(rank_python(query.ccl_program, environ), environ, cache_dir(environ))
+        ccl = ccl_binding(rank_python(query.ccl_program, environ), environ, _usable_cache(environ))
         fabric = find_libfabric(environ) if ccl.path is not None else None
     zentorch = None
     if query.zentorch_program is not None:
-        zentorch = zentorch_binding(rank_python(query.zentorch_program, environ), environ, cache_dir(environ))
+        zentorch = zentorch_binding(rank_python(query.zentorch_program, environ), environ, _usable_cache(environ))
     return Host(
         live=live,
         environ=dict(environ),
@@ -267,6 +267,16 @@ class CclBinding(NamedTuple):
     cache_file: Optional[str] = None
 
 
+def _usable_cache(environ: Mapping[str, str]) -> Optional[Path]:
+    """:func:`own_cache_dir`, its note said once (stderr)."""
+    folder, note = own_cache_dir(environ)
+    if note:
+        from cpulaunch import log as _log
+
+        _log.get(__name__).warning("%s", note)
+    return folder
+
+
 def cache_dir(environ: Mapping[str, str]) -> Optional[Path]:
     """cpulaunch's cache folder: ``$XDG_CACHE_HOME/cpulaunch``, else
     ``$HOME/.cache/cpulaunch`` (XDG Base Directory specification: a relative
@@ -328,18 +338,101 @@ def _own_and_private(fd: int) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
-def _open_cache(folder: Path) -> Optional[int]:
-    """A descriptor of the cache folder when it is a real folder (not a link), this user's
-    and writable by nobody else; else None (root with a user's HOME, as under ``sudo -E``,
-    gets None: the folder is the user's)."""
+def _trusted(fd: int) -> bool:
+    """Whether the open folder ``fd`` may lie on the cache's path (issue 39): this user's
+    and not writable by others, or root's and writable by root alone, or root's and sticky
+    (``/tmp``: others may add names there but never replace or remove ours, and the next
+    folder on the path is checked in its turn)."""
+    import stat
+
+    st = os.fstat(fd)
+    if st.st_uid == 0 and st.st_mode & stat.S_ISVTX:
+        return True
+    if st.st_uid == os.geteuid():
+        return not st.st_mode & 0o002
+    return st.st_uid == 0 and not st.st_mode & 0o022
+
+
+def _walk_cache(folder: Path, create: bool) -> tuple[Optional[int], str]:
+    """(A descriptor of the cache folder, "") when every folder on its path, from ``/``
+    down, is a real folder (never a link: each is opened ``O_NOFOLLOW`` relative to the
+    one above) that :func:`_trusted` accepts, and the cache folder itself is this user's
+    alone; ``create``: missing folders are made (0700) on the way, only under trusted
+    ones. Else (None, why): the first folder that is not, and why (issue 39: root under
+    ``sudo -E`` made ``~USER/.cache`` root's, and wrote through a planted link)."""
+    if not folder.is_absolute() or ".." in folder.parts:
+        return None, f"{folder} is not an absolute, plain path"
+    fd = os.open("/", _DIR_FLAGS)
+    here = Path("/")
     try:
-        fd = os.open(folder, _DIR_FLAGS)
-    except OSError:
-        return None
-    if _own_and_private(fd):
-        return fd
-    os.close(fd)
-    return None
+        for name in folder.parts[1:]:
+            if not _trusted(fd):
+                st = os.fstat(fd)
+                return None, f"{here} belongs to uid {st.st_uid} (mode {st.st_mode & 0o7777:04o})"
+            here = here / name
+            try:
+                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    return None, f"{here} does not exist"
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    return None, f"{here} cannot be made ({exc.strerror})"
+            except OSError as exc:
+                return None, f"{here} is a link or not a folder ({exc.strerror})"
+            os.close(fd)
+            fd = nfd
+        if not _own_and_private(fd):
+            st = os.fstat(fd)
+            return None, f"{here} is not this user's alone (uid {st.st_uid}, mode {st.st_mode & 0o7777:04o})"
+        out, fd = fd, None
+        return out, ""
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _open_cache(folder: Path, create: bool = False) -> Optional[int]:
+    """A descriptor of the cache folder (:func:`_walk_cache`), or None."""
+    return _walk_cache(folder, create)[0]
+
+
+def own_cache_dir(environ: Mapping[str, str]) -> tuple[Optional[Path], str]:
+    """The cache folder this process may use, and a note when it is not
+    :func:`cache_dir`'s: that one when every existing folder on its path is trusted
+    (:func:`_walk_cache`); else, when HOME is not this user's home in the password
+    database (root under ``sudo -E``), the cache in that home; else None (no cache).
+    Never makes anything."""
+
+    wanted = cache_dir(environ)
+    if wanted is None:
+        return None, ""
+    why = _path_doubt(wanted)
+    if not why:
+        return wanted, ""
+    try:
+        import pwd
+
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    except (KeyError, ImportError):
+        home = ""
+    own = Path(home) / ".cache" / "cpulaunch" if os.path.isabs(home) else None
+    elsewhere = not os.path.isabs(environ.get("XDG_CACHE_HOME", "")) and environ.get("HOME") != home
+    if elsewhere and own is not None and not _path_doubt(own):  # another's HOME, as under sudo -E
+        return own, f"note: the cache {wanted} is not this user's ({why}); verdicts are kept in {own}"
+    return None, f"note: the cache {wanted} is not this user's ({why}); no verdict is kept"
+
+
+def _path_doubt(folder: Path) -> str:
+    """Why ``folder`` may not be used as this user's cache ("" when it may): the first
+    existing folder on its path that is a link or not :func:`_trusted`."""
+    fd, why = _walk_cache(folder, create=False)
+    if fd is not None:
+        os.close(fd)
+        return ""
+    return "" if why.endswith("does not exist") else why
 
 
 def _read_verdict(folder: Path, name: str, key: dict) -> Optional[tuple]:
@@ -379,14 +472,7 @@ def _write_verdict(folder: Path, name: str, key: dict, loads: bool, why: str) ->
     import json  # not on the launch path (issue 12)
     from cpulaunch.machine.files import replace_at
 
-    try:
-        os.makedirs(folder.parent, mode=0o700, exist_ok=True)
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    dfd = _open_cache(folder)
+    dfd = _open_cache(folder, create=True)
     if dfd is None:
         return False
     try:

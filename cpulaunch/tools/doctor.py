@@ -868,7 +868,7 @@ def _ccl(environ: Mapping[str, str], findings: list) -> CclStatus:
 
     from cpulaunch.machine import host, libfinder, libraries
 
-    b = host.ccl_binding(sys.executable, environ, host.cache_dir(environ))
+    b = host.ccl_binding(sys.executable, environ, host.own_cache_dir(environ)[0])
     if b.path is None:
         findings.append(Finding("ccl-binding", "info", "oneccl_bindings_for_pytorch is not installed: "
                                 "--ddp uses gloo", fix="to use oneCCL: install oneccl_bindings_for_pytorch built "
@@ -912,10 +912,10 @@ def _zentorch(environ: Mapping[str, str], topo, findings: list) -> None:
     only, where it is worth installing."""
     import sys
 
-    from cpulaunch.machine.host import cache_dir, zentorch_binding
+    from cpulaunch.machine.host import own_cache_dir, zentorch_binding
 
     # the user's cache folder, else this process's (a report made with an empty environment)
-    b = zentorch_binding(sys.executable, environ, cache_dir(environ) or cache_dir(os.environ))
+    b = zentorch_binding(sys.executable, environ, own_cache_dir(environ)[0] or own_cache_dir(os.environ)[0])
     torch_v = b.torch_version or dist_version("torch") or "not installed"
     if b.path is None:
         if topo is not None and topo.platform.kind == "amd-zen":
@@ -939,6 +939,38 @@ def _failed(name: str, exc: Exception) -> Finding:
     return Finding(f"check-failed:{name}", "warn", f"the {name} check failed: {exc}",
                    f"{type(exc).__name__}: {exc}",
                    "please report this with the output of `cpulaunch doctor --format json`")
+
+
+def _lease_folders(live: bool, findings: list) -> None:
+    """The host's --share-host lease folders (issue 39): a folder holding more lease files
+    than a job reads (someone flooding it, or litter) is a warning naming the owners; lease
+    files nobody holds, and private lease folders under /tmp that nobody holds, are removed
+    when they are this user's (root: anyone's)."""
+    if not live:
+        return
+    from cpulaunch.machine import lease
+
+    for folder in (lease.SHARED, lease.FALLBACK, *lease.OLD_FOLDERS):
+        got = lease.survey(folder)
+        if got is None:
+            continue
+        owners = ", ".join(f"uid {uid}: {n}" for uid, n in sorted(got.owners.items(), key=lambda x: -x[1])[:3])
+        removed = f"; removed {got.removed} that nobody held" if got.removed else ""
+        if got.more or got.files > lease.MAX_FILES:
+            findings.append(Finding(
+                "lease-folder", "warn",
+                f"{folder} holds {got.files}{' or more' if got.more else ''} lease files, more than a "
+                f"--share-host job reads ({lease.MAX_FILES}){removed}: {owners}",
+                detail="a job reads the first files only (and every lock through /proc/locks): a holder whose "
+                       "file is not read and whose locks are hidden (another PID namespace) is not seen",
+                fix="remove the files nobody holds (cpulaunch doctor as root does), or ask their owners"))
+        else:
+            findings.append(Finding("lease-folder", "ok", f"{folder}: {got.files} lease files{removed}"
+                                    + (f" ({owners})" if owners else "")))
+    gone = lease.tidy_private()
+    if gone:
+        findings.append(Finding("lease-folder", "info", f"removed {len(gone)} private lease folder(s) nobody "
+                                                        f"held: {', '.join(gone[:3])}"))
 
 
 def _guarded(name: str, findings: list, fn: Callable, *args):
@@ -1016,6 +1048,7 @@ def diagnose(root: str | os.PathLike = "/", environ: Optional[Mapping[str, str]]
     env = _guarded("environment", findings, _environment, environ, findings)
     ccl = _guarded("ccl", findings, _ccl, environ, findings)
     _guarded("zentorch", findings, _zentorch, environ, topo, findings)
+    _guarded("lease-folders", findings, _lease_folders, live, findings)
     findings += _files_not_read((files, host))
     return Report(
         root=str(root), live=live, findings=tuple(findings), topology=summary, numactl=numactl,
@@ -1170,10 +1203,12 @@ def command(sysroot, fmt, mem_policy, strict, clear_cache):
     from cpulaunch.render import json_text
 
     if clear_cache:
-        from cpulaunch.machine.host import cache_dir
         from cpulaunch.machine.host import clear_cache as clear
+        from cpulaunch.machine.host import own_cache_dir
 
-        folder = cache_dir(os.environ)
+        folder, note = own_cache_dir(os.environ)  # the folder this user's runs wrote (issue 39)
+        if note:
+            click.echo(note, err=True)
         removed = clear(folder)
         core.write_out(json_text({"cache": None if folder is None else str(folder), "removed": removed}) + "\n"
                        if fmt == "json" else
