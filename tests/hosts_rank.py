@@ -11,7 +11,9 @@ Without ``--loop`` it then meets the others at a barrier and exits 0. With ``--l
 keeps all-reducing, a few times a second, so that it sees at once when a peer goes away (the
 collective raises, the rank exits 1); it ends, exit 0, once the file ``STATE/finish`` holds
 its world size: every rank reads it and the ranks agree through an all-reduce (MAX), so
-they all leave at the same step.
+they all leave at the same step. ``--watch PID``: a looping rank exits 4 as soon as PID
+(the test run) is gone, so that a test run killed before its clean-up leaves no rank
+looping for ever.
 """
 
 import argparse
@@ -39,10 +41,21 @@ def finish_asked(state: str, world_size: int) -> bool:
         return False
 
 
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("state")
     parser.add_argument("--loop", action="store_true")
+    parser.add_argument("--watch", type=int, default=None, help="exit 4 once this pid is gone")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds for the rendezvous and each collective")
     args = parser.parse_args()
 
@@ -68,6 +81,9 @@ def main() -> int:
     if not args.loop:
         dist.barrier()
     while args.loop:
+        if args.watch is not None and not alive(args.watch):
+            print(f"hosts_rank: the test run (pid {args.watch}) is gone", file=sys.stderr)
+            return 4
         stop = torch.tensor([1.0 if finish_asked(args.state, world_size) else 0.0])
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item():

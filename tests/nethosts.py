@@ -25,6 +25,7 @@ Every process a host runs stays in its cgroup, so :meth:`Host.kill` stops all of
 two runs at once or a run's leftovers never clash, and removes everything it made,
 whatever happened in between: the processes (SIGKILL, until the cgroups are empty), the
 namespaces (which takes their veth ends along), the cgroups and the /etc/netns folders.
+What a run killed before its clean-up left behind, the next run removes (:func:`sweep`).
 :func:`missing` says why hosts cannot be made here (the tests' skip reason).
 Measured on this project's machine (Debian 12, cgroup v1, 2 CPUs, torch 2.13).
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -153,10 +155,13 @@ def hosts(n: int = 2) -> Iterator[list]:
     """``n`` (2) emulated hosts linked by one veth pair, as :class:`Host` objects; on exit
     every process on them is killed and everything made for them is removed (also after a
     failure or an interrupt: a removal that fails is raised at the end, after the others ran).
-    The names hold a token unique to this call: hostnames ``clhTOKEN-a``, ``clhTOKEN-b``."""
+    The names hold a token unique to this call, this process's pid and random bits
+    (hostnames ``clhPIDxRAND-a``, ``clhPIDxRAND-b``); hosts that a killed test run left
+    behind are removed first (:func:`sweep`)."""
     if n != 2:
         raise ValueError("one veth pair links exactly two hosts")
-    token = f"{os.getpid() % 4096:03x}{secrets.token_hex(2)}"  # veth names: 15 characters at most
+    sweep()
+    token = f"{os.getpid()}x{secrets.token_hex(2)}"
     letters = "ab"
     made: list = []
     undo: list = []  # callables, run in reverse order at the end
@@ -178,8 +183,9 @@ def hosts(n: int = 2) -> Iterator[list]:
             undo.append(lambda d=etc: shutil.rmtree(d))
             made.append(host)
         a, b = made
-        veth_a, veth_b = f"clv{token}a", f"clv{token}b"
-        # Made in namespace a (never in the machine's own), its peer moved into b at once.
+        # Made in namespace a, its peer in b (neither ever in the machine's own namespace,
+        # so the names need not be unique).
+        veth_a, veth_b = "veth-a", "veth-b"
         _ip("-n", a.netns, "link", "add", veth_a, "type", "veth", "peer", "name", veth_b, "netns", b.netns)
         for host, veth in ((a, veth_a), (b, veth_b)):
             _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", veth)
@@ -205,6 +211,44 @@ def hosts(n: int = 2) -> Iterator[list]:
                 errors.append(e)
         if errors:
             raise RuntimeError(f"removing the emulated hosts {token}: {errors}")
+
+
+#: A name :func:`hosts` gives: group 1 is the pid of the process that made it.
+NAME = re.compile(r"^clh(\d+)x[0-9a-f]{4}-[a-z]$")
+
+
+def sweep() -> list:
+    """Remove the hosts that a test run killed before its clean-up left behind (pytest
+    SIGKILLed, the machine's power cut): every namespace, cpuset and /etc/netns folder
+    named by :data:`NAME` whose maker's pid no longer runs, their processes killed first.
+    Returns the names removed. Hosts of a run still going are left alone."""
+    def gone(name: str) -> bool:
+        match = NAME.match(name)
+        if not match:
+            return False
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    netns = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    names = set(netns)
+    names |= {p.name for p in NETNS_ETC.glob("clh*")} if NETNS_ETC.is_dir() else set()
+    names |= {p.name.removeprefix("cpulaunch-host-") for p in CPUSET.glob("cpulaunch-host-clh*")}
+    removed = sorted(n for n in names if gone(n))
+    for name in removed:
+        cgroup = CPUSET / f"cpulaunch-host-{name}"
+        if cgroup.is_dir():
+            _remove_cgroup(Host(name, name, "", (), cgroup))
+        if name in netns:
+            _ip("netns", "delete", name)
+        if (NETNS_ETC / name).is_dir():
+            shutil.rmtree(NETNS_ETC / name)
+    return removed
 
 
 def _remove_cgroup(host: Host, timeout: float = 30.0) -> None:
