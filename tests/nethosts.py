@@ -113,7 +113,8 @@ class Host:
     def kill(self, timeout: float = 30.0) -> None:
         """SIGKILL every process of this host, as if the machine went away, and wait (up to
         ``timeout`` seconds) until none is left and the ones this test started are reaped.
-        Raises AssertionError when one is still there after that."""
+        Raises RuntimeError when one is still there after that (not AssertionError: what a
+        test asserts is about the job, not about the emulation)."""
         deadline = time.monotonic() + timeout
         while True:
             pids = self.pids()
@@ -126,7 +127,7 @@ class Host:
             if not pids:
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: processes {pids} still there {timeout} s after SIGKILL")
+                raise RuntimeError(f"{self.name}: processes {pids} still there {timeout} s after SIGKILL")
             time.sleep(0.01)
 
 
@@ -192,7 +193,7 @@ def hosts(n: int = 2) -> Iterator[list]:
             _ip("-n", host.netns, "link", "set", veth, "up")
             _ip("-n", host.netns, "link", "set", "lo", "up")
         for host, veth in ((a, veth_a), (b, veth_b)):  # a fresh pair shows NO-CARRIER for a moment
-            wait_for(lambda h=host, v=veth: _operstate(h.netns, v) == "UP", f"{veth} up in {host.netns}", 30)
+            wait_for(lambda h=host, v=veth: _operstate(h.netns, v) == "UP", f"{veth} up in {host.netns}", 30, RuntimeError)
         table = "127.0.0.1 localhost\n" + "".join(f"{h.addr} {h.name}\n" for h in made)
         for host in made:
             (NETNS_ETC / host.netns / "hosts").write_text(table)
