@@ -4,7 +4,8 @@
 (cpulaunch.init_process_group, gloo), all-reduces (rank + 1), then writes one record,
 ``STATE/rank-HOSTNAME-PID.json`` (written whole, then renamed into place): the hostname
 this process sees, rank, world size, the all-reduce's result (sum over ranks of rank + 1),
-its CPU affinity (sorted logical CPU ids), torchelastic's restart count and the time
+its CPU affinity (sorted logical CPU ids), OMP_NUM_THREADS and torch's thread count,
+torchelastic's restart count and the time
 (CLOCK_MONOTONIC, shared by every emulated host of one machine).
 
 Without ``--loop`` it then meets the others at a barrier and exits 0. With ``--loop`` it
@@ -75,6 +76,8 @@ def main() -> int:
         "world_size": world_size,
         "allreduce": value.item(),
         "affinity": sorted(os.sched_getaffinity(0)),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads(),
         "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
         "time": time.clock_gettime(time.CLOCK_MONOTONIC),
     })

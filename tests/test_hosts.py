@@ -100,14 +100,26 @@ def assert_on_its_host(rec: dict, host: nethosts.Host) -> None:
 
 def test_static_two_hosts_each_rank_on_its_hosts_cpu(two_hosts, tmp_path):
     """docs/guide/ddp.md's static recipe on two hosts: rank 0 on A, rank 1 on B, each bound
-    to its host's CPU; the all-reduce gives 1 + 2; both cpulaunch exit 0."""
+    to its host's CPU as that host's cpulaunch --dry-run planned it (CPUs and thread count);
+    the all-reduce gives 1 + 2; both cpulaunch exit 0."""
     a, b = two_hosts
     state, logs = tmp_path / "state", tmp_path / "logs"
     state.mkdir(), logs.mkdir()
-    procs = [start(host, cpulaunch("--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
-                                   "--master-addr", a.name, "--master-port", PORT, PY, RANK, str(state)),
-                   logs / host.name)
-             for node, host in enumerate((a, b))]
+
+    def argv(node: int, *extra: str) -> list:
+        return cpulaunch("--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+                         "--master-addr", a.name, "--master-port", PORT, *extra, PY, RANK, str(state))
+
+    planned = {}
+    for node, host in enumerate((a, b)):
+        dry = host.popen(argv(node, "--dry-run", "--format", "json"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+        out, err = dry.communicate(timeout=120)
+        assert dry.returncode == 0, err
+        (planned[node],) = json.loads(out)["instances"]
+        # the host's cpuset (whole cores of it, where a host's CPUs are SMT siblings)
+        assert planned[node]["bound_cpus"] and set(planned[node]["bound_cpus"]) <= set(host.cpus), (planned, host)
+    procs = [start(host, argv(node), logs / host.name) for node, host in enumerate((a, b))]
     codes = [ended(p, 180, logs) for p in procs]
     assert codes == [0, 0], context(logs)
     recs = {r["rank"]: r for r in records(state)}
@@ -115,6 +127,11 @@ def test_static_two_hosts_each_rank_on_its_hosts_cpu(two_hosts, tmp_path):
     for rank, host in ((0, a), (1, b)):
         assert_on_its_host(recs[rank], host)
         assert recs[rank]["world_size"] == 2 and recs[rank]["allreduce"] == 3.0, recs[rank]
+        assert recs[rank]["affinity"] == planned[rank]["bound_cpus"], (recs[rank], planned[rank])
+        threads = planned[rank]["env"]["OMP_NUM_THREADS"]
+        assert threads == str(len(planned[rank]["bound_cpus"])), planned[rank]
+        assert recs[rank]["omp_num_threads"] == threads, (recs[rank], threads)
+        assert recs[rank]["torch_threads"] == int(threads), recs[rank]
     assert set(recs[0]["affinity"]).isdisjoint(recs[1]["affinity"])
 
 
