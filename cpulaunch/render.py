@@ -34,6 +34,7 @@ from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine import numactl
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
 from cpulaunch.machine.recipes import Applied
+from cpulaunch.notes import retext
 from cpulaunch.plan import Instance, Plan
 
 __all__ = [
@@ -93,6 +94,8 @@ class Settings(NamedTuple):
             (a DDP rank's ``--local_rank=N`` under ``--pass-local-rank``).
         recipe: the platform's environment recipe for this launch
             (:class:`cpulaunch.machine.recipes.Applied`, :func:`with_recipe`); None: none.
+        bind_fallback: numactl was asked for but is missing or refuses here, so ``bind`` is
+            "affinity" (the fallback's own note says memory is not bound; no second note).
     """
 
     omp_runtime: str = "gnu"
@@ -111,6 +114,7 @@ class Settings(NamedTuple):
     dataloader_workers: int = 0
     instance_program: Mapping[int, tuple[str, ...]] = MappingProxyType({})
     recipe: Optional[Applied] = None
+    bind_fallback: bool = False
 
 
 def with_recipe(settings: Settings, topo, choice: str = "auto", wait_policy: str = "auto",
@@ -294,7 +298,7 @@ def _memory_not_bound_note(plan: Plan, settings: Settings) -> Optional[str]:
     default policy: first touch, mm/mempolicy.c); None when numactl binds or nothing
     planned a memory policy."""
     planned = sorted({i.mem_policy.value for i in plan.instances if i.mem_policy.value != "none"})
-    if settings.bind != "affinity" or not planned:
+    if settings.bind != "affinity" or not planned or settings.bind_fallback:
         return None
     return ("memory is not bound: CPUs are bound with sched_setaffinity (--bind affinity), which sets "
             f"no memory policy, so --mem-policy {', '.join(planned)} is not applied and pages follow the "
@@ -376,7 +380,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
             )
         )
     return Rendered(instances=tuple(out), num_instances=plan.num_instances,
-                    notes=tuple(one_line(n) for n in notes), recipe=settings.recipe)
+                    notes=tuple(retext(n, one_line(n)) for n in notes), recipe=settings.recipe)
 
 
 # --------------------------------------------------------------------------- text forms
@@ -628,7 +632,7 @@ def dry_run_text(rendered: Rendered) -> str:
                 + (f", affinity {cpulist.format(inst.affinity)}" if inst.affinity else ""))
         lines.append(one_line(head))
         lines.append(command_text(inst.env, inst.argv, TEXT_WIDTH))
-    if rendered.recipe is not None:
+    if rendered.recipe is not None and rendered.recipe.env:  # a recipe that sets nothing: JSON says it
         lines.append(f"# {one_line(rendered.recipe.line)}")
     for note in rendered.notes:
         lines.append(f"# note: {one_line(note)}")
