@@ -139,6 +139,14 @@ def test_a_run_on_a_machine_with_nothing_to_fix_says_nothing():
     assert proc.stdout == "hello\n" and own_lines(proc.stderr) == [], proc.stderr
 
 
+def test_the_inference_example_says_nothing_of_cpulaunchs_own():
+    pytest.importorskip("torch")
+    if not (HAS_NUMACTL and HAS_TCMALLOC):
+        pytest.skip("numactl or tcmalloc missing here (scripts/test.sh installs both)")
+    proc = run(PY, "examples/infer.py", "--model", "mlp", "--seconds", "0.2", timeout=300)
+    assert "CPULAUNCH_METRIC samples_per_s=" in proc.stdout and own_lines(proc.stderr) == [], proc.stderr
+
+
 def test_a_ddp_run_says_nothing_of_its_own_choices():
     """The port it picked, the backend (none asked), the exit hook: -v's, not the run's."""
     pytest.importorskip("torch")
