@@ -52,6 +52,8 @@ def test_the_command_prints_each_shells_script(bindir):
         assert proc.returncode == 0 and marker in proc.stdout and proc.stderr == "", (shell, proc.stderr)
     proc = subprocess.run(["cpulaunch", "completion", "tcsh"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'tcsh' is not one of" in proc.stderr
+    proc = subprocess.run(["cpulaunch", "completion"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("cpulaunch: error: name the shell: cpulaunch completion bash")
 
 
 BASH = r'''

@@ -108,7 +108,7 @@ def script(shell: str) -> str:
 
 
 @click.command("completion", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("shell", type=click.Choice(SHELLS))
+@click.argument("shell", type=click.Choice(SHELLS), required=False)
 def command(shell):
     """Print the completion script of SHELL (bash, zsh or fish) for cpulaunch.
 
@@ -122,6 +122,8 @@ def command(shell):
     """
     from cpulaunch import core
 
+    if shell is None:
+        raise click.UsageError("name the shell: cpulaunch completion bash, zsh or fish")
     core.write_out(script(shell))
     return 0
 
