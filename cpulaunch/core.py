@@ -89,7 +89,7 @@ def host_query(opts: Options):
     numactl = opts.bind is BindMode.NUMACTL
     ddp = opts.ddp
     return HostQuery(
-        sysroot=opts.sysroot, libraries=tuple(names), numactl=numactl,
+        sysroot=opts.sysroot, libraries=tuple(names), numactl=numactl or opts.bind is BindMode.AFFINITY,
         numactl_policy=opts.request.mem_policy if numactl else None,
         free_port=ddp is not None and ddp.master_port is None and ddp.nnodes == "1" and not ddp.master_addr
         and not ddp.elastic,

@@ -80,7 +80,8 @@ class Settings(NamedTuple):
         allocator: registry name of the allocator to preload, or None (the C library's).
         allocator_path: its file.
         bind: "numactl", "affinity" or "none".
-        numactl: numactl's path (or "numactl" when describing another machine).
+        numactl: numactl's path (or "numactl" when describing another machine; "" under
+            --bind affinity when this machine has none).
         override_env: cpulaunch's values win over the user's.
         environ: the user's environment (never modified).
         extra_env: more tunables for every instance (e.g. CPULAUNCH_PLANNED_INFERENCE_PATH).
@@ -300,10 +301,11 @@ def _memory_not_bound_note(plan: Plan, settings: Settings) -> Optional[str]:
     planned = sorted({i.mem_policy.value for i in plan.instances if i.mem_policy.value != "none"})
     if settings.bind != "affinity" or not planned or settings.bind_fallback:
         return None
+    fix = ("use --bind numactl to bind memory" if settings.numactl  # "": not installed here (settings)
+           else "numactl, which would bind memory, is not installed here")  # never suggest what cannot run
     return ("memory is not bound: CPUs are bound with sched_setaffinity (--bind affinity), which sets "
             f"no memory policy, so --mem-policy {', '.join(planned)} is not applied and pages follow the "
-            "first touch (each lands on the node of the CPU that first writes it); use --bind numactl "
-            "to bind memory")
+            f"first touch (each lands on the node of the CPU that first writes it); {fix}")
 
 
 def _expected_env(bound_cpus: Sequence[int], mem_policy: str, mem_nodes: Sequence[int]) -> dict:

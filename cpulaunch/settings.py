@@ -76,6 +76,8 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         alloc = libraries.by_choice("allocator", opts.allocator).name
         alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
     bind, numactl = opts.bind.value, host.numactl or "numactl"
+    if opts.bind is BindMode.AFFINITY and getattr(host, "live", False) and host.numactl is None:
+        numactl = ""  # looked for and missing here: render's notes then never suggest --bind numactl
     if opts.bind is BindMode.NUMACTL:
         bind, note = _numactl_fallback(host)
         if note:

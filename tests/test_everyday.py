@@ -178,6 +178,17 @@ def test_without_numactl_a_run_says_one_line_that_suggests_nothing_impossible(tm
     assert any(n.startswith("numactl not found") for n in plan["notes"])  # the plan's record keeps it
 
 
+def test_bind_affinity_without_numactl_does_not_suggest_it(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").symlink_to(PY)
+    plan = json.loads(run("--dry-run", "--format", "json", "--bind", "affinity", "--mem-policy", "bind", "python",
+                          "-c", "pass", env=quiet_env(PATH=str(bindir))).stdout)
+    (memory,) = [n for n in plan["notes"] if n.startswith("memory is not bound")]
+    assert memory.endswith("; numactl, which would bind memory, is not installed here"), memory
+    assert not any("--bind numactl" in n for n in plan["notes"]), plan["notes"]
+
+
 def test_quiet_prints_errors_only():
     assert run("-q", "--ddp", "--nproc-per-node", "2", "true").stderr == ""
     proc = run("-q", "--ninstances", "999", "true", check_rc=2)
