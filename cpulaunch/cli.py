@@ -27,9 +27,12 @@ from cpulaunch.options import OptionsError
 
 #: Subcommands, dispatched on the first word (after global options such as ``-v``) to
 #: ``cpulaunch.tools.<word>.main`` (a program of that name: ``cpulaunch -- doctor``).
-SUBCOMMANDS = ("doctor", "verify", "tune")
+SUBCOMMANDS = ("doctor", "verify", "tune", "completion")
 #: Options every subcommand also takes, before or after its name.
-GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose")
+GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "--quiet")
+#: Options with a value that may come before a subcommand's name and are handed to it
+#: (``cpulaunch -v --sysroot DUMP doctor`` = ``cpulaunch doctor -v --sysroot DUMP``).
+BEFORE_SUBCOMMAND = ("--sysroot",)
 def split_argv(args: list[str], value_opts: set[str]) -> tuple[list[str], list[str], dict]:
     """Split the words after ``cpulaunch`` into (cpulaunch's words, the program's words,
     what the user typed).
@@ -91,6 +94,13 @@ class _TableOption(click.Option):
                                                                                  os.environ.get(self.envvar, ""))
         return value, source
 
+    def shell_complete(self, ctx, incomplete):
+        """Its values (choices, paths); after a subcommand's name, the subcommand's own."""
+        program = ctx.params.get("program") or ()
+        if program:
+            return _complete_subcommand(ctx, program, incomplete)
+        return super().shell_complete(ctx, incomplete)
+
     def process_value(self, ctx, value):
         try:
             return super().process_value(ctx, value)
@@ -135,6 +145,11 @@ class _Command(click.Command):
             if exc.option_name in table.FOREIGN_OPTIONS:
                 exc.possibilities = [table.FOREIGN_OPTIONS[exc.option_name]]
             raise
+
+    def shell_complete(self, ctx, incomplete):
+        """Shell completion (``cpulaunch completion SHELL``) of an option's name: every row
+        of the table (their parameters are hidden from click's own help), with its help."""
+        return _complete_options(ctx, incomplete)
 
     def format_usage(self, ctx, formatter):
         formatter.write_usage("cpulaunch", "[OPTIONS] [--] PROGRAM [ARGS]...")
@@ -199,7 +214,7 @@ def _run(**values):
     spelled.update(ctx.meta.get("cpulaunch.words", {}))
     config = ctx.meta.get("cpulaunch.config_words", {})
     spelled.update({n: s for n, s in config.items() if source(n) is click.core.ParameterSource.DEFAULT_MAP})
-    _configure_logging(values.get("verbose") or 0)
+    _configure_logging(values.get("verbose") or 0, quiet=bool(values.get("quiet")))
     opts = options.from_values(values, given, options.Words(spelled), environ=os.environ)
     return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
 
@@ -214,9 +229,61 @@ command = _Command(
          "  ( eval \"$(cpulaunch --print-env)\" && exec python infer.py )\n"
          "  cpulaunch doctor",
     params=[*(_param(o) for o in table.OPTIONS), *(_alias_param(a) for a in table.ALIASES),
-            click.Argument(["program"], nargs=-1, type=click.UNPROCESSED)],
+            click.Argument(["program"], nargs=-1, type=click.UNPROCESSED,
+                           shell_complete=lambda ctx, param, incomplete: _complete_program(ctx, incomplete))],
 )
 click.version_option(__version__, "--version")(command)
+
+
+def _complete_options(ctx, incomplete: str) -> list:
+    """The option names starting with ``incomplete`` (none once the program has started;
+    a subcommand's own, from its command, after its name)."""
+    from click.shell_completion import CompletionItem
+
+    program = ctx.params.get("program") or ()
+    if program:
+        return _complete_subcommand(ctx, program, incomplete)
+    rows = [(s, o.help) for o in table.OPTIONS for s in (o.name,) + ((o.short,) if o.short else ())]
+    rows += [(a.name, f"= {a.meaning} ({a.origin})") for a in table.ALIASES]
+    rows += [("--version", "Print the version and exit."), ("--help", "Print the help and exit.")]
+    return [CompletionItem(name, help=text) for name, text in rows if name.startswith(incomplete)]
+
+
+def _complete_program(ctx, incomplete: str) -> list:
+    """The program's first word: the subcommands it begins (``doc`` -> doctor), else a
+    file (the shells' scripts let a file item replace the others); a subcommand's words:
+    its own."""
+    from click.shell_completion import CompletionItem
+
+    program = ctx.params.get("program") or ()
+    if program:
+        return _complete_subcommand(ctx, program, incomplete)
+    subs = [CompletionItem(s) for s in SUBCOMMANDS if incomplete and s.startswith(incomplete)]
+    return subs or [CompletionItem(incomplete, type="file")]
+
+
+def _complete_subcommand(ctx, program: tuple, incomplete: str) -> list:
+    """After a subcommand's name: its options and their values (from its click command);
+    after a program: files."""
+    from click.shell_completion import CompletionItem
+
+    cmd = None
+    if program[0] in SUBCOMMANDS:
+        import importlib
+
+        cmd = getattr(importlib.import_module(f"cpulaunch.tools.{program[0]}"), "command", None)
+    if isinstance(cmd, click.Command):
+        words = list(program[1:])
+        sub = cmd.make_context(program[0], list(words), parent=ctx, resilient_parsing=True)
+        for p in cmd.get_params(sub):  # the value of the option just typed
+            if words and isinstance(p, click.Option) and words[-1] in p.opts and not (p.is_flag or p.count):
+                return p.shell_complete(sub, incomplete)
+        if incomplete.startswith("-"):
+            return cmd.shell_complete(sub, incomplete)
+        for p in cmd.get_params(sub):  # its argument's choices (completion's shells)
+            if isinstance(p, click.Argument) and isinstance(p.type, click.Choice):
+                return p.shell_complete(sub, incomplete)
+    return [CompletionItem(incomplete, type="file")]
 
 
 def _verify_run(*args) -> None:
@@ -255,12 +322,13 @@ def _load_config(ctx, param, path) -> None:
     ctx.meta["cpulaunch.config_words"] = {n: s for n, (_, s) in settings.items()}
 
 
-def _configure_logging(verbose: int, now: bool = False) -> None:
+def _configure_logging(verbose: int, now: bool = False, quiet: bool = False) -> None:
     """The command line's logging: ``cpulaunch: MESSAGE`` on stderr at WARNING (INFO with
-    -v, DEBUG with -vv); logging itself is imported at the first message (cpulaunch.log)."""
+    -v, DEBUG with -vv, ERROR with -q); logging itself is imported at the first message
+    (cpulaunch.log)."""
     from cpulaunch import log
 
-    log.configure(verbose, _basic_config, now=now)
+    log.configure(verbose, _basic_config, now=now, quiet=quiet)
 
 
 def _basic_config(level: int) -> None:
@@ -295,26 +363,45 @@ def _verbosity(args: list[str]) -> int:
     return count
 
 
+def _quiet(args: list[str]) -> bool:
+    """``-q``/``--quiet`` among cpulaunch's own words (before the program or ``--``)."""
+    return any(a in ("-q", "--quiet") for a in args[: (args.index("--") if "--" in args else len(args))])
+
+
 def _subcommand(args: list[str]) -> tuple[str, list[str], int] | None:
     """(tool, its words, -v count) when ``args`` name a subcommand after global options
     (``-v doctor``, ``doctor -v``), else None. tune takes ``-v`` itself (its program's
     words follow its own), so the global ones are handed to it."""
-    i = 0
-    while i < len(args) and args[i] in GLOBAL_OPTIONS:
-        i += 1
+    i, handed = 0, []
+    while i < len(args):
+        if args[i] in GLOBAL_OPTIONS:
+            i += 1
+        elif args[i] in BEFORE_SUBCOMMAND and i + 1 < len(args):
+            handed += args[i:i + 2]
+            i += 2
+        elif args[i].split("=", 1)[0] in BEFORE_SUBCOMMAND:
+            handed.append(args[i])
+            i += 1
+        else:
+            break
     if i == len(args) or args[i] not in SUBCOMMANDS:
         return None
     tool, rest, before = args[i], args[i + 1:], _verbosity(args[:i])
     if tool == "tune":
-        return tool, (["-" + "v" * before] if before else []) + rest, before + _verbosity(rest)
+        return tool, (["-" + "v" * before] if before else []) + handed + rest, before + _verbosity(rest)
     end = rest.index("--") if "--" in rest else len(rest)
     mine = [a for a in rest[:end] if a in GLOBAL_OPTIONS]
-    return tool, [a for a in rest[:end] if a not in GLOBAL_OPTIONS] + rest[end:], before + _verbosity(mine)
+    return tool, handed + [a for a in rest[:end] if a not in GLOBAL_OPTIONS] + rest[end:], \
+        before + _verbosity(mine)
 
 
 def main(argv=None) -> int:
     """Console-script entry point: returns (and exits with) the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("_CPULAUNCH_COMPLETE", "").startswith("fish"):  # a TAB in fish
+        from cpulaunch.tools.completion import register_fish
+
+        register_fish()
     verbose = _verbosity(args)
     sub = _subcommand(args)
     try:
@@ -322,7 +409,7 @@ def main(argv=None) -> int:
             import importlib
 
             tool, words, verbose = sub
-            _configure_logging(verbose, now=True)
+            _configure_logging(verbose, now=True, quiet=_quiet(args))
             code = importlib.import_module(f"cpulaunch.tools.{tool}").main(words)
         else:
             code = command.main(args=args, prog_name="cpulaunch", standalone_mode=False)

@@ -89,12 +89,13 @@ def host_query(opts: Options):
     numactl = opts.bind is BindMode.NUMACTL
     ddp = opts.ddp
     return HostQuery(
-        sysroot=opts.sysroot, libraries=tuple(names), numactl=numactl,
+        sysroot=opts.sysroot, libraries=tuple(names), numactl=numactl or opts.bind is BindMode.AFFINITY,
         numactl_policy=opts.request.mem_policy if numactl else None,
         free_port=ddp is not None and ddp.master_port is None and ddp.nnodes == "1" and not ddp.master_addr
         and not ddp.elastic,
         ccl_program=opts.program if ddp is not None and ddp.backend != "gloo" else None,
-        zentorch_program=opts.program if opts.inference_path == "zentorch" else None)
+        zentorch_program=opts.program if opts.inference_path == "zentorch" else None,
+        interfaces=ddp is not None and bool(ddp.iface))
 
 
 def _resolve_program(opts: Options, python: str) -> tuple:
@@ -112,6 +113,22 @@ def _backend(opts: Options, host, environ: Mapping[str, str]) -> tuple:
     from cpulaunch import distributed
 
     return distributed.select_backend(opts.ddp.backend, host.ccl, host.fabric, environ)
+
+
+def _check_rendezvous(ddp, host) -> None:
+    """``--iface`` names an interface this machine has (when it is this machine's plan) and
+    ``--master-addr`` is a host, not ``host:port`` (:mod:`cpulaunch.slips`): else each rank
+    would die in its backend with a traceback.
+
+    Raises:
+        CpulaunchError: one line with the fix.
+    """
+    from cpulaunch import slips
+
+    problem = (slips.iface_problem(ddp.iface, host.interfaces, ddp.said("iface")) if ddp.iface else None) or \
+        (slips.master_addr_problem(ddp.master_addr, ddp.said("master_addr")) if ddp.master_addr else None)
+    if problem:
+        raise CpulaunchError(problem)
 
 
 def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
@@ -141,6 +158,7 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
     if opts.ddp is not None:
         from cpulaunch import distributed
 
+        _check_rendezvous(opts.ddp, host)
         backend, note = _backend(opts, host, environ)
         ranks = distributed.plan_ranks(topo, opts.request, opts.ddp, environ, engine=host.engine,
                                        backend=backend, backend_note=note, free_port=host.free_port,
@@ -271,14 +289,30 @@ def _json_text(doc) -> str:
 # --------------------------------------------------------------------------- launch
 
 
-def _require_program(program: tuple) -> None:
+def _require_program(program: tuple, sizes: Optional[tuple[str, str]] = None) -> None:
+    """The program can be started; else one line with the likely fix
+    (:func:`cpulaunch.slips.missing_program`; ``sizes``: see there)."""
     if not program:
         from cpulaunch.render import ProgramError
 
         raise ProgramError("no program given; put it after cpulaunch's options, e.g. "
                            "`cpulaunch --instances-per-socket python infer.py`")
     if shutil.which(program[0]) is None:
-        raise CpulaunchError(f"program {program[0]!r} not found (not a file, not on PATH)")
+        from cpulaunch import slips
+
+        word = program[0]
+        kind = "folder" if os.path.isdir(word) else "file" if os.path.exists(word) else "none"
+        raise CpulaunchError(slips.missing_program(word, kind=kind, sizes=sizes))
+
+
+def _sizes_given(opts: Options) -> Optional[tuple[str, str]]:
+    """(--ncores-per-instance as the user spelled it, its value) when it was given."""
+    req = opts.request
+    if req.ncores_per_instance is None:
+        return None
+    said = req.said("ncores_per_instance")
+    name = said.split(" ")[0].split("=")[0] if said.startswith("-") else "--ncores-per-instance"
+    return name, str(req.ncores_per_instance).replace(" ", "")
 
 
 def _specs(rendered: Rendered) -> list:
@@ -333,9 +367,10 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
     Raises:
         CpulaunchError: the program cannot be started, the log folder cannot be made.
     """
-    _require_program(p.program)
-    for note in p.rendered.notes:
-        log.warning("note: %s", note)
+    _require_program(p.program, _sizes_given(p.opts))
+    from cpulaunch import notes as _notes
+
+    _notes.say(p.rendered.notes, log)
     lopts = p.opts.launch
     if p.elastic_argv:
         return _execute_elastic(p, environ)
@@ -380,7 +415,7 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
         log.warning("verify: nothing to check: %s %g s (--verify-after)", "every instance had exited "
                     "before" if done else "the run was being stopped at", lopts.verify_after)
     if outcome.exit_code != 0 or outcome.signalled:
-        log.warning("%s", describe_failure(outcome, specs, keep_going=lopts.keep_going))
+        log.error("%s", describe_failure(outcome, specs, keep_going=lopts.keep_going))  # an error: -q says it
     return outcome.exit_code
 
 
@@ -399,6 +434,12 @@ def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
     """Carry out one invocation: prepare, then print (--dry-run, --print-env,
     --show-topology) or launch (``verifier``: see :func:`execute`). Returns the exit code."""
     environ = dict(os.environ if environ is None else environ)
+    if opts.output is Output.RUN and opts.sysroot not in ("/", ""):
+        from cpulaunch.machine.probe import is_live
+        from cpulaunch.slips import SYSROOT_RUN
+
+        if not is_live(opts.sysroot):
+            raise CpulaunchError(SYSROOT_RUN)
     p = prepare(opts, environ)
     text = output_text(p) if opts.output is not Output.RUN else None
     if text is not None:
@@ -407,9 +448,13 @@ def run(opts: Options, environ: Optional[Mapping[str, str]] = None, out=None, *,
             # --print-env's shell, dotenv and bind-string forms have no room for notes (a
             # comment in an eval'd text is never seen), so they go to stderr, where a
             # `eval "$(cpulaunch --print-env)"` shows them; the other outputs hold them.
-            said = log.warning if opts.output is Output.PRINT_ENV and opts.fmt is not Format.JSON else log.info
-            for note in p.rendered.notes:
-                said("note: %s", note)
+            if opts.output is Output.PRINT_ENV and opts.fmt is not Format.JSON:
+                from cpulaunch import notes as _notes
+
+                _notes.say(p.rendered.notes, log)
+            else:
+                for note in p.rendered.notes:
+                    log.info("note: %s", note)
         return 0
     return execute(p, environ, verifier)
 

@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from cpulaunch import envvars
 from cpulaunch.errors import DistributedError
+from cpulaunch.notes import explain
 from cpulaunch.machine.engines import (RankContext, block_node, detect_engine, expand_hostlist, first_host,
                                        tasks_on_node)
 
@@ -130,17 +131,17 @@ def select_backend(requested: str, binding, fabric, environ: Mapping[str, str]) 
             cause and the fix.
     """
     if requested == "gloo":
-        return "gloo", "backend gloo (asked for)"
+        return "gloo", explain("backend gloo (asked for)")
     problem = _ccl_problem(binding, fabric, environ)
     if problem is not None:
         cause, fix = problem
         if requested == "ccl":
             raise DistributedError(f"--backend ccl: {cause}; {fix}")
-        return "gloo", f"backend gloo: {cause}, so oneCCL is not used"
+        return "gloo", explain(f"backend gloo: {cause}, so oneCCL is not used")
     how = _verdict_source(binding)
     loads = f"oneccl_bindings_for_pytorch {binding.version or ''} loads with torch {binding.torch_version or '?'}"
     asked = " (asked for)" if requested == "ccl" else ""
-    return "ccl", f"backend ccl{asked}: {loads.replace('  ', ' ')} ({how})"
+    return "ccl", explain(f"backend ccl{asked}: {loads.replace('  ', ' ')} ({how})")
 
 
 def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = None, said: str = "",
@@ -185,7 +186,7 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
     if spec is not None:
         said = said or f"--nproc-per-node {spec}"
     if spec in ("auto", "cpu") and local_size is not None:
-        notes.append(f"{said}: {local_size} rank(s), as many as the engine started on this machine")
+        notes.append(explain(f"{said}: {local_size} rank(s), as many as the engine started on this machine"))
         spec = None
     if spec in ("auto", "cpu"):
         per_rank = 1 + req.dataloader_workers + req.reserve_cores + req.ccl_workers
@@ -199,7 +200,7 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
                          f"({count} by the cores: {why})")
             count = limit
         else:
-            notes.append(f"{said}: {count} rank(s), {why}")
+            notes.append(explain(f"{said}: {count} rank(s), {why}"))
         name = said.split(" ")[0].split("=")[0] if said.startswith("-") else said
         return req._replace(ninstances=count, words=req.words + (("ninstances", name, said),))
     if spec is None and local_size is not None:
@@ -641,9 +642,10 @@ def _master_port(ddp, free_port: Optional[int], nnodes: int, notes: list[str]) -
     port = ddp.master_port or (free_port if nnodes == 1 and not ddp.master_addr else None)
     if port is None:
         port = DEFAULT_MASTER_PORT
-        notes.append(f"MASTER_PORT={port} (default): jobs sharing a machine need their own --master-port")
+        notes.append(explain(f"MASTER_PORT={port} (default): jobs sharing a machine need their own --master-port"))
     elif ddp.master_port is None:
-        notes.append(f"MASTER_PORT={port}: a port free on this machine when planned (pass --master-port to fix it)")
+        notes.append(explain(f"MASTER_PORT={port}: a port free on this machine when planned (pass --master-port "
+                             "to fix it)"))
     return port
 
 
@@ -702,7 +704,7 @@ def _engine_rank(topo, req, ddp, environ: dict, engine: RankContext, backend: st
     notes.extend(engine.notes)
     if engine.engine == "torchrun" and environ.get("OMP_NUM_THREADS") == "1" and not environ.get(envvars.USER_OMP_NUM_THREADS):
         environ.pop("OMP_NUM_THREADS")
-        notes.append("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count")
+        notes.append(explain("OMP_NUM_THREADS=1 taken as torchrun's default and replaced by this rank's core count"))
     rank_plan, node_plan = _with_ccl_workers(lambda r: _plan_under_engine(topo, r, ddp, engine, notes),
                                              req, ddp, backend, notes)
     if node_plan is not None:
@@ -746,8 +748,8 @@ def _elastic_rank_envs(node_plan, ddp, backend: str, ccl, notes: list) -> dict:
         if backend == "ccl":
             env.update(ccl(ctx, node_plan.instances))
         out[inst.index] = env
-    notes.append("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE, GROUP_RANK, ROLE_*, "
-                 "TORCHELASTIC_* and MASTER_* after it; the rank entry adds NODE_RANK=GROUP_RANK")
+    notes.append(explain("elastic rendezvous: torchrun's agent assigns RANK, WORLD_SIZE, GROUP_RANK, ROLE_*, "
+                         "TORCHELASTIC_* and MASTER_* after it; the rank entry adds NODE_RANK=GROUP_RANK"))
     return out
 
 
@@ -774,8 +776,8 @@ def _rank_programs(ddp, program: Sequence[str], python: str, local_ranks: Sequen
     note saying so; {} without it (every rank runs the shared program)."""
     if not ddp.pass_local_rank:
         return {}
-    notes.append("--pass-local-rank: each rank's program also gets --local_rank=<its local rank> after its "
-                 "script, as torch.distributed.launch passed it (LOCAL_RANK is set as well)")
+    notes.append(explain("--pass-local-rank: each rank's program also gets --local_rank=<its local rank> after "
+                         "its script, as torch.distributed.launch passed it (LOCAL_RANK is set as well)"))
     return {r: with_local_rank(program, python, r) for r in local_ranks}
 
 
@@ -792,10 +794,10 @@ def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, s
         return {}
     dropped = [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if is_hook_folder(e)]
     others = [e for e in dropped if os.path.normpath(e) != site_hook_dir()]
-    notes.append(f"exit hook installed: each rank's Python ends its default process group at exit "
-                 f"(sitecustomize in {site_hook_dir()}, first on PYTHONPATH"
-                 + (f"; other cpulaunch hook folders dropped from it: {', '.join(others)}" if others else "")
-                 + "); --no-exit-hook turns it off")
+    notes.append(explain(f"exit hook installed: each rank's Python ends its default process group at exit "
+                         f"(sitecustomize in {site_hook_dir()}, first on PYTHONPATH"
+                         + (f"; other cpulaunch hook folders dropped from it: {', '.join(others)}" if others else "")
+                         + "); --no-exit-hook turns it off"))
     return exit_hook_env(environ)
 
 
@@ -812,8 +814,8 @@ def _engine_rank_env(ctx: RankContext, ddp, backend: str, notes: list) -> dict:
     port = ddp.master_port or ctx.master_port
     if port is None:
         port = DEFAULT_MASTER_PORT
-        notes.append(f"MASTER_PORT={port} (default): jobs sharing a machine need their own "
-                     "--master-port or MASTER_PORT")
+        notes.append(explain(f"MASTER_PORT={port} (default): jobs sharing a machine need their own "
+                             "--master-port or MASTER_PORT"))
     env = rank_env(ctx, addr, port, backend)
     env.update(iface_env(ddp.iface))
     return env
@@ -838,8 +840,8 @@ def _ccl_for(ctx: RankContext, instances, *, bound: bool = False, fabric, enviro
     """
     if bound:
         workers = [_worker_cpus(instances[0])] * ctx.local_world_size
-        _note(notes, f"CCL_WORKER_AFFINITY: {ctx.engine} bound each rank itself, so each rank lists its "
-                     "own worker CPU(s) once per local rank (oneCCL takes its local rank's slice)")
+        _note(notes, explain(f"CCL_WORKER_AFFINITY: {ctx.engine} bound each rank itself, so each rank lists its "
+                             "own worker CPU(s) once per local rank (oneCCL takes its local rank's slice)"))
     else:
         workers = [_worker_cpus(i) for i in instances]
     dedicated = all(i.ccl_cpus for i in instances)
@@ -849,9 +851,10 @@ def _ccl_for(ctx: RankContext, instances, *, bound: bool = False, fabric, enviro
         _note(notes, note)
     changed = ccl_changed(env)
     if changed:
-        _note(notes, f"oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of {', '.join(changed)} "
-                     "(set away from oneCCL's defaults by this plan or by the bindings): expected; a relayed console "
-                     "leaves out those naming the planned value (the ranks' logs keep them)")
+        _note(notes, explain(f"oneCCL's rank 0 logs '|CCL_WARN| value of ... changed to be ...' once for each of "
+                             f"{', '.join(changed)} (set away from oneCCL's defaults by this plan or by the bindings): "
+                             "expected; a relayed console leaves out those naming the planned value (the ranks' logs "
+                             "keep them)"))
     return env
 
 
@@ -884,7 +887,7 @@ def _with_ccl_workers(make, req, ddp, backend: str, notes: list):
     asked = ddp.ccl_worker_count
     shared = "each rank's oneCCL worker runs on the rank's first CPU and yields (CCL_YIELD=sched_yield)"
     if asked == 0:
-        notes.append(f"{ddp.said('ccl_worker_count')}: no core set aside; {shared}")
+        notes.append(explain(f"{ddp.said('ccl_worker_count')}: no core set aside; {shared}"))
         return make(req._replace(ccl_workers=0))
     said = ddp.said("ccl_worker_count")
     words = req.words + (("ccl_workers", said.split(" ")[0] if said.startswith("-") else said, said),) \
@@ -896,7 +899,8 @@ def _with_ccl_workers(make, req, ddp, backend: str, notes: list):
             raise
     result = make(req._replace(ccl_workers=0))
     what = f"{ddp.said('ccl_worker_count')} (--backend auto)" if asked else "a core for oneCCL's worker (the default)"
-    notes.append(f"{what} would leave a rank no core for its OpenMP threads, so no core is set aside; {shared}")
+    note = f"{what} would leave a rank no core for its OpenMP threads, so no core is set aside; {shared}"
+    notes.append(note if asked else explain(note))
     return result
 
 

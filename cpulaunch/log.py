@@ -20,10 +20,10 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
-__all__ = ["get", "configure", "DEBUG", "INFO", "WARNING"]
+__all__ = ["get", "configure", "DEBUG", "INFO", "WARNING", "ERROR"]
 
 # logging's numeric levels (logging/__init__.py), without importing it.
-DEBUG, INFO, WARNING = 10, 20, 30
+DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
 
 #: The level chosen by the command line, or None when cli.py did not configure logging.
 _cli_level: Optional[int] = None
@@ -31,19 +31,20 @@ _cli_level: Optional[int] = None
 _pending: Optional[Callable[[int], None]] = None
 
 
-def configure(verbose: int, setup: Callable[[int], None], *, now: bool = False) -> None:
-    """Record the command line's level (WARNING, INFO with ``-v``, DEBUG with ``-vv``) and
-    the function that sets logging up for it.
+def configure(verbose: int, setup: Callable[[int], None], *, now: bool = False, quiet: bool = False) -> None:
+    """Record the command line's level (WARNING, INFO with ``-v``, DEBUG with ``-vv``,
+    ERROR with ``-q``) and the function that sets logging up for it.
 
     Args:
         verbose: how many ``-v`` were given (0 or more).
+        quiet: ``-q``: errors only (it wins over ``-v``).
         setup: called with the level (logging's number) before the first message that
             passes it; cli.py's, which calls ``logging.basicConfig``.
         now: call ``setup`` at once (subcommands, which log through :mod:`logging`); it is
             also called at once when :mod:`logging` is already imported.
     """
     global _cli_level, _pending
-    _cli_level = max(DEBUG, WARNING - 10 * max(0, int(verbose)))
+    _cli_level = ERROR if quiet else max(DEBUG, WARNING - 10 * max(0, int(verbose)))
     _pending = setup
     if now or "logging" in sys.modules:
         _setup()
@@ -86,6 +87,9 @@ class LazyLogger:
 
     def warning(self, msg, *args, **kwargs) -> None:
         self._emit(WARNING, msg, args, kwargs)
+
+    def error(self, msg, *args, **kwargs) -> None:
+        self._emit(ERROR, msg, args, kwargs)
 
 
 def get(name: str) -> LazyLogger:

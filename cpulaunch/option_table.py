@@ -396,6 +396,8 @@ OPTIONS: tuple[Option, ...] = (
            requires_ddp=True, torchrun=True),
     Option("--verbose", "verbose", Kind("count"), O, "More diagnostics on stderr (-v: commands, notes, logs).",
            short="-v", default=0, sources=_ACTION),
+    Option("--quiet", "quiet", FLAG, O, "Print errors only: no notes (the dry run and JSON keep them).",
+           short="-q", sources=_ACTION),
 )
 
 #: Other launchers' spellings (same meaning); each is also a variable (CPULAUNCH_ENABLE_TCMALLOC).
@@ -465,7 +467,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 #: The options --show-topology uses (it draws the machine; the others plan instances).
-TOPOLOGY_OPTIONS = ("show_topology", "fmt", "sysroot", "config", "verbose")
+TOPOLOGY_OPTIONS = ("show_topology", "fmt", "sysroot", "config", "verbose", "quiet")
 
 BY_DEST: dict[str, Option] = {o.dest: o for o in OPTIONS}
 ALIAS_BY_DEST: dict[str, Alias] = {a.dest: a for a in ALIASES}

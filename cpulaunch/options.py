@@ -156,6 +156,7 @@ class Options(NamedTuple):
         omp_wait_policy: ``--omp-wait-policy``: "auto" (the recipe's), "active" or "passive".
         zendnn_matmul_algo: ``--zendnn-matmul-algo`` (ZENDNNL_MATMUL_ALGO), None: not set.
         verbose: -v count.
+        quiet: ``-q``: errors only (cpulaunch.notes).
         aliases: the other launchers' spellings the user typed (``"--use-logical-core"``),
             for notes where they plan differently (:data:`cpulaunch.option_table.ALIASES`).
         share_host: ``--share-host``: None (off), "fail" (plan on the cores no other
@@ -186,6 +187,7 @@ class Options(NamedTuple):
     omp_wait_policy: str = "auto"
     zendnn_matmul_algo: Optional[int] = None
     verbose: int = 0
+    quiet: bool = False
     aliases: tuple[str, ...] = ()
     share_host: Optional[str] = None
     lease_dir: Optional[str] = None
@@ -703,6 +705,7 @@ def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
         omp_wait_policy=str(c.v.get("omp_wait_policy") or "auto").lower(),
         zendnn_matmul_algo=c.v.get("zendnn_matmul_algo"),
         verbose=int(c.v.get("verbose") or 0),
+        quiet=bool(c.v.get("quiet")),
         aliases=tuple(a.name for a in table.ALIASES if values.get(a.dest) not in (None, False)),
         share_host=share_host,
         lease_dir=c.v.get("lease_dir"),
@@ -850,7 +853,11 @@ def config_settings(data: bytes, path: str, label: str = "--config") -> dict[str
         if name not in keys:
             if isinstance(value, dict):
                 continue  # other tables (tune's [measured]) are information
-            raise OptionsError(f"{where}: {shown(key)} is not a cpulaunch setting; see cpulaunch --help")
+            from cpulaunch.slips import did_you_mean
+
+            hint = did_you_mean(key, [k.replace("_", "-") if "-" in key else k for k in keys])
+            raise OptionsError(f"{where}: {shown(key)} is not a cpulaunch setting; "
+                               + (f"did you mean {hint}?" if hint else "see cpulaunch --help"))
         if name in out:
             raise OptionsError(f"{where}: {key} is given twice (as - and _ spellings); keep one")
         out[name] = (typed_value(table.kind_of(name), value, f"{where}: {key}"),

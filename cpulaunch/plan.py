@@ -56,6 +56,7 @@ from typing import NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, InternalError
+from cpulaunch.notes import explain
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
 
@@ -302,10 +303,10 @@ def _select_cores(topo: Topology, req: Request, usable: frozenset, notes: list) 
     if skipped_e:
         e_cpus = [c for core in skipped_e for c in core.cpus]
         if picked:
-            notes.append(
+            notes.append(explain(
                 f"hybrid CPU: E-cores (CPUs {cpulist.format(e_cpus)}) left out; "
                 "pass --use-e-cores to use them"
-            )
+            ))
         else:  # only E-cores are usable: use them rather than nothing
             notes.append("only E-cores are usable here: using them")
             picked, _, siblings = _pick_cores(topo, usable, req.use_logical_cores, True)
@@ -1024,7 +1025,7 @@ def _idle_note(groups: list, cores: list, idle: int) -> Optional[str]:
         return None
     used = {c for g in groups for _, cc in g for c in cc}
     left = [c for _, cc in cores for c in cc if c not in used]
-    return f"{idle} usable core(s) left idle (CPUs {cpulist.format(left)})"
+    return explain(f"{idle} usable core(s) left idle (CPUs {cpulist.format(left)})")
 
 
 def _straddle_note(groups: list, cores: list, domains: list) -> Optional[str]:
@@ -1044,10 +1045,11 @@ def _straddle_note(groups: list, cores: list, domains: list) -> Optional[str]:
     who = (f"instance {spanning[0]} spans" if len(spanning) == 1
            else f"instances {cpulist.format(spanning)} span")
     if any(d.fill for d in domains):
-        return (f"{who} NUMA nodes: balanced instances cannot all fit inside nodes here, "
-                "and spanning beats leaving cores idle (memory policy over the nodes of their CPUs)")
+        return explain(f"{who} NUMA nodes: balanced instances cannot all fit inside nodes here, "
+                       "and spanning beats leaving cores idle (memory policy over the nodes of their CPUs)")
     hint = "; choose a size that divides the nodes' cores to avoid it" if any(d.size for d in domains) else ""
-    return f"{who} NUMA nodes: {len(groups[spanning[0]])}-core instances cannot all fit inside nodes here{hint}"
+    return explain(f"{who} NUMA nodes: {len(groups[spanning[0]])}-core instances cannot all fit inside nodes "
+                   f"here{hint}")
 
 
 def _follow_note(groups: list, labels: list) -> Optional[str]:
@@ -1066,8 +1068,8 @@ def _follow_note(groups: list, labels: list) -> Optional[str]:
     if caches:
         why.append("no two instances share " + " or ".join(
             {"L3 domains": "an L3", "L2 domains": "an L2", "clusters": "a cluster"}[c] for c in caches))
-    return (f"instance sizes ({sizes} cores) follow the {' and '.join(labels)}, so that "
-            f"{' and '.join(why)}; --equal-sizes makes them differ by one core at most")
+    return explain(f"instance sizes ({sizes} cores) follow the {' and '.join(labels)}, so that "
+                   f"{' and '.join(why)}; --equal-sizes makes them differ by one core at most")
 
 
 def _share_note(topo: Topology, groups: list) -> Optional[str]:
@@ -1088,8 +1090,8 @@ def _share_note(topo: Topology, groups: list) -> Optional[str]:
     sharing = sorted({i for who in owners.values() if len(who) > 1 for i in who})
     if not sharing or max(map(len, per_socket.values())) < 2:
         return None
-    return (f"{len(groups)} instances on {len(owners)} L3 domains: instances {cpulist.format(sharing)} "
-            "share an L3 with another instance")
+    return explain(f"{len(groups)} instances on {len(owners)} L3 domains: instances {cpulist.format(sharing)} "
+                   "share an L3 with another instance")
 
 
 # --------------------------------------------------------------------------- budgets

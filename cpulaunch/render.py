@@ -34,6 +34,7 @@ from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine import numactl
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
 from cpulaunch.machine.recipes import Applied
+from cpulaunch.notes import retext
 from cpulaunch.plan import Instance, Plan
 
 __all__ = [
@@ -79,7 +80,8 @@ class Settings(NamedTuple):
         allocator: registry name of the allocator to preload, or None (the C library's).
         allocator_path: its file.
         bind: "numactl", "affinity" or "none".
-        numactl: numactl's path (or "numactl" when describing another machine).
+        numactl: numactl's path (or "numactl" when describing another machine; "" under
+            --bind affinity when this machine has none).
         override_env: cpulaunch's values win over the user's.
         environ: the user's environment (never modified).
         extra_env: more tunables for every instance (e.g. CPULAUNCH_PLANNED_INFERENCE_PATH).
@@ -93,6 +95,8 @@ class Settings(NamedTuple):
             (a DDP rank's ``--local_rank=N`` under ``--pass-local-rank``).
         recipe: the platform's environment recipe for this launch
             (:class:`cpulaunch.machine.recipes.Applied`, :func:`with_recipe`); None: none.
+        bind_fallback: numactl was asked for but is missing or refuses here, so ``bind`` is
+            "affinity" (the fallback's own note says memory is not bound; no second note).
     """
 
     omp_runtime: str = "gnu"
@@ -111,6 +115,7 @@ class Settings(NamedTuple):
     dataloader_workers: int = 0
     instance_program: Mapping[int, tuple[str, ...]] = MappingProxyType({})
     recipe: Optional[Applied] = None
+    bind_fallback: bool = False
 
 
 def with_recipe(settings: Settings, topo, choice: str = "auto", wait_policy: str = "auto",
@@ -294,12 +299,13 @@ def _memory_not_bound_note(plan: Plan, settings: Settings) -> Optional[str]:
     default policy: first touch, mm/mempolicy.c); None when numactl binds or nothing
     planned a memory policy."""
     planned = sorted({i.mem_policy.value for i in plan.instances if i.mem_policy.value != "none"})
-    if settings.bind != "affinity" or not planned:
+    if settings.bind != "affinity" or not planned or settings.bind_fallback:
         return None
+    fix = ("use --bind numactl to bind memory" if settings.numactl  # "": not installed here (settings)
+           else "numactl, which would bind memory, is not installed here")  # never suggest what cannot run
     return ("memory is not bound: CPUs are bound with sched_setaffinity (--bind affinity), which sets "
             f"no memory policy, so --mem-policy {', '.join(planned)} is not applied and pages follow the "
-            "first touch (each lands on the node of the CPU that first writes it); use --bind numactl "
-            "to bind memory")
+            f"first touch (each lands on the node of the CPU that first writes it); {fix}")
 
 
 def _expected_env(bound_cpus: Sequence[int], mem_policy: str, mem_nodes: Sequence[int]) -> dict:
@@ -376,7 +382,7 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
             )
         )
     return Rendered(instances=tuple(out), num_instances=plan.num_instances,
-                    notes=tuple(one_line(n) for n in notes), recipe=settings.recipe)
+                    notes=tuple(retext(n, one_line(n)) for n in notes), recipe=settings.recipe)
 
 
 # --------------------------------------------------------------------------- text forms
@@ -628,7 +634,7 @@ def dry_run_text(rendered: Rendered) -> str:
                 + (f", affinity {cpulist.format(inst.affinity)}" if inst.affinity else ""))
         lines.append(one_line(head))
         lines.append(command_text(inst.env, inst.argv, TEXT_WIDTH))
-    if rendered.recipe is not None:
+    if rendered.recipe is not None and rendered.recipe.env:  # a recipe that sets nothing: JSON says it
         lines.append(f"# {one_line(rendered.recipe.line)}")
     for note in rendered.notes:
         lines.append(f"# note: {one_line(note)}")

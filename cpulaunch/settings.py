@@ -8,6 +8,7 @@ from typing import Mapping, Optional
 
 from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.notes import advice, explain
 from cpulaunch.options import BindMode, Options
 from cpulaunch.render import Settings
 
@@ -67,13 +68,16 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         auto = libraries.by_choice("allocator", libraries.resolve_choice("allocator", "auto"))
         alloc_path = host.libraries.get(auto.name)
         if alloc_path is None:
-            notes.append(f"{auto.name} not found: using the C library's malloc ({auto.install} to get it)")
+            notes.append(advice(f"{auto.name} not found: using the C library's malloc ({auto.install} to get it)",
+                                auto.name, "the C library's malloc"))
         else:
             alloc = auto.name
     elif opts.allocator != "default":
         alloc = libraries.by_choice("allocator", opts.allocator).name
         alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
     bind, numactl = opts.bind.value, host.numactl or "numactl"
+    if opts.bind is BindMode.AFFINITY and getattr(host, "live", False) and host.numactl is None:
+        numactl = ""  # looked for and missing here: render's notes then never suggest --bind numactl
     if opts.bind is BindMode.NUMACTL:
         bind, note = _numactl_fallback(host)
         if note:
@@ -88,6 +92,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         extra_env=extra, instance_env=dict(instance_env or {}), omp_places=opts.omp_places, label=label,
         kmp_blocktime=opts.kmp_blocktime, dataloader_workers=opts.request.dataloader_workers,
         instance_program=dict(instance_program or {}),
+        bind_fallback=opts.bind is BindMode.NUMACTL and bind == "affinity",
     )
     return settings, notes
 
@@ -97,10 +102,10 @@ def _numactl_fallback(host) -> tuple:
     is installed and its check on the planned CPUs passed, else sched_setaffinity."""
     if not host.live:
         here = f"installed here at {host.numactl}" if host.numactl else "not installed on this machine"
-        return "numactl", f"numactl not checked: --sysroot describes another machine (numactl is {here})"
+        return "numactl", explain(f"numactl not checked: --sysroot describes another machine (numactl is {here})")
     if host.numactl is None:
-        return "affinity", ("numactl not found: CPUs bound with sched_setaffinity instead and memory "
-                            "binding dropped (apt-get install numactl)")
+        return "affinity", advice("numactl not found: CPUs bound with sched_setaffinity instead and memory "
+                                  "binding dropped (apt-get install numactl)", "numactl", "memory not bound")
     if host.numactl_usable is False:
         return "affinity", (f"{host.numactl_reason}: CPUs bound with sched_setaffinity instead; "
                             "memory binding dropped")

@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux binutils python3-venv zsh dash
+DEBS=(numactl libjemalloc2 libtcmalloc-minimal4 mpich slurm-wlm munge util-linux binutils python3-venv zsh dash fish
       chromium fonts-dejavu-core  # tests/test_svg.py renders the picture in headless Chromium
       qemu-system-x86 linux-image-amd64 busybox-static)  # the last three: the live machines
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -484,8 +484,8 @@ def test_oneccls_warnings_about_planned_values_fold_into_one_note(tmp_path):
             ",".join(map(str, sorted(os.sched_getaffinity(0))[:2])))
     plan = json.loads(run_cli(*args, "--dry-run", "--format", "json", "x.py", env=env, timeout=180).stdout)
     assert plan["notes"].count(note) == 1
-    proc = run_cli(*args, "--log-dir", str(tmp_path / "logs"), sys.executable, "-c", "import oneccl_bindings_for_pytorch",
-                   env=env, timeout=300)
+    proc = run_cli(*args, "-v", "--log-dir", str(tmp_path / "logs"), sys.executable, "-c",
+                   "import oneccl_bindings_for_pytorch", env=env, timeout=300)  # -v: the note explains, issue 40
     assert [ln for ln in proc.stdout.splitlines() if "CCL_WARN" in ln] == [
         "[0] |CCL_WARN| value of CCL_WORKER_COUNT changed to be 3 (default:1)", "[0] |CCL_WARN| another warning"]
     assert f"cpulaunch: note: {note}" in proc.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -372,18 +373,76 @@ def test_path_not_given_means_env_else_auto(monkeypatch, capsys):
 
 
 def test_auto_shows_progress_on_stderr(capsys):
-    optimize(conv_bn_relu(), cnn_inputs(), path="auto", candidates=("eager", "onednn-graph"),
-             trial_seconds=0.1)
+    """Whole lines only: each path's build, then one line per path with its time and
+    whether the machine was busy while it ran (tune's meter and threshold), then the
+    choice."""
+    opt = optimize(conv_bn_relu(), cnn_inputs(), path="auto", candidates=("eager", "onednn-graph"),
+                   trial_seconds=0.1)
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()
-    assert len(lines) == 3, captured.err
+    assert len(lines) == 6, captured.err
     assert all(line.startswith(PROGRESS_PREFIX) for line in lines)
-    for line, name in zip(lines, ("eager", "onednn-graph")):
-        assert line.startswith(f"{PROGRESS_PREFIX}trying {name} ... ")
-        seconds = line.removeprefix(f"{PROGRESS_PREFIX}trying {name} ... ")
-        assert seconds.endswith(" s") and float(seconds[:-2]) >= 0
-    assert lines[2].startswith(f"{PROGRESS_PREFIX}timing eager, onednn-graph for 0.2 s ... chose ")
+    said = [line.removeprefix(PROGRESS_PREFIX) for line in lines]
+    for line, name in zip(said, ("eager", "onednn-graph")):
+        assert re.fullmatch(rf"{name}: built in [0-9.]+ s", line), line
+    assert said[2] == "timing eager, onednn-graph for 0.2 s"
+    ms, busy = opt.report["ms_per_call"], opt.report["busy"]
+    chosen = opt.path
+    for line, name in zip(said[3:5], sorted(ms, key=ms.get)):
+        assert re.fullmatch(rf"{name}: [0-9.e+-]+ ms/call \([0-9.]+x {chosen}\), (BUSY|quiet) "
+                            r"\(foreign load [0-9]+%\)", line), line
+        assert ("BUSY" in line) is busy[name]
+    assert said[5].startswith(f"chose {chosen}")
+    assert set(opt.report["foreign_load_pct"]) == {"eager", "onednn-graph"}
+
+
+class FakeLoad:
+    """A load window that reports ``pct`` percent of the machine foreign."""
+
+    def __init__(self, pct: float) -> None:
+        self.pct = pct
+
+    def __call__(self):
+        return self
+
+    def load(self):
+        from cpulaunch.machine.load import Load
+
+        return Load(others=self.pct / 100 * 4, steal=0.0, seconds=0.5, ncpu=4)
+
+
+@pytest.mark.parametrize("pct, busy", [(35.0, True), (2.0, False)])
+def test_auto_flags_a_timing_taken_on_a_busy_machine(pct, busy, capsys, monkeypatch):
+    real = inference._time_paths
+    monkeypatch.setattr(inference, "_time_paths", lambda *a: real(*a, window=FakeLoad(pct)))
+    opt = optimize(conv_bn_relu(), cnn_inputs(), path="auto", candidates=("eager",), trial_seconds=0.05)
+    lines = capsys.readouterr().err.splitlines()
+    assert opt.report["foreign_load_pct"] == {"eager": pytest.approx(pct)} and opt.report["busy"] == {"eager": busy}
+    assert lines[-2].endswith(f", {'BUSY' if busy else 'quiet'} (foreign load {pct:.0f}%)")
+    flagged = "timed while the machine was busy (foreign load above 10% for eager)"
+    assert (flagged in lines[-1]) is busy and lines[-1].startswith(f"{PROGRESS_PREFIX}chose eager")
+    assert any("while the machine was busy" in n for n in opt.report["notes"]) is busy
+
+
+def test_a_librarys_chatter_never_splits_autos_lines(capsys, monkeypatch):
+    """torch's "No CUDA runtime is found" (printed while inductor builds: it used to land
+    inside auto's "trying inductor ... 3.1 s" line) stands on a line of its own."""
+    real_eager = inference._BUILDERS["eager"]
+    chatter = "No CUDA runtime is found, using CUDA_HOME='/usr'"
+
+    def chatty(model, args, kwargs, dtype_name, warmup):
+        print(chatter, file=sys.stderr)  # as torch.utils.cpp_extension prints it
+        return real_eager(model, args, kwargs, dtype_name, warmup)
+
+    monkeypatch.setitem(inference._BUILDERS, "inductor", chatty)
+    optimize(conv_bn_relu(), cnn_inputs(), path="auto", candidates=("eager", "inductor"), trial_seconds=0.05)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines.count(chatter) == 1 and lines.index(chatter) == 1, lines  # after eager's line, before inductor's
+    ours = [line for line in lines if line != chatter]
+    assert len(ours) == 6 and all(line.startswith(PROGRESS_PREFIX) and line.count(PROGRESS_PREFIX) == 1
+                                  for line in ours), lines
+    assert ours[1].startswith(f"{PROGRESS_PREFIX}inductor: built in ")
 
 
 def test_auto_progress_can_be_silenced_and_names_failures(capsys, monkeypatch):
@@ -397,7 +456,7 @@ def test_auto_progress_can_be_silenced_and_names_failures(capsys, monkeypatch):
     optimize(conv_bn_relu(), cnn_inputs(), path="auto", trial_seconds=0.05,
              candidates=("eager", "inductor"))
     lines = capsys.readouterr().err.splitlines()
-    assert lines[1].startswith(f"{PROGRESS_PREFIX}trying inductor ... failed after ")
+    assert lines[1].startswith(f"{PROGRESS_PREFIX}inductor: failed to build after ")
     assert lines[1].endswith(" s (RuntimeError)")
     # a named path is what the caller asked for: no progress
     optimize(conv_bn_relu(), cnn_inputs(), path="eager")

@@ -45,7 +45,7 @@ PKG = REPO / "cpulaunch"
 #: Planning and rendering: pure functions of their arguments (rule 3).
 PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py", "cpulaunch/placement.py", "cpulaunch/settings.py",
-        "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py",
+        "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py", "cpulaunch/notes.py", "cpulaunch/slips.py",
         "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py",
         "cpulaunch/machine/engines.py", "cpulaunch/machine/platform.py", "cpulaunch/machine/recipes.py")
 #: What pure modules may import besides each other: pure modules of the standard library
@@ -53,7 +53,7 @@ PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaun
 #: python-hostlist (Slurm's node-list syntax) and the TOML parsers (config text -> values).
 PURE_STDLIB = {"__future__", "enum", "re", "typing", "types", "dataclasses", "math", "itertools",
                "collections", "functools", "shlex", "json", "string", "textwrap", "operator",
-               "fnmatch", "pathlib", "bisect", "reprlib", "os", "sys", "hostlist", "tomllib", "tomli"}
+               "fnmatch", "pathlib", "bisect", "reprlib", "os", "sys", "hostlist", "tomllib", "tomli", "difflib"}
 #: ``os`` calls a pure module may make: they compute, they do not ask the host.
 PURE_OS_CALLS = {"fspath", "fsencode", "fsdecode", "join", "basename", "dirname", "splitext", "normpath",
                  "isabs", "split"}
@@ -68,7 +68,8 @@ SPAWN_CALLS = {"Popen", "run", "call", "check_call", "check_output", "posix_spaw
 SPAWN_OWNERS = {"subprocess", "os"}
 #: The layers, lowest first (rule 6): each may import its own and the ones below.
 LAYERS = (
-    ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py")),
+    ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py",
+              "cpulaunch/notes.py", "cpulaunch/slips.py")),
     ("machine", ("cpulaunch/machine/",)),
     ("planning", ("cpulaunch/plan.py", "cpulaunch/option_table.py", "cpulaunch/options.py", "cpulaunch/distributed.py",
                   "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/svg.py")),
@@ -316,7 +317,8 @@ def test_the_layout_is_what_the_docs_draw():
     flat = {p.name for p in PKG.glob("*.py")}
     assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "svg.py",
                     "distributed.py", "cpulist.py", "errors.py", "envvars.py", "log.py", "api.py",
-                    "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py"}
+                    "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py",
+                    "notes.py", "slips.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
         "machine", "launch", "tools", "runtime"}
     design = (REPO / "docs" / "dev" / "design.md").read_text()

@@ -68,7 +68,7 @@ STRINGS = {
 INTEGERS = [0, 1, 2, 3, 4, 8, 100]
 NUMBERS = ["0", "0.5", "5", "-1", "nan", "inf"]
 #: Not drawn: they choose the machine, a file or the log level (each has its own tests).
-NOT_DRAWN = {"sysroot", "config", "verbose", "dry_run", "print_env", "show_topology", "fmt"}
+NOT_DRAWN = {"sysroot", "config", "verbose", "quiet", "dry_run", "print_env", "show_topology", "fmt"}
 
 
 def _value(dest: str, kind: table.Kind):

@@ -68,7 +68,7 @@ def test_help_lists_each_option_once_in_sections():
         assert len(starts) == 1, (o.name, starts)
     for o in table.OPTIONS:
         assert table.spellings(o.name)[-1] not in text or "_" not in o.name[2:] and "-" not in o.name[2:], o.name
-    assert "cpulaunch [-v] {doctor,verify,tune}" in text and "-m MODULE / -c CODE" in text
+    assert "cpulaunch [-v] {doctor,verify,tune,completion}" in text and "-m MODULE / -c CODE" in text
 
 
 @pytest.mark.parametrize("args", [["-v", "doctor", "--format", "json"], ["doctor", "-v", "--format", "json"]])

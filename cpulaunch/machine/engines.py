@@ -44,6 +44,7 @@ import re
 from typing import Mapping, NamedTuple, Optional
 
 from cpulaunch.errors import DistributedError
+from cpulaunch.notes import explain
 
 __all__ = ["ENGINE_VARIABLES", "RankContext", "detect_engine", "expand_hostlist", "first_host", "tasks_on_node",
            "block_node", "PodDefault", "pod_defaults", "torchrun_variable", "engine_int"]
@@ -286,14 +287,14 @@ def _slurm(env) -> RankContext:
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     if not addr and nodelist:
         addr = first_host(nodelist)
-        notes.append(f"MASTER_ADDR={addr}: the first host of the Slurm node list")
+        notes.append(explain(f"MASTER_ADDR={addr}: the first host of the Slurm node list"))
     port = _get_int(env, "MASTER_PORT")
     job = _get_int(env, "SLURM_JOB_ID")
     if port is None and job is not None:
         # Every rank computes the same port from the job id, so concurrent jobs on
         # shared nodes do not collide (range 20000-29999).
         port = 20000 + job % 10000
-        notes.append(f"MASTER_PORT={port}: derived from SLURM_JOB_ID {job}")
+        notes.append(explain(f"MASTER_PORT={port}: derived from SLURM_JOB_ID {job}"))
     # SLURM_NODEID: this node's index in the step (srun(1), "OUTPUT ENVIRONMENT VARIABLES").
     nnodes = _get_int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
     return RankContext("slurm", rank, world, local, local_size, addr, port, tuple(notes),

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from cpulaunch.machine.libfinder import Fabric
 
 __all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding",
-           "cache_dir", "own_cache_dir", "clear_cache", "verdict_key", "verdict_name", "rank_python", "ccl_collective_check", "CCL_MODULE",
+           "cache_dir", "own_cache_dir", "clear_cache", "network_interfaces", "verdict_key", "verdict_name", "rank_python",
+           "ccl_collective_check", "CCL_MODULE",
            "CCL_CHECK_SECONDS", "Extension", "CCL", "ZENTORCH", "extension_binding", "zentorch_binding"]
 
 
@@ -58,6 +59,8 @@ class Host(NamedTuple):
             (as ``ccl``, or the bindings are not installed).
         zentorch: zentorch and whether it imports with this torch (:func:`zentorch_binding`);
             None when not looked up (no ``--inference-path zentorch``).
+        interfaces: the network interfaces this machine has (/sys/class/net), for
+            ``--iface``; None when not looked up (no --iface, ``--sysroot``) or unreadable.
     """
 
     live: bool
@@ -73,6 +76,7 @@ class Host(NamedTuple):
     ccl: Optional["CclBinding"] = None
     fabric: Optional["Fabric"] = None
     zentorch: Optional["CclBinding"] = None
+    interfaces: Optional[tuple[str, ...]] = None
 
 
 class HostQuery(NamedTuple):
@@ -90,6 +94,7 @@ class HostQuery(NamedTuple):
             (``--ddp`` with ``--backend auto|ccl``); None: not looked up.
         zentorch_program: the program whose Python is checked for zentorch
             (``--inference-path zentorch``); None: not looked up.
+        interfaces: list this machine's network interfaces (``--iface`` given).
     """
 
     sysroot: str = "/"
@@ -99,6 +104,16 @@ class HostQuery(NamedTuple):
     free_port: bool = False
     ccl_program: Optional[tuple[str, ...]] = None
     zentorch_program: Optional[tuple[str, ...]] = None
+    interfaces: bool = False
+
+
+def network_interfaces(root: str = "/") -> Optional[tuple[str, ...]]:
+    """The network interfaces' names under ``root``/sys/class/net (``("eth0", "lo")``),
+    sorted; None when the folder cannot be listed (no sysfs in this container)."""
+    try:
+        return tuple(sorted(os.listdir(os.path.join(root, "sys/class/net"))))
+    except OSError:
+        return None
 
 
 def check_numactl(prefixes: Sequence[Sequence[str]], timeout: float = 10.0) -> Optional[str]:
@@ -198,6 +213,7 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
         ccl=ccl,
         fabric=fabric,
         zentorch=zentorch,
+        interfaces=network_interfaces(query.sysroot) if live and query.interfaces else None,
     )
 
 

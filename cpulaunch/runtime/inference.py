@@ -499,19 +499,18 @@ def _usable_paths(names: Sequence[str], report: Dict[str, Any], explicit: bool,
 
 def _build_paths(names: Sequence[str], model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
                  warmup: int, reference: Any, report: Dict[str, Any],
-                 say: Callable[[str, bool], None], keep_going: bool) -> Dict[str, Runner]:
+                 say: Callable[[str], None], keep_going: bool) -> Dict[str, Runner]:
     """Build each path, record its build time and agreement with eager in ``report``.
     A path that fails raises, or with ``keep_going`` is recorded in ``report["errors"]``."""
     built: Dict[str, Runner] = {}
     for name in names:
-        say(f"trying {name} ...", False)
         start = time.perf_counter()
         try:
             runner, module, graph, extra = _BUILDERS[name](model, args, kwargs,
                                                           report["dtype"], warmup)
             out = runner(*args, **kwargs)
         except Exception as exc:  # auto: a path that fails is skipped, not fatal
-            say(f" failed after {time.perf_counter() - start:.1f} s ({type(exc).__name__})", True)
+            say(f"{name}: failed to build after {time.perf_counter() - start:.1f} s ({type(exc).__name__})")
             if not keep_going:
                 raise
             report["errors"][name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -521,8 +520,7 @@ def _build_paths(names: Sequence[str], model: Any, args: Tuple[Any, ...], kwargs
         if name == "onednn-graph" and TORCHSCRIPT_NOTE not in report["notes"]:
             report["notes"].append(TORCHSCRIPT_NOTE)
         matches = _record_agreement(name, out, reference, report)
-        say(f" {report['build_s'][name]:.1f} s" + ("" if matches else ", differs from eager"),
-            True)
+        say(f"{name}: built in {report['build_s'][name]:.1f} s" + ("" if matches else ", outputs differ from eager"))
         built[name] = (runner, module, graph)
     return built
 
@@ -542,20 +540,37 @@ def _record_agreement(name: str, out: Any, reference: Any, report: Dict[str, Any
 
 def _choose(built: Dict[str, Runner], args: Tuple[Any, ...], kwargs: Dict[str, Any],
             report: Dict[str, Any], trial_seconds: float,
-            say: Callable[[str, bool], None]) -> str:
+            say: Callable[[str], None]) -> str:
     """Time the built paths (see :func:`_time_paths`) and return the fastest one that
-    matches eager; record times, ratios and a note."""
+    matches eager; record times, ratios, each path's foreign load and a note. Says one
+    line per path (its time, busy or quiet: :data:`cpulaunch.machine.load.BUSY_THRESHOLD_PCT`,
+    tune's threshold), then the choice."""
+    from cpulaunch.machine.load import BUSY_THRESHOLD_PCT
+
     matching = [n for n in built if report["matches_eager"][n]]
     if not matching:
         raise RuntimeError("no inference path could be built and matched eager; errors: "
                            f"{report['errors']}")
-    say(f"timing {', '.join(built)} for {trial_seconds * len(built):.1f} s ...", False)
-    ms = _time_paths(built, args, kwargs, trial_seconds)
+    say(f"timing {', '.join(built)} for {trial_seconds * len(built):.1f} s")
+    ms, foreign = _time_paths(built, args, kwargs, trial_seconds)
     report["ms_per_call"] = ms
+    report["foreign_load_pct"] = foreign
+    busy = {n: pct > BUSY_THRESHOLD_PCT for n, pct in foreign.items()}
+    report["busy"] = busy
     if "eager" in ms:
         report["speedup_vs_eager"] = {n: ms["eager"] / v for n, v in ms.items()}
     chosen = min(matching, key=lambda n: ms[n])
-    say(f" chose {chosen}", True)
+    for n in sorted(ms, key=lambda n: ms[n]):
+        say(f"{n}: {ms[n]:.3g} ms/call ({ms[n] / ms[chosen]:.2f}x {chosen})"
+            + ("" if report["matches_eager"][n] else ", outputs differ from eager")
+            + f", {'BUSY' if busy[n] else 'quiet'} (foreign load {foreign[n]:.0f}%)")
+    flagged = [n for n in ms if busy[n]]
+    said_busy = (f"; timed while the machine was busy (foreign load above {BUSY_THRESHOLD_PCT:g}% for "
+                 f"{', '.join(flagged)}): the choice may differ on a quiet machine") if flagged else ""
+    say(f"chose {chosen}{said_busy}")
+    if flagged:
+        report["notes"].append(f"auto timed {', '.join(flagged)} while the machine was busy (foreign load above "
+                               f"{BUSY_THRESHOLD_PCT:g}% of it): the choice may differ on a quiet machine")
     others = sorted((n for n in ms if n != chosen), key=lambda n: ms[n])
     detail = ", ".join(
         f"{n} {ms[n] / ms[chosen]:.2f}x its time"
@@ -567,15 +582,27 @@ def _choose(built: Dict[str, Runner], args: Tuple[Any, ...], kwargs: Dict[str, A
 
 
 def _time_paths(built: Dict[str, Runner], args: Tuple[Any, ...], kwargs: Dict[str, Any],
-                trial_seconds: float) -> Dict[str, float]:
+                trial_seconds: float, window: Optional[Callable[[], Any]] = None
+                ) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Median ms per call of each path, over 3 interleaved rounds (so a burst of foreign
-    load hits them all) of ``trial_seconds / 3`` each (at least 1 call, at most 1000)."""
+    load hits them all) of ``trial_seconds / 3`` each (at least 1 call, at most 1000), and
+    the foreign load while each path ran, percent of the machine (tune's meter,
+    :class:`cpulaunch.machine.load.LoadWindow`: this process's own threads are not foreign).
+
+    ``window``: opens a load window (returns an object whose ``load()`` is a
+    :class:`cpulaunch.machine.load.Load`); the meter's by default (tests inject one).
+    """
     import statistics  # here, not at import: the launcher imports this module for PATHS
 
+    if window is None:
+        from cpulaunch.machine.load import LoadWindow as window
     times: Dict[str, List[float]] = {n: [] for n in built}
+    foreign_cpu_s = {n: 0.0 for n in built}
+    wall_cpu_s = {n: 0.0 for n in built}
     rounds = 3
     for _ in range(rounds):
         for name, (runner, _, _) in built.items():
+            meter = window()
             budget_end = time.perf_counter() + trial_seconds / rounds
             calls = 0
             while calls < 1 or (time.perf_counter() < budget_end and calls < 1000):
@@ -583,7 +610,11 @@ def _time_paths(built: Dict[str, Runner], args: Tuple[Any, ...], kwargs: Dict[st
                 runner(*args, **kwargs)
                 times[name].append(time.perf_counter() - start)
                 calls += 1
-    return {n: statistics.median(t) * 1e3 for n, t in times.items()}
+            load = meter.load()
+            foreign_cpu_s[name] += load.foreign * load.seconds
+            wall_cpu_s[name] += load.seconds * load.ncpu
+    ms = {n: statistics.median(t) * 1e3 for n, t in times.items()}
+    return ms, {n: 100 * foreign_cpu_s[n] / max(wall_cpu_s[n], 1e-9) for n in built}
 
 
 def _note_bf16(report: Dict[str, Any]) -> None:
@@ -600,15 +631,22 @@ def _note_bf16(report: Dict[str, Any]) -> None:
                                "(bf16_fusion_groups 0)")
 
 
-def _progress_writer(enabled: bool) -> Callable[[str, bool], None]:
-    """say(text, end_line): progress on stderr, lines prefixed with PROGRESS_PREFIX; a no-op
-    when not enabled. Each line is started, flushed, and finished by a later call."""
-    def say(text: str, end_line: bool) -> None:
+def _progress_writer(enabled: bool) -> Callable[[str], None]:
+    """say(text): one whole line of progress on stderr, prefixed with PROGRESS_PREFIX; a
+    no-op when not enabled. Whole lines only, written at once after flushing what the
+    program and its libraries wrote before: torch's or a library's own messages ("No CUDA
+    runtime is found", inductor's warnings) then stand on lines of their own, never inside
+    one of ours."""
+    def say(text: str) -> None:
         if not enabled:
             return
-        stream = sys.stderr
-        stream.write(text + "\n" if end_line else PROGRESS_PREFIX + text)
-        stream.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        sys.stderr.write(PROGRESS_PREFIX + text + "\n")
+        sys.stderr.flush()
 
     return say
 

@@ -1147,7 +1147,8 @@ def render_text(report: Report) -> str:
                      + (f"; cgroup cpuset {fmt(t.cpuset)}" if t.cpuset is not None else "")
                      + (f"; CPU quota {t.quota_cpus:g}" if t.quota_cpus is not None else ""))
     if report.isa is not None:
-        lines.append(f"  ISA ({report.isa.arch}): {' '.join(report.isa.present) or '-'}: {report.isa.meaning}")
+        # the flags only: what they mean is the isa finding's sentence, said once below
+        lines.append(f"  ISA ({report.isa.arch}): {' '.join(report.isa.present) or '-'}")
     n = report.numactl
     if n is not None:
         state = ("usable" if n.usable else f"unusable: {n.reason}") if n.checked else n.reason

@@ -51,6 +51,7 @@ from typing import Optional, Sequence
 
 import click
 
+from cpulaunch.machine.load import BUSY_THRESHOLD_PCT
 from cpulaunch.tools.tune.report import BUSY_EXIT, finish, plan_text
 from cpulaunch.tools.tune.space import (
     AXIS_HELP,
@@ -102,7 +103,7 @@ _CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--hel
 @click.option("--metric", default=None, help="Which CPULAUNCH_METRIC name to use (default: the first printed).")
 @click.option("--trial-timeout", type=float, default=None,
               help="Seconds before a trial is stopped (default: 3x the slowest successful trial + 10, >= 30).")
-@click.option("--busy-threshold", type=float, default=10.0, show_default=True,
+@click.option("--busy-threshold", type=float, default=BUSY_THRESHOLD_PCT, show_default=True,
               help="Foreign CPU load, percent of the machine, above which a trial is repeated once, then flagged.")
 @click.option("--load-sample", type=float, default=0.3, show_default=True,
               help="Seconds of foreign-load measurement before each trial.")
