@@ -243,7 +243,7 @@ def _load_config(ctx, param, path) -> None:
     from cpulaunch.options import CONFIG_MAX_BYTES, config_settings
 
     from_env = ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT
-    label = "CPULAUNCH_CONFIG" if from_env else "--config"
+    label = table.BY_DEST["config"].variable if from_env else "--config"
     try:
         data = read_regular(path, CONFIG_MAX_BYTES)
     except UnusableFileError as exc:
@@ -359,8 +359,9 @@ def _evaluated_print_env(args: list[str]) -> bool:
     --print-env ...)"`` must not return 0 and run the program unbound)."""
     ours, _, typed = split_argv(list(args), table.VALUE_SPELLINGS)
     words = {"1", "true", "yes", "on", "y", "t"}
-    asked = "print_env" in typed or os.environ.get("CPULAUNCH_PRINT_ENV", "").strip().lower() in words
-    fmt = (typed.get("fmt") or (None, None))[1] or os.environ.get("CPULAUNCH_FORMAT") or "shell"
+    asked = "print_env" in typed or os.environ.get(table.BY_DEST["print_env"].variable, "").strip().lower() in words
+    fmt = ((typed.get("fmt") or (None, None))[1] or os.environ.get(table.BY_DEST["fmt"].variable)
+           or table.DEFAULT_FORMAT[table.Output.PRINT_ENV].value)
     return asked and fmt.strip().lower() not in ("json", "omp-bind")
 
 
