@@ -358,8 +358,8 @@ def _evaluated_print_env(args: list[str]) -> bool:
     sglang): then a failure prints text whose evaluation fails too (``eval "$(cpulaunch
     --print-env ...)"`` must not return 0 and run the program unbound)."""
     ours, _, typed = split_argv(list(args), table.VALUE_SPELLINGS)
-    words = {"1", "true", "yes", "on", "y", "t"}
-    asked = "print_env" in typed or os.environ.get(table.BY_DEST["print_env"].variable, "").strip().lower() in words
+    asked = "print_env" in typed or os.environ.get(table.BY_DEST["print_env"].variable, "").strip().lower() \
+        in table.TRUE_WORDS
     fmt = ((typed.get("fmt") or (None, None))[1] or os.environ.get(table.BY_DEST["fmt"].variable)
            or table.DEFAULT_FORMAT[table.Output.PRINT_ENV].value)
     return asked and fmt.strip().lower() not in ("json", "omp-bind")

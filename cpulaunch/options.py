@@ -558,15 +558,16 @@ def _core_counts(c: _Check) -> "Optional[Union[int, tuple[int, ...]]]":
 
 
 def _share_host(c: _Check) -> Optional[str]:
-    """``--share-host`` / CPULAUNCH_SHARE_HOST: "fail" (also a bare flag, 1, true, yes,
-    on), "wait", or None (off: 0, false, no, off, unset)."""
+    """``--share-host`` / CPULAUNCH_SHARE_HOST: "fail" (also a bare flag and the words read
+    as true, :data:`~cpulaunch.option_table.TRUE_WORDS`: 1, true, yes, y...), "wait", or
+    None (off: the words read as false, :data:`~cpulaunch.option_table.FALSE_WORDS`, or unset)."""
     raw = c.v.get("share_host")
     if raw is None:
         return None
     word = str(raw).strip().lower()
-    if word in ("", "0", "false", "no", "off"):
+    if word == "" or word in table.FALSE_WORDS:
         return None
-    if word in ("fail", "1", "true", "yes", "on"):
+    if word == "fail" or word in table.TRUE_WORDS:
         return "fail"
     if word == "wait":
         return "wait"

@@ -221,3 +221,10 @@ def test_run_refuses_verify_in_one_line():
     with pytest.raises(CpulaunchError) as info:
         cpulaunch.run("true", verify=True)
     assert one_line(info.value) == "run: verify is the command line's (cpulaunch --verify); drop it"
+
+
+def test_run_names_itself_and_the_nearest_keyword():
+    """``cpulaunch.run(ninstance=2)`` says what to fix in run's own words (issue 41)."""
+    with pytest.raises(CpulaunchError) as info:
+        cpulaunch.run("true", ninstance=2)
+    assert str(info.value) == "run: unknown option 'ninstance' (did you mean ninstances=?)"

@@ -199,12 +199,56 @@ def test_defaults_said_in_help_and_reference_come_from_the_row(dest):
     reference = table.reference_markdown()
     row = next(line for line in reference.splitlines() if line.startswith(f"| `{o.name}` |"))
     assert row.split(" | ")[2] == f"`{o.shown_default}`", row
+    if "default" in o.help:  # said in help: from the row, never by hand
+        assert "{default}" in o.help and f"default {o.shown_default})" in o.help_line.replace(": ", " "), o.help
 
 
 def test_kmp_blocktime_default_is_the_registry_one():
     from cpulaunch.machine.libraries import by_choice
 
     assert table.BY_DEST["kmp_blocktime"].shown_default == by_choice("openmp", "intel").idle_env["KMP_BLOCKTIME"]
+
+
+# --------------------------------------------------------------------------- generated help
+
+
+@pytest.mark.parametrize("o", [o for o in table.OPTIONS if o.kind.choices or set(o.words) - {"digits"}],
+                         ids=lambda o: o.name)
+def test_no_help_lists_choices_by_hand(o):
+    choices = o.kind.choices or tuple(w for w in o.words if w != "digits")
+    by_hand = [c for c in choices if re.search(rf"(?<![\w-]){re.escape(c)}(?![\w-])", o.help)]
+    assert by_hand == [], f"{o.name}'s help lists {by_hand} by hand; write {{choices}} or {{or_choices}}"
+    assert all(c in o.help_line for c in choices), o.help_line
+
+
+# --------------------------------------------------------------------------- one list of "true"
+
+
+def test_true_and_false_words_are_clicks():
+    for word in table.TRUE_WORDS:
+        assert click.BOOL.convert(word, None, None) is True and click.BOOL.convert(word.upper(), None, None) is True
+    for word in table.FALSE_WORDS:
+        assert click.BOOL.convert(word, None, None) is False
+    for word in ("2", "yep", "nope", "none"):
+        with pytest.raises(click.BadParameter):
+            click.BOOL.convert(word, None, None)
+
+
+@pytest.mark.parametrize("word", table.TRUE_WORDS + tuple(w.upper() for w in table.TRUE_WORDS))
+def test_share_host_reads_the_true_words(word):
+    assert from_values({"share_host": word}, frozenset({"share_host"})).share_host == "fail"
+
+
+@pytest.mark.parametrize("word", table.FALSE_WORDS + ("",))
+def test_share_host_reads_the_false_words(word):
+    assert from_values({"share_host": word}, frozenset({"share_host"})).share_host is None
+
+
+def test_dry_run_and_share_host_read_y_alike(sysroots):
+    env = {"CPULAUNCH_DRY_RUN": "y"}
+    proc = run_cli("--sysroot", str(sysroots["hw-32intel64-2p8co2t+8ve"]), "true", env=env)
+    assert proc.returncode == 0 and "true" in proc.stdout, proc.stderr
+    assert from_values({"share_host": "y"}, frozenset({"share_host"})).share_host == "fail"
 
 
 # --------------------------------------------------------------------------- names spelled once
