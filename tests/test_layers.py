@@ -10,23 +10,9 @@ Roles and who may import whom (docs/dev/design.md draws them):
 - ``cpulaunch/runtime/``: what runs inside the user's program; nothing else imports it but the
   documented aliases.
 
-Rules (each a test; :func:`violations` is the checker, and it is shown to fail on planted
-violations below):
-
-1. nothing outside ``runtime/`` imports it, but the alias modules and the lazy ``__getattr__``
-   of ``cpulaunch/__init__.py`` and ``cpulaunch/distributed.py``;
-2. ``tools/`` is imported by ``cli.py`` only, inside functions;
-3. planning and rendering (:data:`PURE`) import, at any depth of a function, only pure modules
-   and no module that touches the host or starts a process, and call no such function;
-4. a child process is started (subprocess, posix_spawn, fork, exec) only in
-   ``machine/exec.py``, ``launch/`` and tune's trial runner;
-5. host files are opened (``open``, ``os.open``, ``mmap``, ``Path.read_*``/``write_*``/
-   ``open``) only in ``machine/`` and ``launch/`` (the run folder's files);
-6. layers only look down (:data:`LAYERS`): base < machine < planning < launch < invocation
-   < cli; a module imports cpulaunch modules of its own layer or below, never above
-   (tools/, runtime/ and the alias modules stand beside: below cli, above the rest);
-7. a pure module reads no environment (``os.environ``, ``os.getenv``): the environment is
-   handed in as a mapping, as the host is.
+The rules are :data:`RULES` (each a test; :func:`violations` is the checker, and it is shown
+to fail on planted violations below); docs/dev/design.md's list of them is made from
+:func:`rules_markdown` (``python tests/test_layers.py`` writes it, a test holds it).
 """
 
 from __future__ import annotations
@@ -86,6 +72,50 @@ FILE_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes"}
 ALIASES = ("cpulaunch/inference.py", "cpulaunch/torch_utils.py", "cpulaunch/ddp_wrap.py")
 #: Modules whose module-level ``__getattr__`` may load runtime names lazily (rule 1).
 LAZY_RUNTIME = ("cpulaunch/__init__.py", "cpulaunch/distributed.py")
+
+
+#: The rules the checker holds, as docs/dev/design.md lists them (markdown; PURE and LAYERS
+#: are filled in from the lists above).
+RULES = (
+    "Nothing outside `runtime/` imports it, but the documented aliases (`inference.py`, `torch_utils.py`, "
+    "`ddp_wrap.py`, each nothing but the alias) and the lazy module `__getattr__` of `cpulaunch/__init__.py` and "
+    "`cpulaunch/distributed.py`.",
+    "`tools/` is imported by `cli.py` only, inside a function: a plain launch never loads a tool, and every error "
+    "a tool raises goes through cli's one exception map. (`--verify` needs verify's check during a run: cli hands "
+    "`tools.verify.check_run` to `core.run`.)",
+    "Planning and rendering are pure ({pure}): they import, at any depth of a function, only each other and pure "
+    "standard-library modules, and call nothing that asks the host or starts a process.",
+    "A child process is started (subprocess, posix_spawn, fork, exec) only in `machine/exec.py`, `launch/` and "
+    "tune's trial runner.",
+    "Host files are opened (`open`, `os.open`, `mmap`, `Path.read_*`/`write_*`) only in `machine/` and `launch/` "
+    "(the run folder's own files).",
+    "Layers only look down: {layers}; a module imports cpulaunch modules of its own layer or below, never above "
+    "(`tools/`, `runtime/` and the alias modules stand beside: below cli, above the rest).",
+    "A pure module reads no environment (`os.environ`, `os.getenv`): the environment is handed in as a mapping, "
+    "as the host is.",
+)
+
+
+def _short(path: str) -> str:
+    return "`" + path.removeprefix("cpulaunch/") + "`"
+
+
+def rules_markdown() -> str:
+    """The numbered list of :data:`RULES` for docs/dev/design.md."""
+    pure = ", ".join(_short(p) for p in PURE)
+    layers = " < ".join(f"{name} ({', '.join(_short(p) for p in places)})" for name, places in LAYERS)
+    return "\n".join(f"{i}. " + rule.format(pure=pure, layers=layers) for i, rule in enumerate(RULES, 1)) + "\n"
+
+
+DESIGN = REPO / "docs" / "dev" / "design.md"
+RULES_BEGIN = "<!-- layer-rules:begin (generated from tests/test_layers.py RULES: do not edit by hand) -->"
+RULES_END = "<!-- layer-rules:end -->"
+
+
+def design_with_rules(text: str) -> str:
+    """docs/dev/design.md's text with its rules block made from :func:`rules_markdown`."""
+    start, end = text.index(RULES_BEGIN) + len(RULES_BEGIN), text.index(RULES_END)
+    return text[:start] + "\n" + rules_markdown() + text[end:]
 
 
 class Import(NamedTuple):
@@ -326,6 +356,12 @@ def test_the_layout_is_what_the_docs_draw():
             assert name in design, f"docs/dev/design.md does not name {rel(p)}"
 
 
+def test_the_design_page_lists_the_rules_this_test_holds():
+    text = DESIGN.read_text()
+    assert design_with_rules(text) == text, "docs/dev/design.md's rules differ: run python tests/test_layers.py"
+    assert text.count(RULES_BEGIN) == 1 and len(RULES) == 7
+
+
 # --------------------------------------------------------------------------- the checker sees breaks
 
 
@@ -401,3 +437,7 @@ def test_no_union_annotation_breaks_python_3_9():
     planted = {"cpulaunch/x.py": ast.parse("import os\ndef f(root: str | os.PathLike): pass\n"),
                "cpulaunch/y.py": ast.parse("from __future__ import annotations\ndef f(a: int | None): pass\n")}
     assert union_annotations_evaluated(planted) == ["cpulaunch/x.py:2: str | os.PathLike"]
+
+
+if __name__ == "__main__":  # python tests/test_layers.py: write docs/dev/design.md's rules
+    DESIGN.write_text(design_with_rules(DESIGN.read_text()))

@@ -272,3 +272,17 @@ def test_every_cpulaunch_variable_is_spelled_in_envvars_or_the_table():
                 found.append(f"{rel}:{node.lineno}: {node.value}")
     assert found == []
 
+
+
+def test_the_environment_reference_is_made_from_envvars():
+    """docs/reference/environment.md's tables are envvars.py's (``python scripts/options_doc.py``
+    writes them), and envvars.py's constants are exactly its rows."""
+    from cpulaunch import envvars
+
+    text = (REPO / "docs" / "reference" / "environment.md").read_text()
+    assert "\n" + envvars.reference_markdown() + "\n<!-- envvars-table:end -->" in text, \
+        "docs/reference/environment.md differs: run python scripts/options_doc.py"
+    constants = {getattr(envvars, n) for n in envvars.__all__ if isinstance(getattr(envvars, n), str)}
+    assert constants == {v.name for v in envvars.VARIABLES}
+    assert {"CPULAUNCH_PLANNED_RECIPE", "CPULAUNCH_BINDING_FILE"} <= constants
+    assert all(f"`{v.name}`" in text for v in envvars.VARIABLES)
