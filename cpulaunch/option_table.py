@@ -24,45 +24,14 @@ from cpulaunch.machine.engines import LOCAL_MASTER_ADDR
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.recipes import RECIPE_CHOICES, RECIPES, WAIT_POLICIES
-from cpulaunch.plan import PLACEMENT_MODES
+from cpulaunch.names import INFERENCE_PATHS, PLACEMENT_MODES, BindMode, Format, Output
 
 __all__ = [
     "BindMode", "Output", "Format", "Kind", "Section", "Alias", "Option", "Rule", "OPTIONS", "ALIASES",
     "RULES", "TOPOLOGY_OPTIONS", "TRUE_WORDS", "FALSE_WORDS", "NOT_FIELDS", "LANDINGS", "BY_DEST", "ALIAS_BY_DEST", "BY_SPELLING", "PLACEMENT_MODES", "FORMATS_FOR", "DEFAULT_FORMAT", "SOURCES",
     "option_variable", "spellings", "api_keywords", "config_keys", "env_variables", "kind_of", "name_of",
-    "help_rows", "PROGRAM_RULE", "SOURCES_RULE", "NOT_VARIABLES", "FOREIGN_OPTIONS", "VALUE_SPELLINGS",
+    "help_rows", "INFERENCE_PATHS", "PROGRAM_RULE", "SOURCES_RULE", "NOT_VARIABLES", "FOREIGN_OPTIONS", "VALUE_SPELLINGS",
 ]
-
-
-class BindMode(str, enum.Enum):
-    """How an instance is bound to its CPUs and memory."""
-
-    NUMACTL = "numactl"  #: ``numactl -C CPUS -m NODES program`` (numactl(8)): CPUs and memory
-    AFFINITY = "affinity"  #: sched_setaffinity(2) before exec: CPUs only, memory unbound
-    NONE = "none"  #: no binding (OMP_NUM_THREADS and libraries still set)
-
-
-class Output(str, enum.Enum):
-    """What the invocation produces."""
-
-    RUN = "run"  #: start the program (exec one instance, supervise several)
-    DRY_RUN = "dry-run"  #: print each instance's env and command; run nothing
-    PRINT_ENV = "print-env"  #: print one instance's environment for a shell script
-    SHOW_TOPOLOGY = "show-topology"  #: draw the machine
-
-
-class Format(str, enum.Enum):
-    """Text forms of --dry-run, --print-env and --show-topology (:data:`FORMATS_FOR` says
-    which output takes which)."""
-
-    TEXT = "text"  #: person-readable (--dry-run, --show-topology)
-    SHELL = "shell"  #: ``export NAME='value'`` lines, safe to eval (--print-env)
-    DOTENV = "dotenv"  #: ``NAME='value'`` lines for POSIX ``set -a; . FILE`` (--print-env)
-    JSON = "json"  #: the plan JSON (all three)
-    OMP_BIND = "omp-bind"  #: instances' cpulists joined by ``|`` (vLLM/SGLang bind string)
-    VLLM = "vllm"  #: ``VLLM_CPU_OMP_THREADS_BIND=...`` assignment lines
-    SGLANG = "sglang"  #: ``SGLANG_CPU_OMP_THREADS_BIND=...`` assignment lines
-    SVG = "svg"  #: a picture of the machine and the instances on it (cpulaunch.svg; --dry-run, --show-topology)
 
 
 #: The formats each output takes, the default first.
@@ -278,9 +247,6 @@ def _lib_help(kind: str) -> str:
     return ", ".join(f"{lib.choice} ({lib.summary})" for lib in REGISTRY.values() if lib.kind == kind and lib.selectable)
 
 
-#: --inference-path values: cpulaunch.inference.PATHS (kept here as data: the launcher does not
-#: import the runtime; tests/test_inference.py holds the two equal).
-INFERENCE_PATHS = ("auto", "eager", "onednn-graph", "inductor", "zentorch")
 
 P, R, M, D, O = Section.PLACEMENT, Section.RESTRICTIONS, Section.MEMORY, Section.DISTRIBUTED, Section.OUTPUT
 _COUNT_WORDS = ("digits",)

@@ -31,7 +31,7 @@ PKG = REPO / "cpulaunch"
 #: Planning and rendering: pure functions of their arguments (rule 3).
 PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py", "cpulaunch/placement.py", "cpulaunch/settings.py",
-        "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py",
+        "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py", "cpulaunch/names.py",
         "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py",
         "cpulaunch/machine/engines.py", "cpulaunch/machine/platform.py", "cpulaunch/machine/recipes.py")
 #: What pure modules may import besides each other: pure modules of the standard library
@@ -54,7 +54,8 @@ SPAWN_CALLS = {"Popen", "run", "call", "check_call", "check_output", "posix_spaw
 SPAWN_OWNERS = {"subprocess", "os"}
 #: The layers, lowest first (rule 6): each may import its own and the ones below.
 LAYERS = (
-    ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py")),
+    ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py",
+              "cpulaunch/names.py")),
     ("machine", ("cpulaunch/machine/",)),
     ("planning", ("cpulaunch/plan.py", "cpulaunch/option_table.py", "cpulaunch/options.py", "cpulaunch/distributed.py",
                   "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/svg.py")),
@@ -62,6 +63,12 @@ LAYERS = (
     ("invocation", ("cpulaunch/core.py", "cpulaunch/api.py")),
     ("cli", ("cpulaunch/cli.py", "cpulaunch/__main__.py")),
 )
+#: Inside the planning layer, the option surface and the planner: the surface builds the
+#: planner's requests and imports it; the planner imports no surface module (rule 8), the
+#: names both speak are on the ground floor (``names.py``).
+SURFACE = ("cpulaunch/option_table.py", "cpulaunch/options.py")
+PLANNER = ("cpulaunch/plan.py", "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/distributed.py",
+           "cpulaunch/render.py", "cpulaunch/svg.py")
 #: Beside the layers: above every layer but cli, which none of them may import.
 BESIDE = ("cpulaunch/tools/", "cpulaunch/runtime/", "cpulaunch/inference.py", "cpulaunch/torch_utils.py",
           "cpulaunch/ddp_wrap.py", "cpulaunch/rank_entry.py")
@@ -93,6 +100,9 @@ RULES = (
     "(`tools/`, `runtime/` and the alias modules stand beside: below cli, above the rest).",
     "A pure module reads no environment (`os.environ`, `os.getenv`): the environment is handed in as a mapping, "
     "as the host is.",
+    "Inside planning, the option surface ({surface}) imports the planner ({planner}), never the other way round: "
+    "the names both speak (placement modes, inference paths, bind modes, outputs, formats) are on the ground floor "
+    "(`names.py`); a planner module may name the surface's types for annotations only (`if TYPE_CHECKING:`).",
 )
 
 
@@ -103,8 +113,9 @@ def _short(path: str) -> str:
 def rules_markdown() -> str:
     """The numbered list of :data:`RULES` for docs/dev/design.md."""
     pure = ", ".join(_short(p) for p in PURE)
+    surface, planner = ", ".join(_short(p) for p in SURFACE), ", ".join(_short(p) for p in PLANNER)
     layers = " < ".join(f"{name} ({', '.join(_short(p) for p in places)})" for name, places in LAYERS)
-    return "\n".join(f"{i}. " + rule.format(pure=pure, layers=layers) for i, rule in enumerate(RULES, 1)) + "\n"
+    return "\n".join(f"{i}. " + rule.format(pure=pure, layers=layers, surface=surface, planner=planner) for i, rule in enumerate(RULES, 1)) + "\n"
 
 
 DESIGN = REPO / "docs" / "dev" / "design.md"
@@ -208,7 +219,27 @@ def violations(trees: dict) -> list:
         imps = imports(path, tree)
         out += _runtime_rule(path, tree, imps) + _tools_rule(path, imps) + _pure_rule(path, tree, imps)
         out += _spawn_rule(path, tree) + _open_rule(path, tree) + _layer_rule(path, imps)
+        out += _surface_rule(path, tree, imps)
     return out
+
+
+def _typing_only_lines(tree: ast.Module) -> set:
+    """Lines of the imports under ``if TYPE_CHECKING:`` (annotations only; never run)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            out |= {n.lineno for b in node.body for n in ast.walk(b) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return out
+
+
+def _surface_rule(path: str, tree: ast.Module, imps: list) -> list:
+    """Rule 8: a planner module imports no module of the option surface."""
+    if path not in PLANNER:
+        return []
+    surface = {module_name(p) for p in SURFACE}
+    typing_only = _typing_only_lines(tree)
+    return [f"{path}:{imp.line}: the planner imports {imp.module} of the option surface (the names both need "
+            "belong in names.py)" for imp in imps if imp.module in surface and imp.line not in typing_only]
 
 
 def layer_of(path: str) -> Optional[int]:
@@ -345,7 +376,7 @@ def test_the_layout_is_what_the_docs_draw():
     outside them but the flat pipeline's."""
     flat = {p.name for p in PKG.glob("*.py")}
     assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "svg.py",
-                    "distributed.py", "cpulist.py", "errors.py", "envvars.py", "log.py", "api.py",
+                    "distributed.py", "cpulist.py", "errors.py", "envvars.py", "names.py", "log.py", "api.py",
                     "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
         "machine", "launch", "tools", "runtime"}
@@ -359,7 +390,7 @@ def test_the_layout_is_what_the_docs_draw():
 def test_the_design_page_lists_the_rules_this_test_holds():
     text = DESIGN.read_text()
     assert design_with_rules(text) == text, "docs/dev/design.md's rules differ: run python tests/test_layers.py"
-    assert text.count(RULES_BEGIN) == 1 and len(RULES) == 7
+    assert text.count(RULES_BEGIN) == 1 and len(RULES) == 8
 
 
 # --------------------------------------------------------------------------- the checker sees breaks
@@ -395,6 +426,10 @@ PLANTED = {
                              "layer tools/runtime imports cpulaunch.cli of layer cli"),
     "rendering reads the environment": ("cpulaunch/render.py", "import os\nHOME = os.environ.get('HOME')\n",
                                         "pure module reads os.environ"),
+    "the planner imports the option table": ("cpulaunch/plan.py", "from cpulaunch.option_table import OPTIONS\n",
+                                             "the planner imports cpulaunch.option_table of the option surface"),
+    "settings imports the options lazily": ("cpulaunch/settings.py", "def f():\n    from cpulaunch import options\n",
+                                            "the planner imports cpulaunch.options of the option surface"),
 }
 
 
