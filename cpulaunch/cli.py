@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NamedTuple
 
 import click
 
@@ -25,9 +26,27 @@ from cpulaunch import option_table as table
 from cpulaunch.errors import INTERNAL_EXIT, USAGE_EXIT, CpulaunchError
 from cpulaunch.options import OptionsError
 
-#: Subcommands, dispatched on the first word (after global options such as ``-v``) to
-#: ``cpulaunch.tools.<word>.main`` (a program of that name: ``cpulaunch -- doctor``).
-SUBCOMMANDS = ("doctor", "verify", "tune")
+class Subcommand(NamedTuple):
+    """One subcommand: its word, the module whose ``main(words) -> int`` runs it (imported
+    only when it is asked for), and its one-line summary for ``cpulaunch --help``."""
+
+    name: str
+    module: str
+    summary: str
+
+
+#: The subcommands (pip's command registry), dispatched on the first word (after global
+#: options such as ``-v``) to their module's ``main`` (a program of that name: ``cpulaunch
+#: -- doctor``).
+REGISTRY: dict[str, Subcommand] = {c.name: c for c in (
+    Subcommand("doctor", "cpulaunch.tools.doctor", "Check this machine before trusting a run: libraries, binding, "
+               "limits, with a fix for each finding."),
+    Subcommand("verify", "cpulaunch.tools.verify", "Show what running processes really got: CPUs, memory, threads, "
+               "libraries."),
+    Subcommand("tune", "cpulaunch.tools.tune", "Find the best options for one program on this machine, by "
+               "measurement; saves best.toml for --config."),
+)}
+SUBCOMMANDS = tuple(REGISTRY)
 #: Options every subcommand also takes, before or after its name.
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose")
 def split_argv(args: list[str], value_opts: set[str]) -> tuple[list[str], list[str], dict]:
@@ -149,6 +168,8 @@ class _Command(click.Command):
                     formatter.write_dl(rows)
 
     def format_epilog(self, ctx, formatter):
+        with formatter.section("Subcommands (cpulaunch SUBCOMMAND --help)"):
+            formatter.write_dl([(c.name, c.summary) for c in REGISTRY.values()])
         for text in (table.PROGRAM_RULE, table.SOURCES_RULE):
             formatter.write_paragraph()
             formatter.write(click.formatting.wrap_text(text, formatter.width, "  ", "  ", preserve_paragraphs=True))
@@ -323,7 +344,7 @@ def main(argv=None) -> int:
 
             tool, words, verbose = sub
             _configure_logging(verbose, now=True)
-            code = importlib.import_module(f"cpulaunch.tools.{tool}").main(words)
+            code = importlib.import_module(REGISTRY[tool].module).main(words)
         else:
             code = command.main(args=args, prog_name="cpulaunch", standalone_mode=False)
     except click.exceptions.Exit as exc:
