@@ -225,7 +225,7 @@ def _run(**values):
     return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
 
 
-CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100}
+CONTEXT = {**table.HELP_CONTEXT, "allow_interspersed_args": False}
 command = _Command(
     "cpulaunch", context_settings=CONTEXT, callback=_run,
     help="Run PROGRAM on the right CPUs, memory, threads and libraries.\n\n\b\nExamples:\n"

@@ -28,7 +28,7 @@ from cpulaunch.names import INFERENCE_PATHS, PLACEMENT_MODES, BindMode, Format, 
 
 __all__ = [
     "BindMode", "Output", "Format", "Kind", "Section", "Alias", "Option", "Rule", "OPTIONS", "ALIASES",
-    "RULES", "TOPOLOGY_OPTIONS", "TRUE_WORDS", "FALSE_WORDS", "NOT_FIELDS", "LANDINGS", "BY_DEST", "ALIAS_BY_DEST", "BY_SPELLING", "PLACEMENT_MODES", "FORMATS_FOR", "DEFAULT_FORMAT", "SOURCES",
+    "RULES", "TOPOLOGY_OPTIONS", "HELP_CONTEXT", "TRUE_WORDS", "FALSE_WORDS", "NOT_FIELDS", "LANDINGS", "BY_DEST", "ALIAS_BY_DEST", "BY_SPELLING", "PLACEMENT_MODES", "FORMATS_FOR", "DEFAULT_FORMAT", "SOURCES",
     "option_variable", "spellings", "api_keywords", "config_keys", "env_variables", "kind_of", "name_of",
     "help_rows", "INFERENCE_PATHS", "PROGRAM_RULE", "SOURCES_RULE", "NOT_VARIABLES", "FOREIGN_OPTIONS", "VALUE_SPELLINGS",
 ]
@@ -103,6 +103,9 @@ TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
 FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
 #: Where a row may land besides a field of the typed options (:attr:`Option.lands`), and why.
 NOT_FIELDS = {"cli.config": "read by the command line as a source of the other options' values (click's default map)"}
+#: click's context settings every command shares, cpulaunch's and its subcommands' (the one
+#: context set-up; cli.py and cpulaunch.tools add to it, never restate it).
+HELP_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 #: Options that choose what the invocation does (not how): no config key, no API keyword
 #: (plan_instances is a dry run by nature).
 _ACTION = frozenset({"flag", "env"})
