@@ -51,7 +51,7 @@ def plan_instances(program=("true",), environ: Optional[Mapping[str, str]] = Non
     from cpulaunch import core, options as opts_mod
 
     env = _check_environ(environ)
-    values, words = _parse_options(options)
+    values, words = _parse_options(options, "plan_instances")
     values.update(dry_run=True, program=_program(program))
     opts = opts_mod.from_values(values, frozenset(n for n in options if options[n] is not None), words)
     return core.prepare(opts, env).rendered
@@ -83,7 +83,7 @@ def run(program, environ: Optional[Mapping[str, str]] = None, **options) -> int:
     from cpulaunch import core, options as opts_mod
 
     env = _check_environ(environ)
-    values, words = _parse_options(options)
+    values, words = _parse_options(options, "run")
     values["program"] = _program(program)
     opts = opts_mod.from_values(values, frozenset(n for n in options if options[n] is not None), words)
     if opts.launch.verify_after is not None:
@@ -92,11 +92,12 @@ def run(program, environ: Optional[Mapping[str, str]] = None, **options) -> int:
     return core.run(opts, env)
 
 
-def _parse_options(options: Mapping) -> tuple:
+def _parse_options(options: Mapping, caller: str) -> tuple:
     """The keyword options as the command line would leave them, every value checked
     against its option's type in the option table (:func:`cpulaunch.options.typed_value`);
     options not given take their defaults: ``{"ninstances": 2}`` -> ``({"ninstances": 2,
-    "bind": "numactl", ...}, Words)``. CPULAUNCH_* variables are not read.
+    "bind": "numactl", ...}, Words)``. CPULAUNCH_* variables are not read. ``caller`` names
+    the function in messages (``run: unknown option 'ninstance' (did you mean ninstances=?)``).
 
     Raises:
         cpulaunch.options.OptionsError: an unknown option or a value of the wrong type.
@@ -111,7 +112,7 @@ def _parse_options(options: Mapping) -> tuple:
         if name not in keywords:
             near = difflib.get_close_matches(str(name), keywords, n=1)
             hint = f"did you mean {near[0]}=?" if near else "use the CLI's option names, e.g. ninstances=2"
-            raise OptionsError(f"plan_instances: unknown option {name!r} ({hint})")
+            raise OptionsError(f"{caller}: unknown option {name!r} ({hint})")
     values: dict = {o.dest: o.default for o in table.OPTIONS if o.dest in keywords}
     values.update({o.dest: False for o in table.OPTIONS if o.kind.name == "flag"})
     values.update({a.dest: False if a.kind.name == "flag" else None for a in table.ALIASES})
@@ -119,7 +120,7 @@ def _parse_options(options: Mapping) -> tuple:
     for name, value in options.items():
         if value is None:
             continue
-        values[name] = typed_value(table.kind_of(name), value, f"plan_instances: {name}")
+        values[name] = typed_value(table.kind_of(name), value, f"{caller}: {name}")
         spelled[name] = api_spelling(name, value)
     return values, Words(spelled)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NamedTuple
 
 import click
 
@@ -25,9 +26,28 @@ from cpulaunch import option_table as table
 from cpulaunch.errors import INTERNAL_EXIT, USAGE_EXIT, CpulaunchError
 from cpulaunch.options import OptionsError
 
-#: Subcommands, dispatched on the first word (after global options such as ``-v``) to
-#: ``cpulaunch.tools.<word>.main`` (a program of that name: ``cpulaunch -- doctor``).
-SUBCOMMANDS = ("doctor", "verify", "tune", "completion")
+class Subcommand(NamedTuple):
+    """One subcommand: its word, the module whose ``main(words) -> int`` runs it (imported
+    only when it is asked for), and its one-line summary for ``cpulaunch --help``."""
+
+    name: str
+    module: str
+    summary: str
+
+
+#: The subcommands (pip's command registry), dispatched on the first word (after global
+#: options such as ``-v``) to their module's ``main`` (a program of that name: ``cpulaunch
+#: -- doctor``).
+REGISTRY: dict[str, Subcommand] = {c.name: c for c in (
+    Subcommand("doctor", "cpulaunch.tools.doctor", "Check this machine before trusting a run: libraries, binding, "
+               "limits, with a fix for each finding."),
+    Subcommand("verify", "cpulaunch.tools.verify", "Show what running processes really got: CPUs, memory, threads, "
+               "libraries."),
+    Subcommand("tune", "cpulaunch.tools.tune", "Find the best options for one program on this machine, by "
+               "measurement; saves best.toml for --config."),
+    Subcommand("completion", "cpulaunch.tools.completion", "Print the shell completion script for bash, zsh or fish."),
+)}
+SUBCOMMANDS = tuple(REGISTRY)
 #: Options every subcommand also takes, before or after its name.
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "--quiet")
 #: Options with a value that may come before a subcommand's name and are handed to it
@@ -164,6 +184,8 @@ class _Command(click.Command):
                     formatter.write_dl(rows)
 
     def format_epilog(self, ctx, formatter):
+        with formatter.section("Subcommands (cpulaunch SUBCOMMAND --help)"):
+            formatter.write_dl([(c.name, c.summary) for c in REGISTRY.values()])
         for text in (table.PROGRAM_RULE, table.SOURCES_RULE):
             formatter.write_paragraph()
             formatter.write(click.formatting.wrap_text(text, formatter.width, "  ", "  ", preserve_paragraphs=True))
@@ -219,7 +241,7 @@ def _run(**values):
     return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
 
 
-CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100}
+CONTEXT = {**table.HELP_CONTEXT, "allow_interspersed_args": False}
 command = _Command(
     "cpulaunch", context_settings=CONTEXT, callback=_run,
     help="Run PROGRAM on the right CPUs, memory, threads and libraries.\n\n\b\nExamples:\n"
@@ -243,7 +265,7 @@ def _complete_options(ctx, incomplete: str) -> list:
     program = ctx.params.get("program") or ()
     if program:
         return _complete_subcommand(ctx, program, incomplete)
-    rows = [(s, o.help) for o in table.OPTIONS for s in (o.name,) + ((o.short,) if o.short else ())]
+    rows = [(s, o.help_line) for o in table.OPTIONS for s in (o.name,) + ((o.short,) if o.short else ())]
     rows += [(a.name, f"= {a.meaning} ({a.origin})") for a in table.ALIASES]
     rows += [("--version", "Print the version and exit."), ("--help", "Print the help and exit.")]
     return [CompletionItem(name, help=text) for name, text in rows if name.startswith(incomplete)]
@@ -310,7 +332,7 @@ def _load_config(ctx, param, path) -> None:
     from cpulaunch.options import CONFIG_MAX_BYTES, config_settings
 
     from_env = ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT
-    label = "CPULAUNCH_CONFIG" if from_env else "--config"
+    label = table.BY_DEST["config"].variable if from_env else "--config"
     try:
         data = read_regular(path, CONFIG_MAX_BYTES)
     except UnusableFileError as exc:
@@ -410,7 +432,7 @@ def main(argv=None) -> int:
 
             tool, words, verbose = sub
             _configure_logging(verbose, now=True, quiet=_quiet(args))
-            code = importlib.import_module(f"cpulaunch.tools.{tool}").main(words)
+            code = importlib.import_module(REGISTRY[tool].module).main(words)
         else:
             code = command.main(args=args, prog_name="cpulaunch", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -445,9 +467,10 @@ def _evaluated_print_env(args: list[str]) -> bool:
     sglang): then a failure prints text whose evaluation fails too (``eval "$(cpulaunch
     --print-env ...)"`` must not return 0 and run the program unbound)."""
     ours, _, typed = split_argv(list(args), table.VALUE_SPELLINGS)
-    words = {"1", "true", "yes", "on", "y", "t"}
-    asked = "print_env" in typed or os.environ.get("CPULAUNCH_PRINT_ENV", "").strip().lower() in words
-    fmt = (typed.get("fmt") or (None, None))[1] or os.environ.get("CPULAUNCH_FORMAT") or "shell"
+    asked = "print_env" in typed or os.environ.get(table.BY_DEST["print_env"].variable, "").strip().lower() \
+        in table.TRUE_WORDS
+    fmt = ((typed.get("fmt") or (None, None))[1] or os.environ.get(table.BY_DEST["fmt"].variable)
+           or table.DEFAULT_FORMAT[table.Output.PRINT_ENV].value)
     return asked and fmt.strip().lower() not in ("json", "omp-bind")
 
 

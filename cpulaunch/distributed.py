@@ -18,8 +18,8 @@ from typing import Callable, Mapping, Optional, Sequence
 from cpulaunch import envvars
 from cpulaunch.errors import DistributedError
 from cpulaunch.notes import explain
-from cpulaunch.machine.engines import (RankContext, block_node, detect_engine, expand_hostlist, first_host,
-                                       tasks_on_node)
+from cpulaunch.machine.engines import (DEFAULT_MASTER_PORT, LOCAL_MASTER_ADDR, RankContext, block_node, detect_engine,
+                                       expand_hostlist, first_host, tasks_on_node)
 
 __all__ = [
     "RankContext",
@@ -55,7 +55,6 @@ __all__ = [
     "wrap_ddp",
 ]
 
-DEFAULT_MASTER_PORT = 29500
 
 
 def mpi_env_hint(engine: str, name: str, value: str) -> str:
@@ -557,7 +556,7 @@ def torchrun_argv(
         if max_restarts is not None:
             argv += ["--max-restarts", str(max_restarts)]
     else:
-        argv += ["--node-rank", str(node_rank), "--master-addr", master_addr or "127.0.0.1",
+        argv += ["--node-rank", str(node_rank), "--master-addr", master_addr or LOCAL_MASTER_ADDR,
                  "--master-port", str(master_port or DEFAULT_MASTER_PORT)]
     return argv + ["--no-python", *entry]
 
@@ -757,7 +756,7 @@ def _static_rank_envs(node_plan, ddp, backend: str, ccl, free_port: Optional[int
     """Each local rank's variables under a static rendezvous (cpulaunch numbers the ranks:
     node rank x ranks per node + local rank)."""
     nproc, nnodes, out = len(node_plan.instances), int(ddp.nnodes), {}
-    addr = ddp.master_addr or "127.0.0.1"
+    addr = ddp.master_addr or LOCAL_MASTER_ADDR
     port = _master_port(ddp, free_port, nnodes, notes)
     for inst in node_plan.instances:
         ctx = RankContext("cpulaunch", ddp.node_rank * nproc + inst.index, nnodes * nproc, inst.index, nproc,
@@ -805,7 +804,7 @@ def _engine_rank_env(ctx: RankContext, ddp, backend: str, notes: list) -> dict:
     addr = ddp.master_addr or ctx.master_addr
     if not addr:
         if ctx.local_world_size == ctx.world_size:
-            addr = "127.0.0.1"
+            addr = LOCAL_MASTER_ADDR
         else:
             raise DistributedError(
                 f"{ctx.engine}: cannot tell rank 0's host; pass --master-addr HOST or "

@@ -20,48 +20,18 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple, Optional
 
+from cpulaunch.machine.engines import LOCAL_MASTER_ADDR
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.recipes import RECIPE_CHOICES, RECIPES, WAIT_POLICIES
-from cpulaunch.plan import PLACEMENT_MODES
+from cpulaunch.names import INFERENCE_PATHS, PLACEMENT_MODES, BindMode, Format, Output
 
 __all__ = [
     "BindMode", "Output", "Format", "Kind", "Section", "Alias", "Option", "Rule", "OPTIONS", "ALIASES",
-    "RULES", "TOPOLOGY_OPTIONS", "BY_DEST", "ALIAS_BY_DEST", "BY_SPELLING", "PLACEMENT_MODES", "FORMATS_FOR", "DEFAULT_FORMAT", "SOURCES",
+    "RULES", "TOPOLOGY_OPTIONS", "HELP_CONTEXT", "TRUE_WORDS", "FALSE_WORDS", "NOT_FIELDS", "LANDINGS", "BY_DEST", "ALIAS_BY_DEST", "BY_SPELLING", "PLACEMENT_MODES", "FORMATS_FOR", "DEFAULT_FORMAT", "SOURCES",
     "option_variable", "spellings", "api_keywords", "config_keys", "env_variables", "kind_of", "name_of",
-    "help_rows", "PROGRAM_RULE", "SOURCES_RULE", "NOT_VARIABLES", "FOREIGN_OPTIONS", "VALUE_SPELLINGS",
+    "help_rows", "INFERENCE_PATHS", "PROGRAM_RULE", "SOURCES_RULE", "NOT_VARIABLES", "FOREIGN_OPTIONS", "VALUE_SPELLINGS",
 ]
-
-
-class BindMode(str, enum.Enum):
-    """How an instance is bound to its CPUs and memory."""
-
-    NUMACTL = "numactl"  #: ``numactl -C CPUS -m NODES program`` (numactl(8)): CPUs and memory
-    AFFINITY = "affinity"  #: sched_setaffinity(2) before exec: CPUs only, memory unbound
-    NONE = "none"  #: no binding (OMP_NUM_THREADS and libraries still set)
-
-
-class Output(str, enum.Enum):
-    """What the invocation produces."""
-
-    RUN = "run"  #: start the program (exec one instance, supervise several)
-    DRY_RUN = "dry-run"  #: print each instance's env and command; run nothing
-    PRINT_ENV = "print-env"  #: print one instance's environment for a shell script
-    SHOW_TOPOLOGY = "show-topology"  #: draw the machine
-
-
-class Format(str, enum.Enum):
-    """Text forms of --dry-run, --print-env and --show-topology (:data:`FORMATS_FOR` says
-    which output takes which)."""
-
-    TEXT = "text"  #: person-readable (--dry-run, --show-topology)
-    SHELL = "shell"  #: ``export NAME='value'`` lines, safe to eval (--print-env)
-    DOTENV = "dotenv"  #: ``NAME='value'`` lines for POSIX ``set -a; . FILE`` (--print-env)
-    JSON = "json"  #: the plan JSON (all three)
-    OMP_BIND = "omp-bind"  #: instances' cpulists joined by ``|`` (vLLM/SGLang bind string)
-    VLLM = "vllm"  #: ``VLLM_CPU_OMP_THREADS_BIND=...`` assignment lines
-    SGLANG = "sglang"  #: ``SGLANG_CPU_OMP_THREADS_BIND=...`` assignment lines
-    SVG = "svg"  #: a picture of the machine and the instances on it (cpulaunch.svg; --dry-run, --show-topology)
 
 
 #: The formats each output takes, the default first.
@@ -125,6 +95,17 @@ class Section(str, enum.Enum):
 #: --config file, a keyword of cpulaunch.plan_instances.
 SOURCES = ("flag", "env", "config", "api")
 _ALL = frozenset(SOURCES)
+#: The words read as "true" and as "false" (any case) in a flag's variable
+#: (``CPULAUNCH_DRY_RUN=y``), in ``--share-host``'s (``CPULAUNCH_SHARE_HOST=y`` is "fail")
+#: and wherever else a variable is read as a yes or a no: click's own words for a bool, so
+#: that every variable reads alike (tests/test_option_table.py holds them to click's).
+TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
+FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
+#: Where a row may land besides a field of the typed options (:attr:`Option.lands`), and why.
+NOT_FIELDS = {"cli.config": "read by the command line as a source of the other options' values (click's default map)"}
+#: click's context settings every command shares, cpulaunch's and its subcommands' (the one
+#: context set-up; cli.py and cpulaunch.tools add to it, never restate it).
+HELP_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 #: Options that choose what the invocation does (not how): no config key, no API keyword
 #: (plan_instances is a dry run by nature).
 _ACTION = frozenset({"flag", "env"})
@@ -182,6 +163,22 @@ class Option(NamedTuple):
             the command line and ``CPULAUNCH_*`` and above a config file: Kubeflow's
             controllers hand torchrun its options that way
             (:func:`cpulaunch.machine.engines.pod_defaults`).
+        lands: the field of the typed options its value lands in, as ``GROUP.FIELD``:
+            ``options.allocator`` (:class:`cpulaunch.options.Options`), ``request.ninstances``
+            (:class:`cpulaunch.plan.Request`), ``ddp.nnodes``
+            (:class:`cpulaunch.options.DdpOptions`), ``launch.grace_period``
+            (:class:`cpulaunch.options.LaunchOptions`), or one of :data:`NOT_FIELDS`; None:
+            ``options.<dest>`` (:attr:`field`). :func:`cpulaunch.options.from_values` fills
+            each field from the rows that land in it (``tests/test_option_table.py`` fails
+            for a row that lands nowhere, or in a field that is not there, and for a field
+            no row fills).
+        default_text: the default in words, for an option whose ``default`` is None
+            because the value is decided later ("a free one", "socket"); shown in help
+            (``{default}``) and the reference instead of ``default``.
+
+    ``help`` and ``more`` may hold ``{choices}`` (the kind's choices: "a, b, c"),
+    ``{or_choices}`` ("a, b or c") and ``{default}``; the text shown has them filled
+    (:attr:`help_line`, :attr:`text`), so that no help lists choices or defaults by hand.
     """
 
     name: str
@@ -199,11 +196,42 @@ class Option(NamedTuple):
     run_only: bool = False
     torchrun: bool = False
     more: str = ""
+    lands: Optional[str] = None
+    default_text: str = ""
+
+    @property
+    def field(self) -> str:
+        """Where its value lands: ``GROUP.FIELD`` (see ``lands``)."""
+        return self.lands or f"options.{self.dest}"
+
+    @property
+    def shown_default(self) -> str:
+        """Its default as help and the reference show it: ``default_text``, else the
+        default (``10`` for 10.0); "" for none (None, False)."""
+        if self.default_text:
+            return self.default_text
+        if self.default is None or self.default is False:
+            return ""
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+
+    def _filled(self, text: str) -> str:
+        if "{" not in text:
+            return text
+        choices = tuple(self.kind.choices) or tuple(w for w in self.words if w != "digits")
+        listed = ", ".join(choices)
+        or_listed = " or ".join((", ".join(choices[:-1]), choices[-1])) if len(choices) > 1 else listed
+        return (text.replace("{choices}", listed).replace("{or_choices}", or_listed)
+                .replace("{default}", self.shown_default))
+
+    @property
+    def help_line(self) -> str:
+        """Its ``--help`` line, placeholders filled."""
+        return self._filled(self.help)
 
     @property
     def text(self) -> str:
         """Its help and its ``more``: the reference's "what it does"."""
-        return f"{self.help} {self.more}" if self.more else self.help
+        return self._filled(f"{self.help} {self.more}" if self.more else self.help)
 
     @property
     def variable(self) -> str:
@@ -222,13 +250,6 @@ def _lib_help(kind: str) -> str:
     return ", ".join(f"{lib.choice} ({lib.summary})" for lib in REGISTRY.values() if lib.kind == kind and lib.selectable)
 
 
-def _choices(enum_type) -> str:
-    return ", ".join(m.value for m in enum_type)
-
-
-#: --inference-path values: cpulaunch.inference.PATHS (kept here as data: the launcher does not
-#: import the runtime; tests/test_inference.py holds the two equal).
-INFERENCE_PATHS = ("auto", "eager", "onednn-graph", "inductor", "zentorch")
 
 P, R, M, D, O = Section.PLACEMENT, Section.RESTRICTIONS, Section.MEMORY, Section.DISTRIBUTED, Section.OUTPUT
 _COUNT_WORDS = ("digits",)
@@ -237,34 +258,34 @@ _COUNT_WORDS = ("digits",)
 OPTIONS: tuple[Option, ...] = (
     # ---------------------------------------------------------------- placement
     Option("--ninstances", "ninstances", _integer(1), P, "Instances; together they use every core.", metavar="N",
-           more="Every usable core: allowed, online, not set aside."),
+           more="Every usable core: allowed, online, not set aside.", lands="request.ninstances"),
     Option("--instances-per-socket", "instances_per_socket", _integer(1), P,
-           "Instances per socket (package); bare: 1.", metavar="[N]", bare=1, words=_COUNT_WORDS),
+           "Instances per socket (package); bare: 1.", metavar="[N]", bare=1, words=_COUNT_WORDS, lands="request.instances_per_socket"),
     Option("--instances-per-node", "instances_per_node", _integer(1), P, "Instances per NUMA node; bare: 1.",
-           metavar="[N]", bare=1, words=_COUNT_WORDS),
+           metavar="[N]", bare=1, words=_COUNT_WORDS, lands="request.instances_per_node"),
     Option("--instances-per-l3", "instances_per_l3", _integer(1), P,
            "Instances per L3 cache domain; bare: 1.", metavar="[N]", bare=1,
-           words=_COUNT_WORDS, more="An L3 domain is an AMD CCX or CCD, an Intel socket or SNC cluster."),
+           words=_COUNT_WORDS, more="An L3 domain is an AMD CCX or CCD, an Intel socket or SNC cluster.", lands="request.instances_per_l3"),
     Option("--ncores-per-instance", "ncores_per_instance", STRING, P,
            "Physical cores per instance, or 43,43,42.", metavar="C[,C...]",
-           more="One count for every instance, or one count per instance."),
-    Option("--latency-mode", "latency_mode", FLAG, P, "4 cores per instance, as many as fit."),
-    Option("--throughput-mode", "throughput_mode", FLAG, P, "One instance per NUMA node."),
+           more="One count for every instance, or one count per instance.", lands="request.ncores_per_instance"),
+    Option("--latency-mode", "latency_mode", FLAG, P, "4 cores per instance, as many as fit.", lands="request.latency_mode"),
+    Option("--throughput-mode", "throughput_mode", FLAG, P, "One instance per NUMA node.", lands="request.throughput_mode"),
     Option("--equal-sizes", "equal_sizes", FLAG, P,
            "Instances within one core of each other.",
-           more="Even where NUMA nodes or L3 domains are uneven."),
+           more="Even where NUMA nodes or L3 domains are uneven.", lands="request.equal_sizes"),
     Option("--use-logical-cores", "use_logical_cores", FLAG, P, "Give instances the SMT siblings too.",
            more="Every SMT sibling of their cores, one OpenMP thread per logical CPU (by default: one per "
-           "physical core)."),
-    Option("--use-e-cores", "use_e_cores", FLAG, P, "Also use the E-cores of hybrid CPUs."),
+           "physical core).", lands="request.use_logical_cores"),
+    Option("--use-e-cores", "use_e_cores", FLAG, P, "Also use the E-cores of hybrid CPUs.", lands="request.use_e_cores"),
     Option("--dataloader-workers", "dataloader_workers", _integer(0), P,
-           "Cores per instance for DataLoader workers.", metavar="N",
-           more="Set aside from OpenMP's; cpulaunch.dataloader_kwargs() pins the workers there."),
+           "Cores per instance for DataLoader workers.", default=0, metavar="N",
+           more="Set aside from OpenMP's; cpulaunch.dataloader_kwargs() pins the workers there.", lands="request.dataloader_workers"),
     Option("--reserve-cores", "reserve_cores", _integer(0), P,
-           "Cores per instance for non-OpenMP threads.", metavar="N",
-           more="Set aside from OpenMP's for the program's own threads."),
+           "Cores per instance for non-OpenMP threads.", default=0, metavar="N",
+           more="Set aside from OpenMP's for the program's own threads.", lands="request.reserve_cores"),
     Option("--share-host", "share_host", STRING, P,
-           "Claim the cores host-wide: fail or wait.", metavar="[fail|wait]", bare="fail",
+           "Claim the cores host-wide: {or_choices}.", metavar="[fail|wait]", bare="fail",
            words=("fail", "wait"), more="Other cpulaunch jobs plan on the rest. When too few are free: fail "
            "(the bare flag; names who holds them) or wait."),
     Option("--lease-dir", "lease_dir", PATH, P, "A lease space of its own for --share-host.", metavar="DIR",
@@ -272,44 +293,45 @@ OPTIONS: tuple[Option, ...] = (
     Option("--follow-cpuset", "follow_cpuset", FLAG, P,
            "Re-pin threads when the cpuset changes.", run_only=True,
            more="While instances run, follow changes of the CPUs this job may use (cgroup cpuset, affinity): "
-           "plan again with the same options and re-pin every thread of each instance."),
+           "plan again with the same options and re-pin every thread of each instance.", lands="launch.follow_cpuset"),
     # ---------------------------------------------------------------- restrictions
-    Option("--core-list", "core_list", STRING, R, "Use only these logical CPUs, e.g. 0-31,64-95.", metavar="CPULIST"),
+    Option("--core-list", "core_list", STRING, R, "Use only these logical CPUs, e.g. 0-31,64-95.", metavar="CPULIST", lands="request.core_list"),
     Option("--node-list", "node_list", STRING, R, "Use only the CPUs of these NUMA nodes, e.g. 0,2.",
-           metavar="NODES"),
+           metavar="NODES", lands="request.node_list"),
     Option("--instance-idx", "instance_idx", STRING, R,
            "Only these instances (0,2); --print-env: the one.", metavar="I[,I...]",
-           more="Run only these instances of the plan; with --print-env, the instance printed."),
+           more="Run only these instances of the plan; with --print-env, the instance printed.", lands="request.instance_idx"),
     # ---------------------------------------------------------------- memory and libraries
     Option("--mem-policy", "mem_policy", _choice(MemPolicy), M,
-           "Memory: " + _choices(MemPolicy) + ".", default="bind", metavar="POLICY",
-           more="The NUMA memory policy, on the nodes of each instance's CPUs."),
+           "Memory: {choices}.", default="bind", metavar="POLICY",
+           more="The NUMA memory policy, on the nodes of each instance's CPUs.", lands="request.mem_policy"),
     Option("--bind", "bind", _choice(BindMode), M,
-           "numactl (CPUs, memory), affinity (CPUs) or none.", default="numactl", metavar="HOW",
+           "Binding: {or_choices}.", default="numactl", metavar="HOW",
            more="numactl binds CPUs and memory; affinity sets only the CPU affinity."),
     Option("--omp-runtime", "omp_runtime", _choice(OPENMP_CHOICES), M,
-           "OpenMP runtime: auto (torch's own), intel or gnu.", default="auto", metavar="NAME",
-           more=_lib_help("openmp") + "."),
+           "OpenMP runtime: {or_choices}.", default="auto", metavar="NAME",
+           more="auto: torch's own; " + _lib_help("openmp") + "."),
     Option("--allocator", "allocator", _choice(ALLOCATOR_CHOICES), M,
-           "Allocator: auto, default, tcmalloc, jemalloc.", default="auto", metavar="NAME",
+           "Allocator: {choices}.", default="auto", metavar="NAME",
            more="auto: tcmalloc if installed; default: the C library's; " + _lib_help("allocator") + "."),
     Option("--kmp-blocktime", "kmp_blocktime", _integer(0), M,
-           "KMP_BLOCKTIME (ms) for Intel OpenMP (default 1).", metavar="MS",
-           more="With --omp-runtime intel; 1 is the PyTorch tuning guide's value."),
+           "KMP_BLOCKTIME (ms) for Intel OpenMP (default {default}).", metavar="MS",
+           more="With --omp-runtime intel; the default is the PyTorch tuning guide's value.",
+           default_text=REGISTRY["iomp5"].idle_env["KMP_BLOCKTIME"]),
     Option("--omp-places", "omp_places", FLAG, M, "Pin GNU OpenMP threads to their CPUs.",
            more="Sets OMP_PLACES and OMP_PROC_BIND."),
     Option("--override-env", "override_env", FLAG, M,
            "cpulaunch's values win over your environment's.",
            more="By default a variable already set in your environment is kept, and said so."),
     Option("--inference-path", "inference_path", _choice(INFERENCE_PATHS), M,
-           "The path of cpulaunch.optimize(): " + ", ".join(INFERENCE_PATHS) + ".", metavar="PATH",
+           "The path of cpulaunch.optimize(): {choices}.", metavar="PATH",
            more="zentorch is AMD's torch.compile backend, where it imports with this torch."),
     Option("--recipe", "recipe", _choice(RECIPE_CHOICES), M,
-           "Recipe: auto, " + ", ".join(RECIPES) + ".", default="auto", metavar="NAME",
+           "Recipe: {choices}.", default="auto", metavar="NAME",
            more="auto: the platform's, named by --show-topology; "
            + "; ".join(f"{r.name}: {r.title}" for r in RECIPES.values()) + "."),
     Option("--omp-wait-policy", "omp_wait_policy", _choice(WAIT_POLICIES), M,
-           "OMP_WAIT_POLICY: active, passive or auto.", default="auto", metavar="POLICY",
+           "OMP_WAIT_POLICY: {or_choices}.", default="auto", metavar="POLICY",
            more="For OpenMP's idle threads: active spins, passive sleeps; auto: the recipe's (unset: the "
            "runtime's own)."),
     Option("--zendnn-matmul-algo", "zendnn_matmul_algo", _integer(0), M,
@@ -319,81 +341,83 @@ OPTIONS: tuple[Option, ...] = (
     Option("--ddp", "ddp", FLAG, D, "Distributed training, one rank per socket.",
            more="Other counts: --nproc-per-node."),
     Option("--standalone", "standalone", FLAG, D, "--ddp on this machine only (implies --ddp).", more="torchrun's flag.",
-           torchrun=True),
+           torchrun=True, lands="ddp.standalone"),
     Option("--nproc-per-node", "nproc_per_node", STRING, D,
-           "Ranks on this machine (default: socket).", metavar="N|socket|node|auto",
-           more="A number, one per socket or NUMA node, or auto: one per usable core, at most the CPU quota.", requires_ddp=True, torchrun=True),
-    Option("--nnodes", "nnodes", STRING, D, "Number of machines (default 1).", more="MIN:MAX with --rdzv-endpoint.",
-           metavar="N", requires_ddp=True, torchrun=True),
-    Option("--node-rank", "node_rank", _integer(0), D, "This machine's rank (default 0).", metavar="N",
-           requires_ddp=True, torchrun=True),
-    Option("--master-addr", "master_addr", STRING, D, "Rank 0's machine (default 127.0.0.1).",
-           metavar="HOST", requires_ddp=True, torchrun=True),
+           "Ranks on this machine (default: {default}).", metavar="N|socket|node|auto", default_text="socket",
+           more="A number, one per socket or NUMA node, or auto: one per usable core, at most the CPU quota.", requires_ddp=True, torchrun=True, lands="ddp.nproc_per_node"),
+    Option("--nnodes", "nnodes", STRING, D, "Number of machines (default {default}).", default="1", more="MIN:MAX with --rdzv-endpoint.",
+           metavar="N", requires_ddp=True, torchrun=True, lands="ddp.nnodes"),
+    Option("--node-rank", "node_rank", _integer(0), D, "This machine's rank (default {default}).", default=0, metavar="N",
+           requires_ddp=True, torchrun=True, lands="ddp.node_rank"),
+    Option("--master-addr", "master_addr", STRING, D, "Rank 0's machine (default {default}).", default_text=LOCAL_MASTER_ADDR,
+           metavar="HOST", requires_ddp=True, torchrun=True, lands="ddp.master_addr"),
     Option("--master-port", "master_port", _integer(1, 65535), D, "Rank 0's store port (default: a free one).",
-           metavar="PORT", requires_ddp=True, torchrun=True),
+           metavar="PORT", requires_ddp=True, torchrun=True, lands="ddp.master_port"),
     Option("--rdzv-endpoint", "rdzv_endpoint", STRING, D,
            "Elastic c10d rendezvous (torchrun's agent).", metavar="HOST:PORT",
            more="torchrun's agent starts the ranks.",
-           requires_ddp=True, torchrun=True),
+           requires_ddp=True, torchrun=True, lands="ddp.rdzv_endpoint"),
     Option("--rdzv-id", "rdzv_id", STRING, D, "Rendezvous job id (elastic).", metavar="ID", requires_ddp=True,
-           torchrun=True),
+           torchrun=True, lands="ddp.rdzv_id"),
     Option("--max-restarts", "max_restarts", _integer(0), D,
            "Rank restarts after a failure (elastic).", metavar="N",
            more="By torchrun's agent; default 0.",
-           requires_ddp=True, torchrun=True),
+           requires_ddp=True, torchrun=True, lands="ddp.max_restarts"),
     Option("--backend", "backend", _choice(("auto", "gloo", "ccl")), D,
-           "Process-group backend: auto, gloo or ccl.", metavar="NAME", requires_ddp=True,
+           "Process-group backend: {or_choices}.", default="auto", metavar="NAME", requires_ddp=True,
            more="auto: ccl when oneccl_bindings_for_pytorch loads with this torch and oneCCL's libfabric is "
-           "found, else gloo."),
+           "found, else gloo.", lands="ddp.backend"),
     Option("--ccl-worker-count", "ccl_worker_count", _integer(0), D,
            "Cores per rank for oneCCL's workers (ccl).", metavar="N", requires_ddp=True,
-           more="Default 1 when each rank has a core to spare; 0: none."),
+           more="Default 1 when each rank has a core to spare; 0: none.", lands="ddp.ccl_worker_count"),
     Option("--iface", "iface", STRING, D, "Network interface for gloo and oneCCL.", more="Sets GLOO_SOCKET_IFNAME, CCL_KVS_IFACE, FI_TCP_IFACE.",
-           metavar="NAME", requires_ddp=True),
+           metavar="NAME", requires_ddp=True, lands="ddp.iface"),
     Option("--no-exit-hook", "no_exit_hook", FLAG, D,
            "Do not end a rank's process group at exit.", requires_ddp=True,
-           more="By default a Python rank whose program did not end its process group has it ended at exit."),
+           more="By default a Python rank whose program did not end its process group has it ended at exit.", lands="ddp.exit_hook"),
     Option("--pass-local-rank", "pass_local_rank", FLAG, D,
            "Also pass --local_rank=N to each rank.", requires_ddp=True,
-           more="As torch.distributed.launch did."),
+           more="As torch.distributed.launch did.", lands="ddp.pass_local_rank"),
     # ---------------------------------------------------------------- output and logs
     Option("--dry-run", "dry_run", FLAG, O, "Show what would run, with notes; run nothing.",
            more="Each instance's command and environment, and the plan's notes.",
-           sources=_ACTION),
+           sources=_ACTION, lands="options.output"),
     Option("--print-env", "print_env", FLAG, O, "Print one instance's environment for a script.",
            more="As shell text by default; --format gives the others.",
-           sources=_ACTION),
+           sources=_ACTION, lands="options.output"),
     Option("--show-topology", "show_topology", FLAG, O, "Draw sockets, NUMA nodes, cores and SMT siblings.",
-           sources=_ACTION),
+           sources=_ACTION, lands="options.output"),
     Option("--format", "fmt", _choice(Format), O,
-           "text, json, svg; --print-env: shell, omp-bind, dotenv, json, vllm, sglang.",
-           metavar="FMT", sources=_ACTION, more="text, json and svg for --dry-run and --show-topology."),
+           "The output's form: {choices}.",
+           metavar="FMT", sources=_ACTION,
+           more="; ".join(f"--{out.value}: " + ", ".join(f.value for f in fmts) + f" (default {fmts[0].value})"
+                          for out, fmts in FORMATS_FOR.items()) + "."),
     Option("--sysroot", "sysroot", PATH, O, "Read the machine from this root (like lscpu --sysroot).",
            default="/", metavar="DIR", sources=frozenset({"flag", "env", "api"})),
     Option("--config", "config", PATH, O,
            "Defaults from a TOML file (tune's best.toml).", metavar="FILE", sources=_ACTION,
-           more="A pyproject.toml's [tool.cpulaunch]. Flags > CPULAUNCH_* variables > this file > built-in defaults."),
+           more="A pyproject.toml's [tool.cpulaunch]. Flags > CPULAUNCH_* variables > this file > built-in defaults.", lands="cli.config"),
     Option("--log-dir", "log_dir", PATH, O, "Logs, plan.json and result.json in DIR/<run-id>/.",
            more="Each instance's in DIR/<run-id>/<i>/stdout.log and stderr.log.",
-           metavar="DIR", run_only=True),
-    Option("--no-prefix", "no_prefix", FLAG, O, "Do not prefix instances' console lines with [i].", run_only=True),
+           metavar="DIR", run_only=True, lands="launch.log_dir"),
+    Option("--no-prefix", "no_prefix", FLAG, O, "Do not prefix instances' console lines with [i].", run_only=True, lands="launch.prefix_output"),
     Option("--stdin-instance", "stdin_instance", _integer(0), O,
            "Instance that reads stdin (default: the only one).", metavar="I",
            more="None when there are several.",
-           run_only=True),
-    Option("--keep-going", "keep_going", FLAG, O, "When an instance fails, let the others finish.", run_only=True),
+           run_only=True, lands="launch.stdin_instance"),
+    Option("--keep-going", "keep_going", FLAG, O, "When an instance fails, let the others finish.", run_only=True, lands="launch.keep_going"),
     Option("--grace-period", "grace_period", _seconds(), O, "Seconds between SIGTERM and SIGKILL when stopping.",
-           default=10.0, metavar="S", run_only=True),
+           default=10.0, metavar="S", run_only=True, lands="launch.grace_period"),
     Option("--verify", "verify", FLAG, O, "Check what the processes really got.",
            more="After start-up (--verify-after); written to verify.json.",
-           run_only=True),
-    Option("--verify-after", "verify_after", _seconds(), O, "Seconds after start for --verify (default 5).",
-           metavar="S", run_only=True),
+           run_only=True, lands="launch.verify_after"),
+    Option("--verify-after", "verify_after", _seconds(), O, "Seconds after start for --verify (default {default}).",
+           default=5.0, metavar="S", run_only=True, lands="launch.verify_after"),
     Option("--no-python", "no_python", FLAG, O, "Run the program as it is, even if it ends in .py.", torchrun=True),
     # ---------------------------------------------------------------- other launchers' options
     Option("--rdzv-backend", "rdzv_backend", Kind("choice", ("c10d",)), Section.COMPAT,
-           "torchrun's rendezvous backend: c10d, the only one.", metavar="c10d", more="With --rdzv-endpoint.",
-           requires_ddp=True, torchrun=True),
+           "torchrun's rendezvous backend: {choices}, the only one.", metavar="c10d", more="With --rdzv-endpoint.",
+           requires_ddp=True, torchrun=True, lands="ddp.rdzv_backend"),
     Option("--verbose", "verbose", Kind("count"), O, "More diagnostics on stderr (-v: commands, notes, logs).",
            short="-v", default=0, sources=_ACTION),
     Option("--quiet", "quiet", FLAG, O, "Print errors only: no notes (the dry run and JSON keep them).",
@@ -470,6 +494,19 @@ RULES: tuple[Rule, ...] = (
 TOPOLOGY_OPTIONS = ("show_topology", "fmt", "sysroot", "config", "verbose", "quiet")
 
 BY_DEST: dict[str, Option] = {o.dest: o for o in OPTIONS}
+
+
+def _landings() -> dict:
+    out: dict = {}
+    for o in OPTIONS:
+        out.setdefault(o.field, []).append(o.dest)
+    return {field: tuple(dests) for field, dests in out.items()}
+
+
+#: Where each option's value lands: {``GROUP.FIELD``: the python names of the rows that
+#: fill it, in the table's order} (:attr:`Option.field`; ``options.output`` is filled by
+#: --dry-run, --print-env and --show-topology).
+LANDINGS: dict[str, tuple[str, ...]] = _landings()
 ALIAS_BY_DEST: dict[str, Alias] = {a.dest: a for a in ALIASES}
 
 
@@ -554,7 +591,7 @@ def reference_markdown() -> str:
             values = "/".join(o.kind.choices) if o.kind.name == "choice" else (o.metavar or o.kind.name)
             if o.bare is not None:
                 values += f" (bare: {o.bare})"
-            default = "" if o.default in (None, False) else f"`{o.default}`"
+            default = f"`{o.shown_default}`" if o.shown_default else ""
             names = f"`{o.short}`, `{o.name}`" if o.short else f"`{o.name}`"
             out.append(f"| {names} | {_cell(values)} | {default} | "
                        + (f"`{o.variable}`" if "env" in o.sources else "none") + " | "
@@ -593,7 +630,7 @@ def help_rows(section: Section) -> list[tuple[str, str]]:
         if o.section is section:
             names = f"{o.short}, {o.name}" if o.short else o.name
             value = o.metavar or ("{" + ",".join(o.kind.choices) + "}" if o.kind.name == "choice" else "")
-            rows.append((f"{names} {value}".strip(), o.help))
+            rows.append((f"{names} {value}".strip(), o.help_line))
     if section is Section.OUTPUT:
         rows += [("--version", "Print the version and exit."), ("-h, --help", "Print this help and exit.")]
     if section is Section.COMPAT:

@@ -46,6 +46,11 @@ class OptionsError(CpulaunchError):
     """Options that cannot be used together, or a value out of range."""
 
 
+def _default(dest: str):
+    """The default of an option, from its row of the option table (its one source)."""
+    return table.BY_DEST[dest].default
+
+
 class DdpOptions(NamedTuple):
     """``--ddp``: distributed training, one rank per socket by default.
 
@@ -55,7 +60,8 @@ class DdpOptions(NamedTuple):
         nnodes: machines, "N" or "MIN:MAX" (elastic only).
         node_rank: this machine's rank (static rendezvous).
         master_addr: host of rank 0; None = this machine (one-machine runs).
-        master_port: TCP port of rank 0's store; None = a free port (one machine) or 29500.
+        master_port: TCP port of rank 0's store; None = a free port (one machine) or
+            :data:`~cpulaunch.machine.engines.DEFAULT_MASTER_PORT`.
         rdzv_endpoint: HOST:PORT of an elastic c10d rendezvous (torchrun starts the ranks).
         rdzv_id: elastic job id.
         backend: "auto", "gloo" or "ccl".
@@ -70,23 +76,26 @@ class DdpOptions(NamedTuple):
         pass_local_rank: each rank's program also gets ``--local_rank=N`` (N its local
             rank) after its script, as ``torch.distributed.launch`` without ``--use-env``
             passed it (``--pass-local-rank``; :func:`cpulaunch.distributed.with_local_rank`).
+        rdzv_backend: torchrun's ``--rdzv-backend`` as given (c10d, the only one cpulaunch's
+            elastic runs use), None: not given.
         words: how the user gave the ranks (``--nproc-per-node 4``), for messages.
     """
 
     nproc_per_node: Optional[str] = None
-    nnodes: str = "1"
-    node_rank: int = 0
+    nnodes: str = _default("nnodes")
+    node_rank: int = _default("node_rank")
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
     rdzv_endpoint: Optional[str] = None
     rdzv_id: Optional[str] = None
-    backend: str = "auto"
+    backend: str = _default("backend")
     ccl_worker_count: Optional[int] = None
     iface: Optional[str] = None
     standalone: bool = False
     max_restarts: Optional[int] = None
     exit_hook: bool = True
     pass_local_rank: bool = False
+    rdzv_backend: Optional[str] = None
     words: tuple[tuple[str, str, str], ...] = ()
 
     @property
@@ -123,7 +132,7 @@ class LaunchOptions(NamedTuple):
 
     log_dir: Optional[Path] = None
     keep_going: bool = False
-    grace_period: float = 10.0
+    grace_period: float = _default("grace_period")
     prefix_output: bool = True
     stdin_instance: Optional[int] = None
     verify_after: Optional[float] = None
@@ -170,11 +179,11 @@ class Options(NamedTuple):
 
     output: Output = Output.RUN
     fmt: Optional[Format] = None
-    sysroot: str = "/"
+    sysroot: str = _default("sysroot")
     request: Request = Request()
-    omp_runtime: str = "auto"
-    allocator: str = "auto"
-    bind: BindMode = BindMode.NUMACTL
+    omp_runtime: str = _default("omp_runtime")
+    allocator: str = _default("allocator")
+    bind: BindMode = BindMode(_default("bind"))
     override_env: bool = False
     program: tuple[str, ...] = ()
     no_python: bool = False
@@ -183,10 +192,10 @@ class Options(NamedTuple):
     ddp: Optional[DdpOptions] = None
     omp_places: bool = False
     kmp_blocktime: Optional[int] = None
-    recipe: str = "auto"
-    omp_wait_policy: str = "auto"
+    recipe: str = _default("recipe")
+    omp_wait_policy: str = _default("omp_wait_policy")
     zendnn_matmul_algo: Optional[int] = None
-    verbose: int = 0
+    verbose: int = _default("verbose")
     quiet: bool = False
     aliases: tuple[str, ...] = ()
     share_host: Optional[str] = None
@@ -317,6 +326,19 @@ class _Check:
 
     def said(self, dest: str) -> str:
         return self.words.said(dest, self.v.get(dest))
+
+    def plain(self, dest: str):
+        """The value of option ``dest`` as given, else its row's default (the one default:
+        :attr:`cpulaunch.option_table.Option.default`); a flag as a bool, a count as an int."""
+        o = table.BY_DEST[dest]
+        value = self.v.get(dest)
+        if value is None:
+            value = o.default
+        if o.kind.name == "flag":
+            return bool(value)
+        if o.kind.name == "count":
+            return int(value or 0)
+        return value
 
     def typed(self, *dests: str) -> bool:
         """Every one of ``dests`` was typed on the command line or passed to the API (then
@@ -500,54 +522,21 @@ def _check_effects(c: _Check, output: Output) -> None:
     elif run_only and output is Output.DRY_RUN:
         c.notes.append(", ".join(c.said(d) for d in run_only) + (" acts" if len(run_only) == 1 else " act")
                        + " only when the program runs; --dry-run shows the commands such a run starts")
-    omp = libraries.resolve_choice("openmp", str(c.v.get("omp_runtime") or "auto").lower())
-    bind = str(c.v.get("bind") or "numactl").lower()
+    omp = libraries.resolve_choice("openmp", c.plain("omp_runtime"))
+    bind = c.plain("bind")
     if c.has("kmp_blocktime") and "KMP_BLOCKTIME" not in libraries.by_choice("openmp", omp).idle_env:
         c.no_effect(("kmp_blocktime",), f"{c.said('kmp_blocktime')} has no effect with the {omp} OpenMP runtime "
                     "(only Intel's reads KMP_BLOCKTIME); add --omp-runtime intel or drop it")
     if c.has("omp_places") and (libraries.by_choice("openmp", omp).pin_style != "omp" or bind == "none"):
         why = "--bind none binds nothing" if bind == "none" else f"the {omp} OpenMP runtime pins with KMP_AFFINITY"
         c.no_effect(("omp_places",), f"{c.said('omp_places')} has no effect: {why}; drop it")
-    if c.has("ccl_worker_count") and str(c.v.get("backend") or "auto").lower() == "gloo" and c.has("backend"):
+    if c.has("ccl_worker_count") and c.plain("backend") == "gloo" and c.has("backend"):
         c.no_effect(("ccl_worker_count",), f"{c.said('ccl_worker_count')} has no effect with "
                     f"{c.said('backend')}; drop one")
     if c.has("equal_sizes") and (c.has("ncores_per_instance") or c.has("latency_mode")):
         fixed = "ncores_per_instance" if c.has("ncores_per_instance") else "latency_mode"
         c.no_effect(("equal_sizes",), f"{c.said('equal_sizes')} has no effect with {c.said(fixed)}, which fixes "
                     "the sizes; drop one")
-
-
-def _request(c: _Check) -> Request:
-    from cpulaunch.plan import parse_index_list
-
-    instance_idx = None
-    if c.v.get("instance_idx") is not None:
-        try:
-            instance_idx = parse_index_list(str(c.v["instance_idx"]))
-        except CpulaunchError as exc:
-            raise c.error("instance_idx", str(exc), "expected e.g. 0,2") from None
-        if not instance_idx:
-            raise c.error("instance_idx", "names no instance", "expected e.g. 0,2")
-    fields = set(Request._fields)
-    return Request(
-        ninstances=c.v.get("ninstances"),
-        instances_per_socket=c.v.get("instances_per_socket"),
-        instances_per_node=c.v.get("instances_per_node"),
-        instances_per_l3=c.v.get("instances_per_l3"),
-        equal_sizes=bool(c.v.get("equal_sizes")),
-        ncores_per_instance=_core_counts(c),
-        latency_mode=bool(c.v.get("latency_mode")),
-        throughput_mode=bool(c.v.get("throughput_mode")),
-        use_logical_cores=bool(c.v.get("use_logical_cores")),
-        use_e_cores=bool(c.v.get("use_e_cores")),
-        core_list=_parse_list(c, "core_list"),
-        node_list=_parse_list(c, "node_list"),
-        instance_idx=instance_idx,
-        mem_policy=MemPolicy(str(c.v.get("mem_policy") or "bind").lower()),
-        dataloader_workers=c.v.get("dataloader_workers") or 0,
-        reserve_cores=c.v.get("reserve_cores") or 0,
-        words=c.words.request_words(d for d in table.BY_DEST if d in fields),
-    )
 
 
 def _core_counts(c: _Check) -> "Optional[Union[int, tuple[int, ...]]]":
@@ -571,78 +560,142 @@ def _core_counts(c: _Check) -> "Optional[Union[int, tuple[int, ...]]]":
 
 
 def _share_host(c: _Check) -> Optional[str]:
-    """``--share-host`` / CPULAUNCH_SHARE_HOST: "fail" (also a bare flag, 1, true, yes,
-    on), "wait", or None (off: 0, false, no, off, unset)."""
+    """``--share-host`` / CPULAUNCH_SHARE_HOST: "fail" (also a bare flag and the words read
+    as true, :data:`~cpulaunch.option_table.TRUE_WORDS`: 1, true, yes, y...), "wait", or
+    None (off: the words read as false, :data:`~cpulaunch.option_table.FALSE_WORDS`, or unset)."""
     raw = c.v.get("share_host")
     if raw is None:
         return None
     word = str(raw).strip().lower()
-    if word in ("", "0", "false", "no", "off"):
+    if word == "" or word in table.FALSE_WORDS:
         return None
-    if word in ("fail", "1", "true", "yes", "on"):
+    if word == "fail" or word in table.TRUE_WORDS:
         return "fail"
     if word == "wait":
         return "wait"
     raise c.error("share_host", "use fail (the default: say who holds the cores) or wait")
 
 
-def _ddp(c: _Check) -> Optional[DdpOptions]:
+def _check_ddp(c: _Check) -> None:
+    """The ``--ddp`` options that cannot go together: a MIN:MAX or several machines without
+    the rendezvous they need, a node rank outside --nnodes."""
     if not (c.v.get("ddp") or c.v.get("standalone")):
-        return None
-    nnodes = str(c.v.get("nnodes") or "1")
+        return
+    nnodes = str(c.plain("nnodes"))
     if c.has("standalone") and nnodes != "1":
         raise c.error("nnodes", "--standalone is one machine", "drop one")
-    opts = DdpOptions(
-        nproc_per_node=None if c.v.get("nproc_per_node") is None else str(c.v["nproc_per_node"]),
-        nnodes=nnodes,
-        node_rank=int(c.v.get("node_rank") or 0),
-        master_addr=c.v.get("master_addr"),
-        master_port=c.v.get("master_port"),
-        rdzv_endpoint=c.v.get("rdzv_endpoint"),
-        rdzv_id=c.v.get("rdzv_id"),
-        backend=str(c.v.get("backend") or "auto").lower(),
-        ccl_worker_count=c.v.get("ccl_worker_count"),
-        iface=c.v.get("iface"),
-        standalone=bool(c.v.get("standalone")),
-        max_restarts=c.v.get("max_restarts"),
-        exit_hook=not c.v.get("no_exit_hook"),
-        pass_local_rank=bool(c.v.get("pass_local_rank")),
-        words=c.words.request_words(("nproc_per_node", "ccl_worker_count", "nnodes", "node_rank")),
-    )
     ranged = re.fullmatch(r"([1-9][0-9]{0,8}):([1-9][0-9]{0,8})", nnodes)
     if not (nnodes.isascii() and nnodes.isdigit() and len(nnodes) <= 9 and int(nnodes) >= 1) and not ranged:
         raise c.error("nnodes", "expected a number of machines (e.g. 2), or MIN:MAX with --rdzv-endpoint HOST:PORT")
     if ranged and int(ranged.group(1)) > int(ranged.group(2)):
         raise c.error("nnodes", "MIN is above MAX", "give MIN:MAX, e.g. 1:4")
-    if not opts.elastic:
+    if not c.v.get("rdzv_endpoint"):
         if ranged:
             raise c.error("nnodes", "a MIN:MAX range needs --rdzv-endpoint HOST:PORT (elastic)")
-        if int(nnodes) > 1 and not opts.master_addr:
+        if int(nnodes) > 1 and not c.v.get("master_addr"):
             raise c.error("nnodes", "several machines need --master-addr HOST (rank 0's machine) or "
                           "--rdzv-endpoint HOST:PORT")
-        if not 0 <= opts.node_rank < int(nnodes):
+        if not 0 <= int(c.plain("node_rank")) < int(nnodes):
             raise c.error("node_rank", f"must be between 0 and {c.said('nnodes') if c.has('nnodes') else '--nnodes 1'}"
                           " - 1")
     elif c.has("node_rank"):
         raise c.error("node_rank", "applies to a static rendezvous; the elastic one assigns ranks", "drop it")
-    return opts
 
 
-def _launch(c: _Check) -> LaunchOptions:
-    verify_after = c.v.get("verify_after")
-    if c.v.get("verify") and verify_after is None:
-        verify_after = 5.0
-    log_dir = c.v.get("log_dir")
-    grace = c.v.get("grace_period")
-    return LaunchOptions(
-        log_dir=Path(log_dir) if log_dir else None,
-        keep_going=bool(c.v.get("keep_going")),
-        grace_period=10.0 if grace is None else float(grace),
-        prefix_output=not c.v.get("no_prefix"),
-        stdin_instance=c.v.get("stdin_instance"),
-        verify_after=None if verify_after is None else float(verify_after),
-        follow_cpuset=bool(c.v.get("follow_cpuset")),
-    )
+def _verify_after(c: _Check) -> Optional[float]:
+    """``--verify`` / ``--verify-after S``: the seconds after start at which the processes
+    are checked (``--verify`` alone: the row's default), None: no check."""
+    if not (c.v.get("verify") or "verify_after" in c.given and c.v.get("verify_after") is not None):
+        return None
+    return float(c.plain("verify_after"))
+
+
+def _instance_idx(c: _Check) -> Optional[tuple]:
+    from cpulaunch.plan import parse_index_list
+
+    if c.v.get("instance_idx") is None:
+        return None
+    try:
+        instance_idx = parse_index_list(str(c.v["instance_idx"]))
+    except CpulaunchError as exc:
+        raise c.error("instance_idx", str(exc), "expected e.g. 0,2") from None
+    if not instance_idx:
+        raise c.error("instance_idx", "names no instance", "expected e.g. 0,2")
+    return instance_idx
+
+
+#: How a field is made from the values of the rows that land in it (the option table's
+#: ``lands``), where it is not the one row's value as given or its default
+#: (:meth:`_Check.plain`): a type the planner takes (an enum, a parsed cpulist, a Path), an
+#: option that turns a default off (``--no-prefix``), or several rows filling one field.
+_CONVERT = {
+    "options.output": lambda c: _output(c),
+    "options.fmt": lambda c: _format(c, _output(c)),
+    "options.ddp": lambda c: bool(c.v.get("ddp") or c.v.get("standalone")),
+    "options.bind": lambda c: BindMode(c.plain("bind")),
+    "options.share_host": lambda c: _share_host(c),
+    "options.sysroot": lambda c: str(c.plain("sysroot")),
+    "request.ncores_per_instance": lambda c: _core_counts(c),
+    "request.core_list": lambda c: _parse_list(c, "core_list"),
+    "request.node_list": lambda c: _parse_list(c, "node_list"),
+    "request.instance_idx": lambda c: _instance_idx(c),
+    "request.mem_policy": lambda c: MemPolicy(c.plain("mem_policy")),
+    "ddp.nproc_per_node": lambda c: None if c.v.get("nproc_per_node") is None else str(c.v["nproc_per_node"]),
+    "ddp.nnodes": lambda c: str(c.plain("nnodes")),
+    "ddp.node_rank": lambda c: int(c.plain("node_rank")),
+    "ddp.exit_hook": lambda c: not c.plain("no_exit_hook"),
+    "launch.log_dir": lambda c: Path(c.v["log_dir"]) if c.v.get("log_dir") else None,
+    "launch.grace_period": lambda c: float(c.plain("grace_period")),
+    "launch.prefix_output": lambda c: not c.plain("no_prefix"),
+    "launch.verify_after": _verify_after,
+}
+#: The typed options' groups: ``GROUP`` of a row's ``lands`` -> its type.
+GROUPS = {"options": Options, "request": Request, "ddp": DdpOptions, "launch": LaunchOptions}
+#: Fields no row of the option table fills, and what does (tests/test_option_table.py:
+#: every other field is some row's ``lands``).
+FILLED_ELSEWHERE = {
+    "options.request": "the group of the request.* rows",
+    "options.launch": "the group of the launch.* rows",
+    "options.program": "the program's words after cpulaunch's options",
+    "options.aliases": "the other launchers' spellings typed (ALIASES), for notes",
+    "options.notes": "what the options themselves say",
+    "request.words": "how the user gave the request's options",
+    "request.ccl_workers": "the core, from --ccl-worker-count once the backend is known",
+    "ddp.words": "how the user gave the ranks' options",
+    "launch.exec_single": "cpulaunch.run, which never execs",
+}
+#: Fields whose value follows another field (not a row of their own): the format's default
+#: is the output's (--dry-run: text, --print-env: shell).
+FOLLOWS = {"options.fmt": "options.output"}
+
+
+def _field_value(c: _Check, field: str):
+    """The value of one field of the typed options, from the rows that land in it."""
+    convert = _CONVERT.get(field)
+    if convert is not None:
+        return convert(c)
+    (dest,) = table.LANDINGS[field]  # several rows in one field need a converter
+    return c.plain(dest)
+
+
+def _assemble(c: _Check) -> Options:
+    """:class:`Options` made from the option table: each field from the rows that land in
+    it (:data:`cpulaunch.option_table.LANDINGS`), in the table's order."""
+    groups: dict = {name: {} for name in GROUPS}
+    for field in table.LANDINGS:
+        group, name = field.split(".", 1)
+        if group in groups:
+            groups[group][name] = _field_value(c, field)
+    fields = set(Request._fields)
+    request = Request(**groups["request"], words=c.words.request_words(d for d in table.BY_DEST if d in fields))
+    ddp = None
+    if groups["options"].pop("ddp"):
+        ddp = DdpOptions(**groups["ddp"],
+                         words=c.words.request_words(("nproc_per_node", "ccl_worker_count", "nnodes", "node_rank")))
+    return Options(**groups["options"], request=request, ddp=ddp, launch=LaunchOptions(**groups["launch"]),
+                   program=tuple(c.v.get("program") or ()),
+                   aliases=tuple(a.name for a in table.ALIASES if c.v.get(a.dest) not in (None, False)),
+                   notes=tuple(c.notes))
 
 
 def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
@@ -672,45 +725,19 @@ def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
     output = _output(c)
     fmt = _format(c, output)
     _check_effects(c, output)
-    ddp = _ddp(c)
+    _check_ddp(c)
     if output is Output.PRINT_ENV and fmt in (Format.SHELL, Format.DOTENV, Format.JSON):
         idx = c.v.get("instance_idx")
         if idx is not None and ("," in str(idx) or "-" in str(idx)):
             raise c.error("instance_idx", "--print-env prints one instance; give one index, or use --dry-run "
                           "for several")
     share_host = _share_host(c)
-    bind = BindMode(str(c.v.get("bind") or "numactl").lower())
-    if share_host and bind is BindMode.NONE:
+    if share_host and c.plain("bind") == BindMode.NONE.value:
         raise OptionsError(f"{c.said('share_host')} claims the CPUs a job is bound to, and {c.said('bind')} binds it "
                            "to none (it would run on every CPU); drop one of them")
     if share_host and c.has("sysroot") and c.v.get("sysroot") not in (None, "/"):
         raise OptionsError(f"{c.said('share_host')} coordinates the jobs of this machine; drop {c.said('sysroot')}")
-    return Options(
-        output=output,
-        fmt=fmt,
-        sysroot=str(c.v.get("sysroot") or "/"),
-        request=_request(c),
-        omp_runtime=str(c.v.get("omp_runtime") or "auto").lower(),
-        allocator=str(c.v.get("allocator") or "auto").lower(),
-        bind=bind,
-        override_env=bool(c.v.get("override_env")),
-        program=tuple(c.v.get("program") or ()),
-        no_python=bool(c.v.get("no_python")),
-        launch=_launch(c),
-        inference_path=c.v.get("inference_path"),
-        ddp=ddp,
-        omp_places=bool(c.v.get("omp_places")),
-        kmp_blocktime=c.v.get("kmp_blocktime"),
-        recipe=str(c.v.get("recipe") or "auto").lower(),
-        omp_wait_policy=str(c.v.get("omp_wait_policy") or "auto").lower(),
-        zendnn_matmul_algo=c.v.get("zendnn_matmul_algo"),
-        verbose=int(c.v.get("verbose") or 0),
-        quiet=bool(c.v.get("quiet")),
-        aliases=tuple(a.name for a in table.ALIASES if values.get(a.dest) not in (None, False)),
-        share_host=share_host,
-        lease_dir=c.v.get("lease_dir"),
-        notes=tuple(c.notes),
-    )
+    return _assemble(c)
 
 
 #: Largest config file read (tune's best.toml is under 1 KiB; a pyproject.toml rarely

@@ -59,6 +59,7 @@ from cpulaunch.errors import CpulaunchError, InternalError
 from cpulaunch.notes import explain
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
+from cpulaunch.names import PLACEMENT_MODES
 
 __all__ = [
     "Request",
@@ -74,10 +75,6 @@ __all__ = [
     "quota_text",
 ]
 
-#: The placement modes, at most one of which a request gives (``--ninstances``,
-#: ``--instances-per-socket``, ...): the option table's list.
-PLACEMENT_MODES = ("ninstances", "instances_per_socket", "instances_per_node", "instances_per_l3",
-                   "latency_mode", "throughput_mode")
 #: Fields whose option is not spelled like the field.
 _OPTION_NAMES = {"ccl_workers": "--ccl-worker-count"}
 

@@ -4,13 +4,18 @@ resolved against the host's facts, for render (:class:`cpulaunch.render.Settings
 Options + host facts in, settings and notes out; nothing here reads the host.
 """
 
-from typing import Mapping, Optional
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.notes import advice, explain
-from cpulaunch.options import BindMode, Options
+from cpulaunch.names import BindMode
 from cpulaunch.render import Settings
+
+if TYPE_CHECKING:  # the type only: the planner does not import the option surface
+    from cpulaunch.options import Options
 
 __all__ = ["LIVE_OUTPUT_ENV", "supervised", "resolve_settings", "zentorch_note"]
 

@@ -221,3 +221,33 @@ def test_run_refuses_verify_in_one_line():
     with pytest.raises(CpulaunchError) as info:
         cpulaunch.run("true", verify=True)
     assert one_line(info.value) == "run: verify is the command line's (cpulaunch --verify); drop it"
+
+
+def test_run_names_itself_and_the_nearest_keyword():
+    """``cpulaunch.run(ninstance=2)`` says what to fix in run's own words (issue 41)."""
+    with pytest.raises(CpulaunchError) as info:
+        cpulaunch.run("true", ninstance=2)
+    assert str(info.value) == "run: unknown option 'ninstance' (did you mean ninstances=?)"
+
+
+def test_the_api_page_lists_exactly_the_exports_and_every_entry_imports():
+    """docs/reference/api.md's table is exactly ``cpulaunch.__all__`` (issue 41), and every
+    ``::: module.NAME`` entry imports from the module it names."""
+    import importlib
+    import re
+
+    from conftest import REPO
+
+    text = (REPO / "docs" / "reference" / "api.md").read_text()
+    table = text[text.index("| you want | name | section |"):].split("\n\n", 1)[0]
+    listed = {n for row in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", row.split(" | ")[1])}
+    assert listed == set(cpulaunch.__all__) - {"__version__"}
+    entries = re.findall(r"^::: ([\w.]+)$", text, re.M)
+    assert entries
+    for entry in entries:
+        module, name = entry.rsplit(".", 1)
+        assert hasattr(importlib.import_module(module), name), entry
+    code = "\n".join(re.findall(r"```python\n(.*?)```", text, re.S))
+    for name in re.findall(r"from cpulaunch import ([\w, ]+)", code):
+        for n in name.split(","):
+            assert n.strip() in cpulaunch.__all__, n

@@ -341,3 +341,16 @@ def test_dataloader_budget_reaches_the_child():
     dl = rec["env"]["CPULAUNCH_DATALOADER_CPUS"]
     assert dl == inst["env"]["CPULAUNCH_DATALOADER_CPUS"] and dl not in rec["env"]["CPULAUNCH_CPUS"]
     assert rec["env"]["OMP_PLACES"] == "{%s}" % rec["env"]["CPULAUNCH_CPUS"]  # OpenMP kept off the budget
+
+
+def test_help_lists_each_subcommand_with_its_summary():
+    """The subcommand registry (issue 41): ``--help`` names each subcommand with its one
+    line, and each names a module whose ``main`` runs it."""
+    import importlib
+
+    from cpulaunch.cli import REGISTRY
+
+    text = " ".join(run_cli("--help").stdout.split())
+    for c in REGISTRY.values():
+        assert f"{c.name} {c.summary}" in text, c.name
+        assert callable(importlib.import_module(c.module).main), c.module

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from cpulaunch import option_table as table
+
 from conftest import REPO
 
 
@@ -94,7 +96,7 @@ def test_fish_completes_options_choices_and_subcommands(bindir, tmp_path):
     proc = subprocess.run(["fish", "--no-config", "-c", FISH], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert proc.stdout.split("---\n") == [
-        "--bind\tnumactl (CPUs, memory), affinity (CPUs) or none.\n", "affinity\nnone\nnumactl\n", "doctor\n",
+        f"--bind\t{table.BY_DEST['bind'].help_line}\n", "affinity\nnone\nnumactl\n", "doctor\n",
         "--strict\tExit 1 on warnings too, not only on errors.\n"], proc.stdout
 
 

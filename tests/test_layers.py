@@ -10,23 +10,9 @@ Roles and who may import whom (docs/dev/design.md draws them):
 - ``cpulaunch/runtime/``: what runs inside the user's program; nothing else imports it but the
   documented aliases.
 
-Rules (each a test; :func:`violations` is the checker, and it is shown to fail on planted
-violations below):
-
-1. nothing outside ``runtime/`` imports it, but the alias modules and the lazy ``__getattr__``
-   of ``cpulaunch/__init__.py`` and ``cpulaunch/distributed.py``;
-2. ``tools/`` is imported by ``cli.py`` only, inside functions;
-3. planning and rendering (:data:`PURE`) import, at any depth of a function, only pure modules
-   and no module that touches the host or starts a process, and call no such function;
-4. a child process is started (subprocess, posix_spawn, fork, exec) only in
-   ``machine/exec.py``, ``launch/`` and tune's trial runner;
-5. host files are opened (``open``, ``os.open``, ``mmap``, ``Path.read_*``/``write_*``/
-   ``open``) only in ``machine/`` and ``launch/`` (the run folder's files);
-6. layers only look down (:data:`LAYERS`): base < machine < planning < launch < invocation
-   < cli; a module imports cpulaunch modules of its own layer or below, never above
-   (tools/, runtime/ and the alias modules stand beside: below cli, above the rest);
-7. a pure module reads no environment (``os.environ``, ``os.getenv``): the environment is
-   handed in as a mapping, as the host is.
+The rules are :data:`RULES` (each a test; :func:`violations` is the checker, and it is shown
+to fail on planted violations below); docs/dev/design.md's list of them is made from
+:func:`rules_markdown` (``python tests/test_layers.py`` writes it, a test holds it).
 """
 
 from __future__ import annotations
@@ -45,7 +31,8 @@ PKG = REPO / "cpulaunch"
 #: Planning and rendering: pure functions of their arguments (rule 3).
 PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py", "cpulaunch/placement.py", "cpulaunch/settings.py",
-        "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py", "cpulaunch/notes.py", "cpulaunch/slips.py",
+        "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py", "cpulaunch/names.py", "cpulaunch/notes.py",
+        "cpulaunch/slips.py",
         "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py",
         "cpulaunch/machine/engines.py", "cpulaunch/machine/platform.py", "cpulaunch/machine/recipes.py")
 #: What pure modules may import besides each other: pure modules of the standard library
@@ -69,7 +56,7 @@ SPAWN_OWNERS = {"subprocess", "os"}
 #: The layers, lowest first (rule 6): each may import its own and the ones below.
 LAYERS = (
     ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py",
-              "cpulaunch/notes.py", "cpulaunch/slips.py")),
+              "cpulaunch/names.py", "cpulaunch/notes.py", "cpulaunch/slips.py")),
     ("machine", ("cpulaunch/machine/",)),
     ("planning", ("cpulaunch/plan.py", "cpulaunch/option_table.py", "cpulaunch/options.py", "cpulaunch/distributed.py",
                   "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/svg.py")),
@@ -77,6 +64,12 @@ LAYERS = (
     ("invocation", ("cpulaunch/core.py", "cpulaunch/api.py")),
     ("cli", ("cpulaunch/cli.py", "cpulaunch/__main__.py")),
 )
+#: Inside the planning layer, the option surface and the planner: the surface builds the
+#: planner's requests and imports it; the planner imports no surface module (rule 8), the
+#: names both speak are on the ground floor (``names.py``).
+SURFACE = ("cpulaunch/option_table.py", "cpulaunch/options.py")
+PLANNER = ("cpulaunch/plan.py", "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/distributed.py",
+           "cpulaunch/render.py", "cpulaunch/svg.py")
 #: Beside the layers: above every layer but cli, which none of them may import.
 BESIDE = ("cpulaunch/tools/", "cpulaunch/runtime/", "cpulaunch/inference.py", "cpulaunch/torch_utils.py",
           "cpulaunch/ddp_wrap.py", "cpulaunch/rank_entry.py")
@@ -87,6 +80,54 @@ FILE_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes"}
 ALIASES = ("cpulaunch/inference.py", "cpulaunch/torch_utils.py", "cpulaunch/ddp_wrap.py")
 #: Modules whose module-level ``__getattr__`` may load runtime names lazily (rule 1).
 LAZY_RUNTIME = ("cpulaunch/__init__.py", "cpulaunch/distributed.py")
+
+
+#: The rules the checker holds, as docs/dev/design.md lists them (markdown; PURE and LAYERS
+#: are filled in from the lists above).
+RULES = (
+    "Nothing outside `runtime/` imports it, but the documented aliases (`inference.py`, `torch_utils.py`, "
+    "`ddp_wrap.py`, each nothing but the alias) and the lazy module `__getattr__` of `cpulaunch/__init__.py` and "
+    "`cpulaunch/distributed.py`.",
+    "`tools/` is imported by `cli.py` only, inside a function: a plain launch never loads a tool, and every error "
+    "a tool raises goes through cli's one exception map. (`--verify` needs verify's check during a run: cli hands "
+    "`tools.verify.check_run` to `core.run`.)",
+    "Planning and rendering are pure ({pure}): they import, at any depth of a function, only each other and pure "
+    "standard-library modules, and call nothing that asks the host or starts a process.",
+    "A child process is started (subprocess, posix_spawn, fork, exec) only in `machine/exec.py`, `launch/` and "
+    "tune's trial runner.",
+    "Host files are opened (`open`, `os.open`, `mmap`, `Path.read_*`/`write_*`) only in `machine/` and `launch/` "
+    "(the run folder's own files).",
+    "Layers only look down: {layers}; a module imports cpulaunch modules of its own layer or below, never above "
+    "(`tools/`, `runtime/` and the alias modules stand beside: below cli, above the rest).",
+    "A pure module reads no environment (`os.environ`, `os.getenv`): the environment is handed in as a mapping, "
+    "as the host is.",
+    "Inside planning, the option surface ({surface}) imports the planner ({planner}), never the other way round: "
+    "the names both speak (placement modes, inference paths, bind modes, outputs, formats) are on the ground floor "
+    "(`names.py`); a planner module may name the surface's types for annotations only (`if TYPE_CHECKING:`).",
+)
+
+
+def _short(path: str) -> str:
+    return "`" + path.removeprefix("cpulaunch/") + "`"
+
+
+def rules_markdown() -> str:
+    """The numbered list of :data:`RULES` for docs/dev/design.md."""
+    pure = ", ".join(_short(p) for p in PURE)
+    surface, planner = ", ".join(_short(p) for p in SURFACE), ", ".join(_short(p) for p in PLANNER)
+    layers = " < ".join(f"{name} ({', '.join(_short(p) for p in places)})" for name, places in LAYERS)
+    return "\n".join(f"{i}. " + rule.format(pure=pure, layers=layers, surface=surface, planner=planner) for i, rule in enumerate(RULES, 1)) + "\n"
+
+
+DESIGN = REPO / "docs" / "dev" / "design.md"
+RULES_BEGIN = "<!-- layer-rules:begin (generated from tests/test_layers.py RULES: do not edit by hand) -->"
+RULES_END = "<!-- layer-rules:end -->"
+
+
+def design_with_rules(text: str) -> str:
+    """docs/dev/design.md's text with its rules block made from :func:`rules_markdown`."""
+    start, end = text.index(RULES_BEGIN) + len(RULES_BEGIN), text.index(RULES_END)
+    return text[:start] + "\n" + rules_markdown() + text[end:]
 
 
 class Import(NamedTuple):
@@ -179,7 +220,27 @@ def violations(trees: dict) -> list:
         imps = imports(path, tree)
         out += _runtime_rule(path, tree, imps) + _tools_rule(path, imps) + _pure_rule(path, tree, imps)
         out += _spawn_rule(path, tree) + _open_rule(path, tree) + _layer_rule(path, imps)
+        out += _surface_rule(path, tree, imps)
     return out
+
+
+def _typing_only_lines(tree: ast.Module) -> set:
+    """Lines of the imports under ``if TYPE_CHECKING:`` (annotations only; never run)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            out |= {n.lineno for b in node.body for n in ast.walk(b) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return out
+
+
+def _surface_rule(path: str, tree: ast.Module, imps: list) -> list:
+    """Rule 8: a planner module imports no module of the option surface."""
+    if path not in PLANNER:
+        return []
+    surface = {module_name(p) for p in SURFACE}
+    typing_only = _typing_only_lines(tree)
+    return [f"{path}:{imp.line}: the planner imports {imp.module} of the option surface (the names both need "
+            "belong in names.py)" for imp in imps if imp.module in surface and imp.line not in typing_only]
 
 
 def layer_of(path: str) -> Optional[int]:
@@ -316,7 +377,7 @@ def test_the_layout_is_what_the_docs_draw():
     outside them but the flat pipeline's."""
     flat = {p.name for p in PKG.glob("*.py")}
     assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "svg.py",
-                    "distributed.py", "cpulist.py", "errors.py", "envvars.py", "log.py", "api.py",
+                    "distributed.py", "cpulist.py", "errors.py", "envvars.py", "names.py", "log.py", "api.py",
                     "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py",
                     "notes.py", "slips.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
@@ -326,6 +387,12 @@ def test_the_layout_is_what_the_docs_draw():
         name = p.name + "/" if p.is_dir() else p.name
         if p.suffix == ".py" and p.name != "__init__.py" or p.is_dir() and p.name != "__pycache__":
             assert name in design, f"docs/dev/design.md does not name {rel(p)}"
+
+
+def test_the_design_page_lists_the_rules_this_test_holds():
+    text = DESIGN.read_text()
+    assert design_with_rules(text) == text, "docs/dev/design.md's rules differ: run python tests/test_layers.py"
+    assert text.count(RULES_BEGIN) == 1 and len(RULES) == 8
 
 
 # --------------------------------------------------------------------------- the checker sees breaks
@@ -361,6 +428,10 @@ PLANTED = {
                              "layer tools/runtime imports cpulaunch.cli of layer cli"),
     "rendering reads the environment": ("cpulaunch/render.py", "import os\nHOME = os.environ.get('HOME')\n",
                                         "pure module reads os.environ"),
+    "the planner imports the option table": ("cpulaunch/plan.py", "from cpulaunch.option_table import OPTIONS\n",
+                                             "the planner imports cpulaunch.option_table of the option surface"),
+    "settings imports the options lazily": ("cpulaunch/settings.py", "def f():\n    from cpulaunch import options\n",
+                                            "the planner imports cpulaunch.options of the option surface"),
 }
 
 
@@ -403,3 +474,7 @@ def test_no_union_annotation_breaks_python_3_9():
     planted = {"cpulaunch/x.py": ast.parse("import os\ndef f(root: str | os.PathLike): pass\n"),
                "cpulaunch/y.py": ast.parse("from __future__ import annotations\ndef f(a: int | None): pass\n")}
     assert union_annotations_evaluated(planted) == ["cpulaunch/x.py:2: str | os.PathLike"]
+
+
+if __name__ == "__main__":  # python tests/test_layers.py: write docs/dev/design.md's rules
+    DESIGN.write_text(design_with_rules(DESIGN.read_text()))

@@ -68,6 +68,7 @@ from cpulaunch.launch.spawn import (
     ProcessSpec,
 )
 from cpulaunch.machine.exec import exit_code_of, signal_name
+from cpulaunch.option_table import BY_DEST
 from cpulaunch.render import json_text
 
 __all__ = ["Outcome", "describe_failure", "run_group"]
@@ -273,6 +274,10 @@ def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec], extra: Optional
     return json_text(doc) + "\n"
 
 
+#: ``--grace-period``'s default, from its row of the option table.
+_DEFAULT_GRACE_PERIOD = BY_DEST["grace_period"].default
+
+
 def run_group(
     specs: Sequence[ProcessSpec],
     base_environ: Mapping[str, str],
@@ -280,7 +285,7 @@ def run_group(
     log_dir: Optional[Path] = None,
     run_info: Optional[str] = None,
     keep_going: bool = False,
-    grace_period: float = 10.0,
+    grace_period: float = _DEFAULT_GRACE_PERIOD,
     prefix_output: bool = True,
     stdin_for: Optional[int] = None,
     stdout: Optional[IO[bytes]] = None,

@@ -47,7 +47,15 @@ from cpulaunch.errors import DistributedError
 from cpulaunch.notes import explain
 
 __all__ = ["ENGINE_VARIABLES", "RankContext", "detect_engine", "expand_hostlist", "first_host", "tasks_on_node",
-           "block_node", "PodDefault", "pod_defaults", "torchrun_variable", "engine_int"]
+           "block_node", "PodDefault", "pod_defaults", "torchrun_variable", "engine_int",
+           "LOCAL_MASTER_ADDR", "DEFAULT_MASTER_PORT"]
+
+#: Rank 0's host when a job runs on one machine and nobody names it (``--master-addr``'s
+#: default): the loopback address, as torchrun's --standalone uses.
+LOCAL_MASTER_ADDR = "127.0.0.1"
+#: Rank 0's store port when neither ``--master-port``, the engine nor a free port found
+#: here decides: torchrun's default.
+DEFAULT_MASTER_PORT = 29500
 
 #: Variables by which :func:`detect_engine` recognises an engine (one of them is set in
 #: every process torchrun, Open MPI, MPICH, Slurm or PMIx starts); tests/test_distributed.py

@@ -25,7 +25,7 @@ from cpulaunch.machine import libraries
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
 
-from cpulaunch.machine.engines import ENGINE_VARIABLES, RankContext, detect_engine
+from cpulaunch.machine.engines import ENGINE_VARIABLES, LOCAL_MASTER_ADDR, RankContext, detect_engine
 
 if TYPE_CHECKING:
     from cpulaunch.machine.libfinder import Fabric
@@ -51,7 +51,7 @@ class Host(NamedTuple):
         numactl_reason: numactl's own words when it refused, else "".
         taskset: taskset's path, for ``--print-env``'s CPULAUNCH_PREFIX under affinity.
         engine: the engine that started this process (torchrun, MPI, Slurm), if any.
-        free_port: a TCP port free on 127.0.0.1 now (one-machine DDP), or None.
+        free_port: a TCP port free on LOCAL_MASTER_ADDR now (one-machine DDP), or None.
         ccl: oneccl_bindings_for_pytorch and whether it loads with this torch
             (:func:`ccl_binding`); None when not looked up (no --ddp, or --backend gloo).
         fabric: oneCCL's libfabric and its providers
@@ -89,7 +89,7 @@ class HostQuery(NamedTuple):
         numactl: find numactl (binding with numactl).
         numactl_policy: check ``numactl ... true`` on this machine's planned CPUs with this
             memory policy; None: no check (another machine, no binding, no plan).
-        free_port: find a TCP port free on 127.0.0.1 (a one-machine --ddp run).
+        free_port: find a TCP port free on LOCAL_MASTER_ADDR (a one-machine --ddp run).
         ccl_program: the program whose Python is checked for oneCCL's bindings
             (``--ddp`` with ``--backend auto|ccl``); None: not looked up.
         zentorch_program: the program whose Python is checked for zentorch
@@ -160,7 +160,7 @@ def dist_version(*names: str) -> Optional[str]:
     return None
 
 
-def free_port(host: str = "127.0.0.1") -> Optional[int]:
+def free_port(host: str = LOCAL_MASTER_ADDR) -> Optional[int]:
     """A TCP port free on ``host`` right now (bind to port 0), or None."""
     import socket  # only --ddp needs it: kept off the launch path
 

@@ -36,14 +36,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from cpulaunch import envvars
+
 __all__ = ["RayTrainBinding", "bind_ray_train_worker", "bind_local_worker", "plan_node", "KEPT_VARIABLES"]
 
 #: The planned variables written into the worker's os.environ (for pools started later):
 #: threads and binding only. The rendezvous variables stay Ray's (it made the process
 #: group), and LD_PRELOAD / PYTHONPATH act only when a process starts.
-KEPT_VARIABLES = ("OMP_", "KMP_", "GOMP_", "CPULAUNCH_CPUS", "CPULAUNCH_BOUND_CPUS", "CPULAUNCH_INSTANCE_INDEX",
-                  "CPULAUNCH_NUM_INSTANCES", "CPULAUNCH_MEM_NODES", "CPULAUNCH_PLANNED_MEM_POLICY",
-                  "CPULAUNCH_DATALOADER_", "CPULAUNCH_RESERVED_CPUS")
+KEPT_VARIABLES = ("OMP_", "KMP_", "GOMP_", envvars.CPUS, envvars.BOUND_CPUS, envvars.INSTANCE_INDEX,
+                  envvars.NUM_INSTANCES, envvars.MEM_NODES, envvars.MEM_POLICY, envvars.DATALOADER_CPUS,
+                  envvars.DATALOADER_WORKERS, envvars.RESERVED_CPUS)
 
 
 @dataclass(frozen=True)
@@ -93,14 +95,14 @@ def plan_node(local_world_size: int, *, environ: Optional[Mapping[str, str]] = N
         cpulaunch.errors.CpulaunchError: the node cannot hold N workers (one line).
     """
     from cpulaunch.api import plan_instances
-    from cpulaunch.machine.engines import ENGINE_VARIABLES
+    from cpulaunch.machine.engines import DEFAULT_MASTER_PORT, ENGINE_VARIABLES
 
     env = dict(os.environ if environ is None else environ)
     for name in (*ENGINE_VARIABLES, "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"):
         env.pop(name, None)
     env = {k: v for k, v in env.items() if not k.startswith("PET_")}
     settings = {"ddp": True, "nproc_per_node": str(local_world_size), "backend": "gloo", "no_exit_hook": True,
-                "allocator": "default", "master_port": 29500, **options}
+                "allocator": "default", "master_port": DEFAULT_MASTER_PORT, **options}
     return plan_instances(("python",), environ=env, **settings)
 
 

@@ -5,5 +5,8 @@ given, so the launch path never pays for them and every error they raise goes th
 CLI's one exception-to-exit-code map.
 """
 
-#: click settings every tool's command shares.
-CLICK_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from cpulaunch.option_table import HELP_CONTEXT
+
+#: click settings every tool's command shares: the command line's
+#: (:data:`cpulaunch.option_table.HELP_CONTEXT`).
+CLICK_CONTEXT = HELP_CONTEXT

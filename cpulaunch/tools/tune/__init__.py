@@ -52,6 +52,7 @@ from typing import Optional, Sequence
 import click
 
 from cpulaunch.machine.load import BUSY_THRESHOLD_PCT
+from cpulaunch.tools import CLICK_CONTEXT
 from cpulaunch.tools.tune.report import BUSY_EXIT, finish, plan_text
 from cpulaunch.tools.tune.space import (
     AXIS_HELP,
@@ -84,7 +85,7 @@ def _positive_float(name: str, value: Optional[float], minimum: float = 0.0) -> 
     return value
 
 
-_CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100}
+_CONTEXT = {**CLICK_CONTEXT, "allow_interspersed_args": False}
 
 
 @click.command(context_settings=_CONTEXT, epilog="\b\nAxes for --space:\n" + "\n".join(
