@@ -151,6 +151,11 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
         programs = ranks.instance_program
     else:
         the_plan = placement.plan_here(opts, topo, host.engine)
+        if opts.launch.failure_record and supervised(opts, len(the_plan.instances), False):
+            from cpulaunch.distributed import record_hook_env  # issue 38: every Python instance records
+
+            hook = record_hook_env(program, host.python, environ)
+            instance_env = {inst.index: dict(hook) for inst in the_plan.instances} if hook else {}
     elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
     settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed, programs)
@@ -353,7 +358,7 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
 
             log.info("%s: %s (exec'd)", specs[0].label, shlex.join(specs[0].argv))
         exec_spec(specs[0], environ)
-    from cpulaunch.launch.supervise import describe_failure, run_group
+    from cpulaunch.launch.supervise import describe_failure, error_tail, run_group
 
     stdin_for = lopts.stdin_instance
     if stdin_for is None and len(specs) == 1:
@@ -371,8 +376,13 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
     outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
-        stdin_for=stdin_for, after=after, watch=follower,
+        stdin_for=stdin_for, after=after, watch=follower, records=lopts.failure_record,
+        reap_orphans=not lopts.keep_orphans,
+        streams={s.index: lopts.streams(s.index) for s in specs},
     )
+    if outcome.orphans:
+        log.warning("stopped %d process%s the instances left behind (--keep-orphans lets them run on)",
+                    outcome.orphans, "es" if outcome.orphans > 1 else "")
     if after is not None and not verified:  # the check never ran: say why, in one line
         starts = [r.start for r in outcome.results if r.start is not None]
         ends = [r.end for r in outcome.results]
@@ -381,6 +391,8 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
                     "before" if done else "the run was being stopped at", lopts.verify_after)
     if outcome.exit_code != 0 or outcome.signalled:
         log.warning("%s", describe_failure(outcome, specs, keep_going=lopts.keep_going))
+        for line in error_tail(outcome):  # -v: the root cause's last error lines
+            log.info("%s", line)
     return outcome.exit_code
 
 

@@ -8,6 +8,7 @@ __all__ = [
     "CPUS", "INSTANCE_INDEX", "NUM_INSTANCES", "DATALOADER_CPUS", "DATALOADER_WORKERS",
     "RESERVED_CPUS", "BOUND_CPUS", "MEM_POLICY", "MEM_NODES", "INFERENCE_PATH", "DIST_BACKEND",
     "USER_OMP_NUM_THREADS", "RECIPE", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX", "CCL_WORKER_CPUS", "BINDING_FILE",
+    "FAILURE_FD", "SITE_HOOKS",
 ]
 
 #: The instance's logical CPUs, a cpulist ("0-3,8"); written by render for every instance.
@@ -57,3 +58,10 @@ PREFIX = "CPULAUNCH_PREFIX"
 #: when the run starts (a private folder made then, removed at the end), so --dry-run
 #: does not show it.
 BINDING_FILE = "CPULAUNCH_BINDING_FILE"
+#: The pipe a supervised instance's Python writes its first failure to (``FD:DEV:INODE``;
+#: :mod:`cpulaunch.runtime.failrec`), given by the launcher at spawn (one pipe per instance),
+#: so --dry-run does not show it. Read by the site hook's recorder only.
+FAILURE_FD = "CPULAUNCH_FAILURE_FD"
+#: Which parts of the site hook a rank's Python installs: ``exit`` and/or ``record``,
+#: comma-separated; written by the plan only when one is turned off (absent: both).
+SITE_HOOKS = "CPULAUNCH_SITE_HOOKS"

@@ -13,6 +13,7 @@ reads the host; the core (``core.py``) takes an :class:`Options` and does the re
 import math
 import os
 import re
+from types import MappingProxyType
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional, Union
 
@@ -67,6 +68,8 @@ class DdpOptions(NamedTuple):
             every local rank after one fails (elastic runs only; None: torchrun's 0).
         exit_hook: a Python rank ends its default process group at exit when the program
             did not (``--no-exit-hook`` / CPULAUNCH_NO_EXIT_HOOK=1 turn it off).
+        failure_record: a Python rank records its first failure for the launcher
+            (``--no-failure-record`` turns it off; :mod:`cpulaunch.runtime.failrec`).
         pass_local_rank: each rank's program also gets ``--local_rank=N`` (N its local
             rank) after its script, as ``torch.distributed.launch`` without ``--use-env``
             passed it (``--pass-local-rank``; :func:`cpulaunch.distributed.with_local_rank`).
@@ -86,6 +89,7 @@ class DdpOptions(NamedTuple):
     standalone: bool = False
     max_restarts: Optional[int] = None
     exit_hook: bool = True
+    failure_record: bool = True
     pass_local_rank: bool = False
     words: tuple[tuple[str, str, str], ...] = ()
 
@@ -119,6 +123,15 @@ class LaunchOptions(NamedTuple):
         follow_cpuset: while the instances run, follow changes of the CPUs the job may
             use: plan again and re-pin each instance (``--follow-cpuset``,
             :mod:`cpulaunch.launch.follow`).
+        failure_record: supervised instances get a pipe for their failure records
+            (``--no-failure-record`` turns it off).
+        keep_orphans: processes the instances leave behind (daemons) run on after the run
+            (``--keep-orphans``); by default the launcher is their subreaper and stops them.
+        console_streams, log_streams, default_console, default_log: which streams (bits: 1
+            stdout, 2 stderr) each instance shows on the console and writes to its log
+            (``--tee``/``--redirects``, torchrun's values mapped onto ``--log-dir``); see
+            :meth:`streams`.
+        console_filter: ``--local-ranks-filter``: the only instances shown on the console.
     """
 
     log_dir: Optional[Path] = None
@@ -129,6 +142,21 @@ class LaunchOptions(NamedTuple):
     verify_after: Optional[float] = None
     exec_single: bool = True
     follow_cpuset: bool = False
+    failure_record: bool = True
+    keep_orphans: bool = False
+    console_streams: Mapping[int, int] = MappingProxyType({})
+    log_streams: Mapping[int, int] = MappingProxyType({})
+    default_console: int = 3
+    default_log: int = 3
+    console_filter: Optional[frozenset] = None
+
+    def streams(self, index: int) -> tuple[int, int]:
+        """(shown on the console, written to the log) of instance ``index``: bits 1 stdout,
+        2 stderr (``--tee``, ``--redirects``, ``--local-ranks-filter``)."""
+        console = self.console_streams.get(index, self.default_console)
+        if self.console_filter is not None and index not in self.console_filter:
+            console = 0
+        return console, self.log_streams.get(index, self.default_log)
 
 
 class Options(NamedTuple):
@@ -604,6 +632,7 @@ def _ddp(c: _Check) -> Optional[DdpOptions]:
         standalone=bool(c.v.get("standalone")),
         max_restarts=c.v.get("max_restarts"),
         exit_hook=not c.v.get("no_exit_hook"),
+        failure_record=not c.v.get("no_failure_record"),
         pass_local_rank=bool(c.v.get("pass_local_rank")),
         words=c.words.request_words(("nproc_per_node", "ccl_worker_count", "nnodes", "node_rank")),
     )
@@ -640,7 +669,50 @@ def _launch(c: _Check) -> LaunchOptions:
         stdin_instance=c.v.get("stdin_instance"),
         verify_after=None if verify_after is None else float(verify_after),
         follow_cpuset=bool(c.v.get("follow_cpuset")),
+        failure_record=not c.v.get("no_failure_record"),
+        keep_orphans=bool(c.v.get("keep_orphans")),
+        **_std_streams(c, log_dir is not None),
     )
+
+
+def _std_spec(c: _Check, dest: str) -> Optional[tuple[int, dict]]:
+    """torchrun's ``Std`` spelling: ``"3"`` -> (3, {}); ``"0:1,1:2"`` -> (0, {0: 1, 1: 2})."""
+    text = c.v.get(dest)
+    if text is None:
+        return None
+    text = str(text).strip()
+    if re.fullmatch(r"[0-3]", text):
+        return int(text), {}
+    pairs = {}
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*([0-9]{1,6})\s*:\s*([0-3])\s*", part)
+        if not m or int(m.group(1)) in pairs:
+            raise c.error(dest, "expected 0, 1, 2 or 3 (none, stdout, stderr, both), or per instance as 0:1,1:2")
+        pairs[int(m.group(1))] = int(m.group(2))
+    return 0, pairs
+
+
+def _std_streams(c: _Check, logged: bool) -> dict:
+    """LaunchOptions' stream fields from --tee, --redirects and --local-ranks-filter: a
+    stream redirected goes to the log only, one tee'd to both, another to the console only
+    (torchrun's semantics); without either option, both streams go to both (the log only
+    with --log-dir)."""
+    tee, red = _std_spec(c, "tee"), _std_spec(c, "redirects")
+    out: dict = {}
+    if tee is not None or red is not None:
+        if not logged:
+            raise c.error("tee" if tee is not None else "redirects", "needs --log-dir DIR (where the logs go)")
+        tee, red = tee or (0, {}), red or (0, {})
+        indices = set(tee[1]) | set(red[1])
+        t_of = lambda i: tee[1].get(i, tee[0])  # noqa: E731
+        r_of = lambda i: red[1].get(i, red[0])  # noqa: E731
+        out.update(default_console=(~red[0] | tee[0]) & 3, default_log=red[0] | tee[0],
+                   console_streams={i: (~r_of(i) | t_of(i)) & 3 for i in indices},
+                   log_streams={i: r_of(i) | t_of(i) for i in indices})
+    if c.v.get("local_ranks_filter") is not None:
+        chosen = _parse_list(c, "local_ranks_filter")
+        out["console_filter"] = frozenset(chosen or ())
+    return out
 
 
 def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),
