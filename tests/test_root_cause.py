@@ -501,3 +501,57 @@ def test_keep_orphans_lets_a_daemon_run_on(tmp_path):
     finally:
         for pid in left:
             os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- output controls (item 5)
+
+ECHO = ("--no-python", "sh", "-c", "echo out $CPULAUNCH_INSTANCE_INDEX; echo err $CPULAUNCH_INSTANCE_INDEX >&2")
+
+
+def logs_of(log_dir: Path) -> dict:
+    (run,) = [p for p in log_dir.iterdir() if p.is_dir()]
+    return {(int(d.name), f.name): f.read_text() for d in run.iterdir() if d.is_dir() for f in d.iterdir()}
+
+
+def test_local_ranks_filter_shows_one_instance_and_logs_keep_all(tmp_path):
+    proc = run_cli("--ninstances", "2", "--allocator", "default", "--log-dir", str(tmp_path), "--local-ranks-filter",
+                   "0", *ECHO, timeout=60)
+    assert proc.stdout.splitlines() == ["[0] out 0"]
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("[")] == ["[0] err 0"]
+    assert logs_of(tmp_path) == {(0, "stdout.log"): "out 0\n", (0, "stderr.log"): "err 0\n",
+                                 (1, "stdout.log"): "out 1\n", (1, "stderr.log"): "err 1\n"}
+
+
+BOTH = {"out 0", "err 0", "out 1", "err 1"}
+
+
+@pytest.mark.parametrize("args,console,logged", [
+    ((), BOTH, BOTH),  # --log-dir alone: both streams to both
+    (("--redirects", "3"), set(), BOTH),
+    (("--tee", "1"), BOTH, {"out 0", "out 1"}),
+    (("--redirects", "2"), {"out 0", "out 1"}, {"err 0", "err 1"}),
+    (("--redirects", "0:3,1:1"), {"err 1"}, {"out 0", "err 0", "out 1"}),
+    (("--redirects", "3", "--tee", "1:2"), {"err 1"}, BOTH),
+])
+def test_tee_and_redirects_as_torchrun_means_them(tmp_path, args, console, logged):
+    proc = run_cli("--ninstances", "2", "--allocator", "default", "--log-dir", str(tmp_path), *args, *ECHO, timeout=60)
+    shown = {ln.split("] ", 1)[1] for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("[")}
+    kept = {text.strip() for text in logs_of(tmp_path).values() if text}
+    assert (shown, kept) == (console, logged)
+
+
+def test_tee_needs_a_log_dir():
+    proc = run_cli("--ninstances", "2", "--tee", "3", "true", check_rc=2)
+    assert proc.stderr.strip() == "cpulaunch: error: --tee 3: needs --log-dir DIR (where the logs go)"
+    proc = run_cli("--ninstances", "2", "--log-dir", "/tmp", "--redirects", "5", "true", check_rc=2)
+    assert "expected 0, 1, 2 or 3" in proc.stderr
+
+
+@needs_torch
+@needs_2cpus
+@pytest.mark.slow
+def test_elastic_ranks_keep_their_prefix():
+    port = free_port()
+    proc = run_cli("--ddp", "--nproc-per-node", "2", "--core-list", CORES, "--rdzv-endpoint", f"127.0.0.1:{port}",
+                   "python", "-c", "import os; print('hello', os.environ['LOCAL_RANK'])", timeout=300)
+    assert sorted(ln for ln in proc.stdout.splitlines() if "hello" in ln) == ["[0] hello 0", "[1] hello 1"]
