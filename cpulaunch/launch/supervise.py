@@ -446,11 +446,12 @@ def _watch(watch, group: ProcessGroup) -> None:
         log.warning("watching the instances failed: %s: %s", type(exc).__name__, exc)
 
 
-#: Seconds a failure may take to show itself before the others are stopped: how long an
-#: instance that recorded its failure may take to exit by itself (a rank stuck in a library's
-#: finalizer, such as oneCCL's key-value store waiting for its peers, is not waited for longer),
-#: and how long the others may take to fail on their own when the first exit only shows a
-#: lost peer (the rank that failed first may still be finishing).
+#: Seconds the others may take to fail on their own when the first failure seen only shows a
+#: lost peer (the rank that failed first may still be finishing: its exit handlers, its process
+#: group's end). A failure record that does not show a lost peer starts the stop at once, whether
+#: or not its process has exited (a rank stuck in a library's finalizer, such as oneCCL's
+#: key-value store waiting for its peers, ends once they are stopped); the failing instance
+#: itself is not sent SIGTERM, only SIGKILL after the grace period if it is still there.
 SETTLE = 2.0
 
 
@@ -463,7 +464,6 @@ class _Stopper:
         self.started = False
         self.stopped: List[int] = []
         self.hold_until: Optional[float] = None
-        self.recorded_at: Dict[int, float] = {}  # running instances that recorded a failure: when seen
         self.exited: Dict[int, float] = {}  # instances that failed by exiting: when seen
 
     def _failing(self) -> List[int]:
@@ -477,8 +477,6 @@ class _Stopper:
         failing = self._failing()
         peer_failing = [i for i in failing if self._lost_peer(i)]  # a consequence: judged as a lost peer's exit
         failing = [i for i in failing if i not in peer_failing]
-        for i in failing:
-            self.recorded_at.setdefault(i, now)
         for r in exited:
             if r.failed and self.group.procs[r.index].stopped_at is None:
                 self.exited.setdefault(r.index, now)
@@ -500,8 +498,6 @@ class _Stopper:
                      ", ".join(self.group.procs[i].spec.label for i in lost), SETTLE)
         if self.hold_until is not None and now >= self.hold_until:
             self._start(now)
-        if any(now - t >= SETTLE for t in self.recorded_at.values()):
-            self._start(now)  # it recorded its failure but has not ended: stop the others, it may then
 
     def _lost_peer(self, index: int) -> bool:
         p = self.group.procs[index]
@@ -511,7 +507,7 @@ class _Stopper:
     def next_deadline(self) -> Optional[float]:
         if self.started or self.keep_going:
             return None
-        times = [t + SETTLE for t in self.recorded_at.values()] + [t + 0.5 for t in self.exited.values()]
+        times = [t + 0.5 for t in self.exited.values()]
         if self.hold_until is not None:
             times.append(self.hold_until)
         return min(times) if times else None
@@ -520,7 +516,7 @@ class _Stopper:
         self.started = True
         failing = set(self._failing())
         others = [i for i in self.group.running() if i not in failing]  # a failing one finishes by itself
-        self.stopped = self.group.running()
+        self.stopped = others
         if others:
             log.info("stopping %s: SIGTERM, SIGKILL after %g s", ", ".join(
                 self.group.procs[i].spec.label for i in others), self.grace_period)

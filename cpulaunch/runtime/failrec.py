@@ -133,7 +133,7 @@ def _on_exception(exc_type, value, tb) -> None:
 def _on_exit_call(code) -> None:
     status = _exit_code(code)
     if status and _STATE["pending"] is None:
-        line = _last_line(code) if not isinstance(code, int) else ""
+        line = _last_line(code)  # "3", or the message sys.exit("...") prints
         t = time.clock_gettime(time.CLOCK_MONOTONIC)
         _STATE["pending"] = (t, status)
         record("exit", status, "SystemExit", line, _frames_of(frame=sys._getframe(2)), t=t)
