@@ -289,7 +289,7 @@ def test_log_dir_result_json_names_root_cause_and_signal(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["exit_code"] == 134
     assert result["root_cause"] == 1
-    assert result["description"].startswith("instance 1 killed by SIGABRT")
+    assert result["description"] == "instance 1 failed first: killed by SIGABRT; instance 0 stopped"
     one = result["instances"][1]
     assert (one["exit_code"], one["signal"]) == (134, "SIGABRT")
     zero = result["instances"][0]

@@ -322,8 +322,8 @@ elif moment == "before-exec":  # PDEATHSIG set, registered with the watchdog, no
     os.sched_setaffinity = lambda pid, cpus: (stall("stalled"), setaffinity(pid, cpus))
 elif moment == "after-exec":  # the program runs and has forked; Popen has just returned
     init = group._Proc.__init__
-    def stalled_init(self, spec, popen, start):
-        init(self, spec, popen, start)
+    def stalled_init(self, spec, popen, start, *rest):
+        init(self, spec, popen, start, *rest)
         if spec.index == 0:
             while not (tmp / "grandchild").exists() or not (tmp / "grandchild").read_text():
                 time.sleep(0.005)

@@ -100,7 +100,7 @@ def plan_node(local_world_size: int, *, environ: Optional[Mapping[str, str]] = N
         env.pop(name, None)
     env = {k: v for k, v in env.items() if not k.startswith("PET_")}
     settings = {"ddp": True, "nproc_per_node": str(local_world_size), "backend": "gloo", "no_exit_hook": True,
-                "allocator": "default", "master_port": 29500, **options}
+                "no_failure_record": True, "allocator": "default", "master_port": 29500, **options}
     return plan_instances(("python",), environ=env, **settings)
 
 
