@@ -489,6 +489,33 @@ def test_a_daemon_does_not_outlive_a_ddp_run(tmp_path):
     assert sleepers() - before == set()
 
 
+TUNE_DAEMON = DAEMON + """\
+import time
+t0, n = time.perf_counter(), 0
+while time.perf_counter() - t0 < 0.03:
+    n += 1
+print(f"CPULAUNCH_METRIC samples_per_s={n / (time.perf_counter() - t0):.1f}")
+"""
+
+
+def test_a_daemon_does_not_outlive_tune_trials(tmp_path):
+    """Each trial's program starts a setsid'd ``sleep 61`` (the issue: 7 were left after 7
+    trials); tune is the trials' subreaper, so none is left, and it says so for each."""
+    prog = tmp_path / "trial.py"
+    prog.write_text(TUNE_DAEMON)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    before = sleepers()
+    proc = subprocess.run([sys.executable, "-m", "cpulaunch", "tune", "--budget", "3m", "--out", str(tmp_path / "out"),
+                           "--space", "instances", "--busy-threshold", "100", "--load-sample", "0", "--",
+                           "python", str(prog)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=170)
+    left = sleepers() - before
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("cpulaunch tune: stopped")]
+    assert left == set() and len(said) >= 4, proc.stderr[-2000:]  # warm-up and 3+ trials, each its line
+
+
 def test_keep_orphans_lets_a_daemon_run_on(tmp_path):
     prog = tmp_path / "daemon.py"
     prog.write_text(DAEMON)
