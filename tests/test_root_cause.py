@@ -181,6 +181,27 @@ def test_thread_exceptions_date_a_failure_and_forked_children_and_strangers_reco
     assert (proc.returncode, recs) == (5, [])
 
 
+def test_a_segfault_is_reported_on_the_pipe_and_kills_as_before():
+    code = "import ctypes\ndef crash():\n    ctypes.string_at(0)\ncrash()\n"
+    r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    st = os.fstat(w)
+    env = {**os.environ, "CPULAUNCH_FAILURE_FD": f"{w}:{st.st_dev}:{st.st_ino}",
+           **record_hook_env([sys.executable], sys.executable, os.environ)}
+    env.pop("PYTHONFAULTHANDLER", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                          pass_fds=(w,))
+    os.close(w)
+    from cpulaunch.launch.group import _Proc
+
+    holder = _Proc.__new__(_Proc)  # only its record reader, on the real pipe
+    holder.record_fd, holder.records, holder._record_buf = r, [], b""
+    holder.read_records()
+    assert (proc.returncode, proc.stderr) == (-signal.SIGSEGV, "")
+    (fatal,) = [x for x in holder.records if x["ev"] == "fatal"]
+    assert fatal["line"] == "Segmentation fault" and [f.rsplit(" in ", 1)[1] for f in fatal["frames"]] == [
+        "<module>", "crash", "string_at"]  # innermost last, as in a traceback
+
+
 def test_successful_program_writes_only_its_shutdown_line():
     proc, recs = run_recorded("print('ok')")
     assert (proc.returncode, proc.stdout) == (0, "ok\n")
@@ -233,13 +254,16 @@ def test_the_rank_that_failed_first_is_named_with_its_code(tmp_path, nproc, how,
     assert line.startswith(f"cpulaunch: rank {bad} failed first: {said}"), line
     doc = result_json(tmp_path / "logs")
     assert doc["exit_code"] == rc and doc["root_cause"] == bad
-    assert doc["root_cause_by"] == ("records" if how in ("exit", "raise") and "--no-failure-record" not in flags
-                                    else "exit order")
+    assert doc["root_cause_by"] == ("records" if how in ("exit", "raise", "segv") and "--no-failure-record" not in flags
+                                    else "exit order")  # segv: faulthandler's report, on the record pipe
     assert [i["index"] for i in doc["instances"] if i["root_cause"]] == [bad]
     root = doc["instances"][bad]
     assert root["failed"] and root["failure_time"] is not None
     if how == "raise":
         assert root["error"] == f"RuntimeError: rank {bad} gave up" and root["exception"] == "RuntimeError"
+    if how == "segv":
+        assert root["error"] == "Fatal Python error: Segmentation fault"
+        assert "Fatal Python error" not in proc.stderr  # the report went to the pipe, not the console
     others = [i for i in doc["instances"] if i["index"] != bad]
     assert all(not i["root_cause"] and (i["stopped"] or i["failed"]) for i in others)
     assert doc["description"] == line[len("cpulaunch: "):]

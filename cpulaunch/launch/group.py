@@ -661,6 +661,17 @@ class _Proc:
             *lines, self._record_buf = (self._record_buf + data).split(b"\n")
             self._record_buf = self._record_buf[-65536:]
             for line in lines:
+                if line.startswith(b"Fatal Python error: "):  # faulthandler's report of a fatal signal
+                    what = line[len(b"Fatal Python error: "):].decode(errors="replace").strip()
+                    self.records.append({"ev": "fatal", "t": time.monotonic(), "code": None, "type": "", "line": what,
+                                         "frames": [], "received": time.monotonic()})
+                    got = True
+                    continue
+                if line.startswith(b'  File "') and self.records and self.records[-1].get("ev") == "fatal":
+                    frames = self.records[-1]["frames"]  # faulthandler: most recent call first
+                    if len(frames) < 4:
+                        frames.insert(0, line.strip().decode(errors="replace"))
+                    continue
                 try:
                     doc = json.loads(line)
                 except ValueError:

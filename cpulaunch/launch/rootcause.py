@@ -59,6 +59,8 @@ def definitive_record(records: Sequence[Mapping[str, Any]]) -> Optional[Dict[str
     for r in records:
         if r.get("ev") == "fail" and isinstance(r.get("code"), int):
             return dict(r)
+        if r.get("ev") == "fatal":  # a fatal signal, dated when the launcher read faulthandler's report
+            return dict(r)
         if r.get("ev") == "shutdown" and isinstance(r.get("code"), int) and r["code"]:
             call = next((e for e in exits if e.get("code") == r["code"]), None)
             return dict(call if call is not None else {**r, "type": "SystemExit"})
@@ -167,7 +169,7 @@ def decide(endings: Sequence[Ending]) -> Verdict:
     causes = [i for i in failed if i not in lost] or list(failed)
     root = min(causes, key=lambda i: (failed[i], i))
     ending = next(e for e in endings if e.index == root)
-    if root in recs:
+    if root in recs and isinstance(recs[root].get("code"), int):
         code = int(recs[root]["code"])
     elif ending.returncode is not None:
         code = exit_code_of(ending.returncode)
@@ -180,7 +182,7 @@ def decide(endings: Sequence[Ending]) -> Verdict:
 
 def _how(e: Ending, rec: Optional[Mapping[str, Any]]) -> str:
     """``exit 3 (SystemExit)``, ``exit 1 (RuntimeError)``, ``exited 3``, ``killed by SIGKILL``."""
-    if rec is not None:
+    if rec is not None and isinstance(rec.get("code"), int):
         kind = f" ({rec['type']})" if rec.get("type") else ""
         return f"exit {rec['code']}{kind}"
     if e.returncode is None:
@@ -219,6 +221,6 @@ def line(verdict: Verdict, endings: Sequence[Ending]) -> str:
 def _ended(e: Ending, rec: Optional[Mapping[str, Any]]) -> str:
     if e.returncode is not None and e.returncode < 0 and rec is None:
         return f"was killed by {signal_name(-e.returncode)}"
-    if rec is not None:
+    if rec is not None and isinstance(rec.get("code"), int):
         return f"exited {rec['code']}"
     return f"exited {e.returncode}" if e.returncode is not None else "did not exit"

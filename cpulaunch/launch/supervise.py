@@ -308,6 +308,8 @@ def _error_line(outcome: Outcome, index: int, rec) -> Optional[str]:
     verdict = outcome.verdict or rootcause.Verdict()
     if index not in verdict.failed:
         return None
+    if rec is not None and rec.get("ev") == "fatal":
+        return f"Fatal Python error: {rec.get('line', '')}"
     if rec is not None:
         return f"{rec.get('type') or 'error'}: {rec.get('line', '')}".rstrip(": ")
     ending = next((e for e in outcome.endings if e.index == index), None)
@@ -322,6 +324,8 @@ def error_tail(outcome: Outcome) -> List[str]:
     if verdict is None or verdict.root is None:
         return []
     rec = verdict.records.get(verdict.root)
+    if rec is not None and rec.get("ev") == "fatal":
+        return [f"  {f}" for f in rec.get("frames", [])] + [f"Fatal Python error: {rec.get('line', '')}"]
     if rec is not None:
         return [f"  {f}" for f in rec.get("frames", [])] + [f"{rec.get('type')}: {rec.get('line', '')}"]
     ending = next((e for e in outcome.endings if e.index == verdict.root), None)

@@ -25,6 +25,10 @@ blocks: the pipe is non-blocking and a full pipe drops the line):
   ``SystemExit`` and go on);
 * ``thread``: an uncaught exception in another thread (``threading.excepthook``): it does not
   end the process, so it only dates a failure that follows;
+* a fatal signal (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): :mod:`faulthandler`'s report goes
+  to the pipe (not to stderr) when the program had not turned faulthandler on itself; the
+  launcher dates it when it reads it (its first line, ``Fatal Python error: Segmentation
+  fault``), and the process dies of its signal as it would have;
 * ``shutdown``: the interpreter starts to exit (``threading``'s exit callbacks, which run before
   every ``atexit`` handler and before non-daemon threads are joined), with the pending
   ``sys.exit`` code if any. A ``raise SystemExit(3)`` not through ``sys.exit`` is dated by it.
@@ -146,6 +150,10 @@ def _on_shutdown() -> None:
 
 
 def _forked_child() -> None:
+    if _STATE["fd"] is not None:
+        import faulthandler
+
+        faulthandler.disable()  # the parent's pipe is not the child's to write to
     _STATE["fd"] = None
 
 
@@ -194,6 +202,13 @@ def install(environ=None) -> bool:
             return real_call(self, code)
 
         quitter.__call__ = call
+    import faulthandler
+
+    if not faulthandler.is_enabled():  # the program's own choice (PYTHONFAULTHANDLER, -X) stands
+        try:
+            faulthandler.enable(file=fd, all_threads=False)
+        except (OSError, ValueError, RuntimeError):
+            pass
     try:
         threading._register_atexit(_on_shutdown)
     except (AttributeError, RuntimeError):
