@@ -151,11 +151,6 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
         programs = ranks.instance_program
     else:
         the_plan = placement.plan_here(opts, topo, host.engine)
-        if opts.launch.failure_record and supervised(opts, len(the_plan.instances), False):
-            from cpulaunch.distributed import record_hook_env  # issue 38: every Python instance records
-
-            hook = record_hook_env(program, host.python, environ)
-            instance_env = {inst.index: dict(hook) for inst in the_plan.instances} if hook else {}
     elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
     settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed, programs)
@@ -373,6 +368,11 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
     follower = _follower(p, environ) if lopts.follow_cpuset else None  # run_group closes it
     if follower is not None:
         specs = [s._replace(env={**s.env, **follower.env()}) for s in specs]
+    if lopts.failure_record and p.opts.ddp is None:  # issue 38: a Python instance records its failure
+        from cpulaunch.distributed import record_hook_env
+
+        hook = record_hook_env(p.program, p.host.python, environ)  # plumbing, given at start as the
+        specs = [s._replace(env={**s.env, **hook}) for s in specs]  # pipe is: --dry-run does not show it
     outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,

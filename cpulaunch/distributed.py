@@ -387,7 +387,10 @@ def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
 def record_hook_env(program: Sequence[str], python: str, environ: Mapping[str, str]) -> dict[str, str]:
     """What a supervised instance that is not a DDP rank needs to record its first failure
     (issue 38): :func:`exit_hook_env`'s PYTHONPATH and ``CPULAUNCH_SITE_HOOKS=record`` (the
-    exit hook is a DDP rank's only) for a Python program (:func:`runs_python`), else {}."""
+    exit hook is a DDP rank's only) for a Python program (:func:`runs_python`), else {}.
+    The launcher adds it when it starts the instances, with the pipe the recorder writes to
+    (plumbing, as ``CPULAUNCH_BINDING_FILE`` is): ``--dry-run`` of a multi-instance run does
+    not show it; a DDP rank's plan does (the exit hook shares the folder)."""
     if not runs_python(program, python):
         return {}
     return {**exit_hook_env(environ), envvars.SITE_HOOKS: "record"}
