@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, make_stand_in, plant_fabric, run_cli
-from waiting import wait_for
 
 from cpulaunch.distributed import record_hook_env
 from cpulaunch.launch import rootcause
@@ -31,7 +29,6 @@ from cpulaunch.launch.rootcause import Ending, decide
 
 HERE = Path(__file__).resolve().parent
 FAIL_RANKS = str(HERE / "fail_ranks.py")
-FAILREC = REPO / "cpulaunch" / "runtime" / "failrec.py"
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 needs_2cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 CORES = ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))

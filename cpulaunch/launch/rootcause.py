@@ -26,7 +26,7 @@ The rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from cpulaunch.machine.exec import exit_code_of, signal_name
 

@@ -71,7 +71,7 @@ from cpulaunch.launch.spawn import (
     LaunchError,
     ProcessSpec,
 )
-from cpulaunch.machine.exec import exit_code_of, signal_name
+from cpulaunch.machine.exec import signal_name
 from cpulaunch.render import json_text
 
 __all__ = ["Outcome", "describe_failure", "run_group"]
