@@ -388,7 +388,7 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
 
             log.info("%s: %s (exec'd)", specs[0].label, shlex.join(specs[0].argv))
         exec_spec(specs[0], environ)
-    from cpulaunch.launch.supervise import describe_failure, run_group
+    from cpulaunch.launch.supervise import describe_failure, error_tail, run_group
 
     stdin_for = lopts.stdin_instance
     if stdin_for is None and len(specs) == 1:
@@ -403,11 +403,21 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
     follower = _follower(p, environ) if lopts.follow_cpuset else None  # run_group closes it
     if follower is not None:
         specs = [s._replace(env={**s.env, **follower.env()}) for s in specs]
+    if lopts.failure_record and p.opts.ddp is None:  # issue 38: a Python instance records its failure
+        from cpulaunch.distributed import record_hook_env
+
+        hook = record_hook_env(p.program, p.host.python, environ)  # plumbing, given at start as the
+        specs = [s._replace(env={**s.env, **hook}) for s in specs]  # pipe is: --dry-run does not show it
     outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
-        stdin_for=stdin_for, after=after, watch=follower,
+        stdin_for=stdin_for, after=after, watch=follower, records=lopts.failure_record,
+        reap_orphans=not lopts.keep_orphans,
+        streams={s.index: lopts.streams(s.index) for s in specs},
     )
+    if outcome.orphans:
+        log.warning("stopped %d process%s the instances left behind (--keep-orphans lets them run on)",
+                    outcome.orphans, "es" if outcome.orphans > 1 else "")
     if after is not None and not verified:  # the check never ran: say why, in one line
         starts = [r.start for r in outcome.results if r.start is not None]
         ends = [r.end for r in outcome.results]
@@ -416,6 +426,8 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
                     "before" if done else "the run was being stopped at", lopts.verify_after)
     if outcome.exit_code != 0 or outcome.signalled:
         log.error("%s", describe_failure(outcome, specs, keep_going=lopts.keep_going))  # an error: -q says it
+        for line in error_tail(outcome):  # -v: the root cause's last error lines
+            log.info("%s", line)
     return outcome.exit_code
 
 

@@ -384,6 +384,18 @@ def exit_hook_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([hook, *kept])}
 
 
+def record_hook_env(program: Sequence[str], python: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a supervised instance that is not a DDP rank needs to record its first failure
+    (issue 38): :func:`exit_hook_env`'s PYTHONPATH and ``CPULAUNCH_SITE_HOOKS=record`` (the
+    exit hook is a DDP rank's only) for a Python program (:func:`runs_python`), else {}.
+    The launcher adds it when it starts the instances, with the pipe the recorder writes to
+    (plumbing, as ``CPULAUNCH_BINDING_FILE`` is): ``--dry-run`` of a multi-instance run does
+    not show it; a DDP rank's plan does (the exit hook shares the folder)."""
+    if not runs_python(program, python):
+        return {}
+    return {**exit_hook_env(environ), envvars.SITE_HOOKS: "record"}
+
+
 def elastic_rank_env(agent_env: Mapping[str, str]) -> dict[str, str]:
     """What the elastic rank entry adds to the variables torchrun's agent gave a worker:
     NODE_RANK = GROUP_RANK (the agent assigns machines their index at the rendezvous, so
@@ -783,21 +795,25 @@ def _rank_programs(ddp, program: Sequence[str], python: str, local_ranks: Sequen
 def _exit_hook(ddp, program: Sequence[str], python: str, environ: Mapping[str, str], notes: list) -> dict:
     """The rank's PYTHONPATH with the exit hook, or {} (turned off, or not a Python program:
     then a note says so, since its ranks may abort at exit)."""
-    if not ddp.exit_hook:
+    if not ddp.exit_hook and not ddp.failure_record:
         return {}
     if not runs_python(program, python):
-        if program:
+        if program and ddp.exit_hook:
             notes.append(f"no exit hook for {program[0]!r} (not a Python interpreter): if its ranks never call "
                          "destroy_process_group(), they may abort at exit; end each rank's program with "
                          "torch.distributed.destroy_process_group()")
         return {}
     dropped = [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if is_hook_folder(e)]
     others = [e for e in dropped if os.path.normpath(e) != site_hook_dir()]
-    notes.append(explain(f"exit hook installed: each rank's Python ends its default process group at exit "
-                         f"(sitecustomize in {site_hook_dir()}, first on PYTHONPATH"
-                         + (f"; other cpulaunch hook folders dropped from it: {', '.join(others)}" if others else "")
-                         + "); --no-exit-hook turns it off"))
-    return exit_hook_env(environ)
+    dropped_note = f"; other cpulaunch hook folders dropped from it: {', '.join(others)}" if others else ""
+    if ddp.exit_hook:
+        notes.append(explain(f"exit hook installed: each rank's Python ends its default process group at exit "
+                             f"(sitecustomize in {site_hook_dir()}, first on PYTHONPATH" + dropped_note
+                             + "); --no-exit-hook turns it off"))
+    env = exit_hook_env(environ)
+    if not (ddp.exit_hook and ddp.failure_record):
+        env[envvars.SITE_HOOKS] = "exit" if ddp.exit_hook else "record"
+    return env
 
 
 def _engine_rank_env(ctx: RankContext, ddp, backend: str, notes: list) -> dict:

@@ -15,6 +15,7 @@ __all__ = [
     "RESERVED_CPUS", "BOUND_CPUS", "MEM_POLICY", "MEM_NODES", "INFERENCE_PATH", "DIST_BACKEND",
     "USER_OMP_NUM_THREADS", "RECIPE", "RANK_SPECS", "DDP_STATUS_DIR", "PREFIX", "CCL_WORKER_CPUS", "BINDING_FILE",
     "Variable", "VARIABLES", "GROUPS", "reference_markdown",
+    "FAILURE_FD", "SITE_HOOKS",
 ]
 
 
@@ -142,6 +143,22 @@ RANK_SPECS = _variable(
 DDP_STATUS_DIR = _variable(
     "CPULAUNCH_DDP_STATUS_DIR", "plumbing", "the folder where each rank records its exit code",
     "the rank entry, which removes it before it starts the rank", "an elastic `--ddp` run")
+
+#: The pipe a supervised instance's Python writes its first failure to (``FD:DEV:INODE``;
+#: :mod:`cpulaunch.runtime.failrec`), given by the launcher at spawn (one pipe per instance).
+FAILURE_FD = _variable(
+    "CPULAUNCH_FAILURE_FD", "plumbing",
+    "the pipe (`FD:DEV:INODE`) the instance's Python writes its first failure to, one per instance; given when "
+    "the instance starts, so `--dry-run` does not show it",
+    "the site hook's failure recorder (`cpulaunch.runtime.failrec`), which writes only to that very pipe",
+    "a supervised run (several instances, `--ddp`, `--log-dir`)")
+#: Which parts of the site hook a rank's Python installs: ``exit`` and/or ``record``,
+#: comma-separated; written by the plan only when one is turned off (absent: both).
+SITE_HOOKS = _variable(
+    "CPULAUNCH_SITE_HOOKS", "option",
+    "which parts of cpulaunch's site hook the instance's Python installs: `exit` (end the process group at exit) "
+    "or `record` (record the first failure); absent: both",
+    "the site hook (`sitecustomize` in cpulaunch's hook folder)", "`--no-exit-hook` or `--no-failure-record`")
 
 #: Every variable of the instances' protocol, in the reference's order within each group.
 VARIABLES: tuple = tuple(_VARIABLES)

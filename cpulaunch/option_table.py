@@ -401,11 +401,37 @@ OPTIONS: tuple[Option, ...] = (
            more="Each instance's in DIR/<run-id>/<i>/stdout.log and stderr.log.",
            metavar="DIR", run_only=True, lands="launch.log_dir"),
     Option("--no-prefix", "no_prefix", FLAG, O, "Do not prefix instances' console lines with [i].", run_only=True, lands="launch.prefix_output"),
+    Option("--tee", "tee", STRING, O, "Streams written to the logs and the console (torchrun's -t).",
+           metavar="STD", run_only=True, torchrun=True, lands="launch.stream_plan",
+           more="0 none, 1 stdout, 2 stderr, 3 both; per instance as 0:1,1:2. With --tee or --redirects, a "
+           "stream named by neither reaches the console only, as under torchrun; without both, --log-dir "
+           "keeps both streams and the console shows them. Needs --log-dir."),
+    Option("--redirects", "redirects", STRING, O, "Streams written to the logs only (torchrun's -r).",
+           metavar="STD", run_only=True, torchrun=True, lands="launch.stream_plan",
+           more="0 none, 1 stdout, 2 stderr, 3 both; per instance as 0:1,1:2; --tee wins for a stream both name. "
+           "Needs --log-dir."),
+    Option("--local-ranks-filter", "local_ranks_filter", STRING, O,
+           "Show only these instances' output on the console.", metavar="LIST", run_only=True, torchrun=True, lands="launch.stream_plan",
+           more="A cpulist of instance indices (local ranks), e.g. 0 or 0,2; the logs (--log-dir) keep every "
+           "instance's output."),
     Option("--stdin-instance", "stdin_instance", _integer(0), O,
            "Instance that reads stdin (default: the only one).", metavar="I",
            more="None when there are several.",
            run_only=True, lands="launch.stdin_instance"),
     Option("--keep-going", "keep_going", FLAG, O, "When an instance fails, let the others finish.", run_only=True, lands="launch.keep_going"),
+    Option("--no-failure-record", "no_failure_record", FLAG, O,
+           "Do not have Python instances record their first failure.", run_only=True,
+           lands="launch.failure_record",
+           more="By default each supervised Python instance (every rank under --ddp) writes the time, code and "
+           "error of its first failure to a pipe only the launcher reads, which names the rank that failed first "
+           "whatever the order in which they ended; without it, the exit order decides."),
+    Option("--keep-orphans", "keep_orphans", FLAG, O,
+           "Let processes the instances leave behind run on after the run.", run_only=True,
+           lands="launch.keep_orphans",
+           more="By default cpulaunch is a child subreaper while supervising: a daemon an instance starts (double "
+           "fork, setsid) comes back to it when its parent ends, and is stopped at the end with the rest; one line "
+           "says how many. A single instance exec'd in cpulaunch's place is the program itself: its daemons are its "
+           "own (pass --log-dir, or run several, to have it supervised)."),
     Option("--grace-period", "grace_period", _seconds(), O, "Seconds between SIGTERM and SIGKILL when stopping.",
            default=10.0, metavar="S", run_only=True, lands="launch.grace_period"),
     Option("--verify", "verify", FLAG, O, "Check what the processes really got.",

@@ -13,6 +13,7 @@ reads the host; the core (``core.py``) takes an :class:`Options` and does the re
 import math
 import os
 import re
+from types import MappingProxyType
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional, Union
 
@@ -73,6 +74,8 @@ class DdpOptions(NamedTuple):
             every local rank after one fails (elastic runs only; None: torchrun's 0).
         exit_hook: a Python rank ends its default process group at exit when the program
             did not (``--no-exit-hook`` / CPULAUNCH_NO_EXIT_HOOK=1 turn it off).
+        failure_record: a Python rank records its first failure for the launcher
+            (``--no-failure-record`` turns it off; :mod:`cpulaunch.runtime.failrec`).
         pass_local_rank: each rank's program also gets ``--local_rank=N`` (N its local
             rank) after its script, as ``torch.distributed.launch`` without ``--use-env``
             passed it (``--pass-local-rank``; :func:`cpulaunch.distributed.with_local_rank`).
@@ -94,6 +97,7 @@ class DdpOptions(NamedTuple):
     standalone: bool = False
     max_restarts: Optional[int] = None
     exit_hook: bool = True
+    failure_record: bool = True
     pass_local_rank: bool = False
     rdzv_backend: Optional[str] = None
     words: tuple[tuple[str, str, str], ...] = ()
@@ -109,6 +113,32 @@ class DdpOptions(NamedTuple):
             if field == dest:
                 return said
         return f"{table.name_of(dest)} {getattr(self, dest)}"
+
+
+class Streams(NamedTuple):
+    """Which streams (bits: 1 stdout, 2 stderr) each instance shows on the console and
+    writes to its log: torchrun's ``--tee``/``--redirects`` mapped onto ``--log-dir``'s
+    files, and ``--local-ranks-filter``.
+
+    Attributes:
+        console, log: per instance index, its streams on the console / in its log, where
+            ``--tee``/``--redirects`` name the instance (``0:1,1:2``).
+        default_console, default_log: the other instances' (3: both streams).
+        console_filter: the only instance indices shown on the console (None: all).
+    """
+
+    console: Mapping[int, int] = MappingProxyType({})
+    log: Mapping[int, int] = MappingProxyType({})
+    default_console: int = 3
+    default_log: int = 3
+    console_filter: Optional[frozenset] = None
+
+    def of(self, index: int) -> tuple[int, int]:
+        """(shown on the console, written to the log) of instance ``index``."""
+        console = self.console.get(index, self.default_console)
+        if self.console_filter is not None and index not in self.console_filter:
+            console = 0
+        return console, self.log.get(index, self.default_log)
 
 
 class LaunchOptions(NamedTuple):
@@ -128,6 +158,13 @@ class LaunchOptions(NamedTuple):
         follow_cpuset: while the instances run, follow changes of the CPUs the job may
             use: plan again and re-pin each instance (``--follow-cpuset``,
             :mod:`cpulaunch.launch.follow`).
+        failure_record: supervised instances get a pipe for their failure records
+            (``--no-failure-record`` turns it off).
+        keep_orphans: processes the instances leave behind (daemons) run on after the run
+            (``--keep-orphans``); by default the launcher is their subreaper and stops them.
+        stream_plan: which streams each instance shows on the console and writes to its log
+            (``--tee``, ``--redirects``, ``--local-ranks-filter``; :class:`Streams`); see
+            :meth:`streams`.
     """
 
     log_dir: Optional[Path] = None
@@ -138,6 +175,14 @@ class LaunchOptions(NamedTuple):
     verify_after: Optional[float] = None
     exec_single: bool = True
     follow_cpuset: bool = False
+    failure_record: bool = True
+    keep_orphans: bool = False
+    stream_plan: Streams = Streams()
+
+    def streams(self, index: int) -> tuple[int, int]:
+        """(shown on the console, written to the log) of instance ``index``: bits 1 stdout,
+        2 stderr (``--tee``, ``--redirects``, ``--local-ranks-filter``)."""
+        return self.stream_plan.of(index)
 
 
 class Options(NamedTuple):
@@ -648,6 +693,8 @@ _CONVERT = {
     "launch.grace_period": lambda c: float(c.plain("grace_period")),
     "launch.prefix_output": lambda c: not c.plain("no_prefix"),
     "launch.verify_after": _verify_after,
+    "launch.failure_record": lambda c: not c.plain("no_failure_record"),
+    "launch.stream_plan": lambda c: _std_streams(c),
 }
 #: The typed options' groups: ``GROUP`` of a row's ``lands`` -> its type.
 GROUPS = {"options": Options, "request": Request, "ddp": DdpOptions, "launch": LaunchOptions}
@@ -663,6 +710,8 @@ FILLED_ELSEWHERE = {
     "request.ccl_workers": "the core, from --ccl-worker-count once the backend is known",
     "ddp.words": "how the user gave the ranks' options",
     "launch.exec_single": "cpulaunch.run, which never execs",
+    "ddp.failure_record": "--no-failure-record's row, through launch.failure_record: one switch for supervised "
+                          "instances and ranks",
 }
 #: Fields whose value follows another field (not a row of their own): the format's default
 #: is the output's (--dry-run: text, --print-env: shell).
@@ -690,12 +739,52 @@ def _assemble(c: _Check) -> Options:
     request = Request(**groups["request"], words=c.words.request_words(d for d in table.BY_DEST if d in fields))
     ddp = None
     if groups["options"].pop("ddp"):
-        ddp = DdpOptions(**groups["ddp"],
+        ddp = DdpOptions(**groups["ddp"], failure_record=groups["launch"]["failure_record"],
                          words=c.words.request_words(("nproc_per_node", "ccl_worker_count", "nnodes", "node_rank")))
     return Options(**groups["options"], request=request, ddp=ddp, launch=LaunchOptions(**groups["launch"]),
                    program=tuple(c.v.get("program") or ()),
                    aliases=tuple(a.name for a in table.ALIASES if c.v.get(a.dest) not in (None, False)),
                    notes=tuple(c.notes))
+
+
+def _std_spec(c: _Check, dest: str) -> Optional[tuple[int, dict]]:
+    """torchrun's ``Std`` spelling: ``"3"`` -> (3, {}); ``"0:1,1:2"`` -> (0, {0: 1, 1: 2})."""
+    text = c.v.get(dest)
+    if text is None:
+        return None
+    text = str(text).strip()
+    if re.fullmatch(r"[0-3]", text):
+        return int(text), {}
+    pairs = {}
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*([0-9]{1,6})\s*:\s*([0-3])\s*", part)
+        if not m or int(m.group(1)) in pairs:
+            raise c.error(dest, "expected 0, 1, 2 or 3 (none, stdout, stderr, both), or per instance as 0:1,1:2")
+        pairs[int(m.group(1))] = int(m.group(2))
+    return 0, pairs
+
+
+def _std_streams(c: _Check) -> Streams:
+    """LaunchOptions' :class:`Streams` from --tee, --redirects and --local-ranks-filter: a
+    stream redirected goes to the log only, one tee'd to both, another to the console only
+    (torchrun's semantics); without either option, both streams go to both (the log only
+    with --log-dir)."""
+    tee, red = _std_spec(c, "tee"), _std_spec(c, "redirects")
+    out: dict = {}
+    if tee is not None or red is not None:
+        if not c.v.get("log_dir"):
+            raise c.error("tee" if tee is not None else "redirects", "needs --log-dir DIR (where the logs go)")
+        tee, red = tee or (0, {}), red or (0, {})
+        indices = set(tee[1]) | set(red[1])
+        t_of = lambda i: tee[1].get(i, tee[0])  # noqa: E731
+        r_of = lambda i: red[1].get(i, red[0])  # noqa: E731
+        out.update(default_console=(~red[0] | tee[0]) & 3, default_log=red[0] | tee[0],
+                   console={i: (~r_of(i) | t_of(i)) & 3 for i in indices},
+                   log={i: r_of(i) | t_of(i) for i in indices})
+    if c.v.get("local_ranks_filter") is not None:
+        chosen = _parse_list(c, "local_ranks_filter")
+        out["console_filter"] = frozenset(chosen or ())
+    return Streams(**out)
 
 
 def from_values(values: Mapping[str, Any], given: frozenset = frozenset(),

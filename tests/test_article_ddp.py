@@ -43,7 +43,7 @@ def test_without_pass_local_rank_both_ranks_ask_for_rank_0():
                    timeout=240, check_rc=None)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "EADDRINUSE" in proc.stderr
-    assert re.search(r"cpulaunch: rank [01] exited with code 1; the others were stopped", proc.stderr)
+    assert re.search(r"cpulaunch: rank [01] failed first: exit 1", proc.stderr)
     assert json_records(proc.stdout) == []
 
 

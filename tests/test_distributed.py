@@ -300,7 +300,7 @@ def test_two_ranks_gloo_each_on_its_core():
 def test_failing_rank_exit_code_comes_through():
     proc = run_cli("--ddp", "--nproc-per-node", "2", "python", ALLREDUCE, "--exit-code", "3",
                    "--exit-rank", "1", timeout=180, check_rc=3)
-    assert "rank 1 exited with code 3" in proc.stderr
+    assert "rank 1 failed first: exit 3" in proc.stderr
 
 
 @pytest.mark.slow

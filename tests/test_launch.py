@@ -131,7 +131,7 @@ def test_first_failure_stops_others_and_sets_exit_code(tmp_path):
     proc = run(cpulaunch("--ninstances", "2", child, str(tmp_path)))
     assert proc.returncode == 3
     assert time.monotonic() - t0 < 30  # instance 0 was stopped, not waited for
-    assert "instance 1 exited with code 3" in proc.stderr
+    assert "instance 1 failed first: exit 3 (SystemExit); instance 0 stopped" in proc.stderr
     assert not alive(int((tmp_path / "pid0").read_text()))
 
 
@@ -177,7 +177,7 @@ def test_keep_going_lets_others_finish(tmp_path):
     proc = run(cpulaunch("--ninstances", "2", "--keep-going", child, str(tmp_path)))
     assert proc.returncode == 4
     assert (tmp_path / "finished").read_text() == "yes" and not (tmp_path / "stopped").exists()
-    assert "instance 1 exited with code 4" in proc.stderr and "stopped" not in proc.stderr
+    assert "instance 1 failed first: exit 4 (SystemExit)" in proc.stderr and "stopped" not in proc.stderr
 
 
 @need2
@@ -289,7 +289,7 @@ def test_log_dir_result_json_names_root_cause_and_signal(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["exit_code"] == 134
     assert result["root_cause"] == 1
-    assert result["description"].startswith("instance 1 killed by SIGABRT")
+    assert result["description"] == "instance 1 failed first: killed by SIGABRT; instance 0 stopped"
     one = result["instances"][1]
     assert (one["exit_code"], one["signal"]) == (134, "SIGABRT")
     zero = result["instances"][0]

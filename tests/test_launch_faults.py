@@ -322,8 +322,8 @@ elif moment == "before-exec":  # PDEATHSIG set, registered with the watchdog, no
     os.sched_setaffinity = lambda pid, cpus: (stall("stalled"), setaffinity(pid, cpus))
 elif moment == "after-exec":  # the program runs and has forked; Popen has just returned
     init = group._Proc.__init__
-    def stalled_init(self, spec, popen, start):
-        init(self, spec, popen, start)
+    def stalled_init(self, spec, popen, start, *rest):
+        init(self, spec, popen, start, *rest)
         if spec.index == 0:
             while not (tmp / "grandchild").exists() or not (tmp / "grandchild").read_text():
                 time.sleep(0.005)
@@ -428,7 +428,7 @@ def test_describe_failure_names_signal_and_stopped_others(tmp_path):
     with open(os.devnull, "wb") as null:
         outcome = run_group(specs, os.environ, stdout=null, stderr=null)
     assert outcome.exit_code == 137 and outcome.root_cause == 1
-    assert describe_failure(outcome, specs) == "rank 1 killed by SIGKILL; the others were stopped"
+    assert describe_failure(outcome, specs) == "rank 1 failed first: killed by SIGKILL; instance 0 stopped"
     assert outcome.result(0).describe() == "killed by SIGTERM"
     specs = [ProcessSpec(index=0, label="instance 0", argv=("sh", "-c", "exit 3"))]
     with open(os.devnull, "wb") as null:
@@ -482,7 +482,7 @@ def test_process_stuck_after_sigkill_is_reported_not_waited_for(tmp_path):
     assert stuck.stuck and stuck.returncode is None and stuck.pid == frozen[0]
     assert took < 4
     assert describe_failure(outcome, specs) == (
-        f"instance 0 exited with code 3; the others were stopped; "
+        f"instance 0 failed first: exit 3; instance 1 stopped; "
         f"instance 1 did not exit after SIGKILL (pid {frozen[0]})")
 
 

@@ -64,6 +64,9 @@ STRINGS = {
     "lease_dir": ["/nonexistent/cpulaunch-leases"],
     "log_dir": ["logs"],
     "log_path": ["logs"],
+    "tee": ["0", "3", "0:1,1:2", "4", "x"],
+    "redirects": ["1", "2", "1:3", "0:1,0:2"],
+    "local_ranks_filter": ["0", "0,1", "x"],
 }
 INTEGERS = [0, 1, 2, 3, 4, 8, 100]
 NUMBERS = ["0", "0.5", "5", "-1", "nan", "inf"]

@@ -258,11 +258,19 @@ def test_every_rank_gets_the_site_hook_first_on_pythonpath(sysroots, tmp_path):
 
 
 def test_the_exit_hook_is_off_on_request_and_for_a_program_that_is_not_python(sysroots):
+    # issue 38: --no-exit-hook leaves the hook folder for the failure record alone, which says so
     for off in (["--no-exit-hook"], ["--no_exit_hook"]):
         doc = dry_run(sysroots[XEON], "--master-port", "29997", *off, env={"PYTHONPATH": "/src"})
+        assert [(i["env"].get("PYTHONPATH"), i["env"].get("CPULAUNCH_SITE_HOOKS")) for i in doc["instances"]] == [
+            (f"{hook_dir()}:/src", "record")] * 2
+        doc = dry_run(sysroots[XEON], "--master-port", "29997", *off, "--no-failure-record",
+                      env={"PYTHONPATH": "/src"})
         assert [i["env"].get("PYTHONPATH") for i in doc["instances"]] == [None, None]
-    doc = dry_run(sysroots[XEON], "--master-port", "29997", env={"CPULAUNCH_NO_EXIT_HOOK": "1"})
+    doc = dry_run(sysroots[XEON], "--master-port", "29997",
+                  env={"CPULAUNCH_NO_EXIT_HOOK": "1", "CPULAUNCH_NO_FAILURE_RECORD": "1"})
     assert [i["env"].get("PYTHONPATH") for i in doc["instances"]] == [None, None]
+    doc = dry_run(sysroots[XEON], "--master-port", "29997", "--no-failure-record")
+    assert [i["env"].get("CPULAUNCH_SITE_HOOKS") for i in doc["instances"]] == ["exit", "exit"]
     proc = run_cli("--sysroot", str(sysroots[XEON]), "--ddp", "--dry-run", "--format", "json", "--allocator",
                    "default", "--master-port", "29997", "sh", "run.sh")
     doc = json.loads(proc.stdout)
@@ -270,7 +278,8 @@ def test_the_exit_hook_is_off_on_request_and_for_a_program_that_is_not_python(sy
     assert [n for n in doc["notes"] if n.startswith("no exit hook")] == [
         ("no exit hook for 'sh' (not a Python interpreter): if its ranks never call destroy_process_group(), "
          "they may abort at exit; end each rank's program with torch.distributed.destroy_process_group()")]
-    assert "PYTHONPATH" not in run_cli("--ddp", "--no-exit-hook", "--dry-run", "python", "x.py").stdout
+    assert "PYTHONPATH" not in run_cli("--ddp", "--no-exit-hook", "--no-failure-record", "--dry-run", "python",
+                                       "x.py").stdout
 
 
 def test_the_dry_run_shows_the_hook_the_run_uses(sysroots):

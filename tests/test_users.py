@@ -249,8 +249,8 @@ def test_verbose_says_the_exec_path_command():
 def test_verbose_says_a_failure_once():
     proc = run_cli("-v", "--ninstances", "2", "--allocator", "default", "--no-python", "sh", "-c",
                    "exit $CPULAUNCH_INSTANCE_INDEX", check_rc=1)
-    failure = [ln for ln in proc.stderr.splitlines() if "exited with code" in ln]
-    assert failure == ["cpulaunch: instance 1 exited with code 1"]
+    failure = [ln for ln in proc.stderr.splitlines() if "failed first" in ln]
+    assert failure == ["cpulaunch: instance 1 failed first: exit 1"]
 
 
 # ------------------------------------------------------------------ live output

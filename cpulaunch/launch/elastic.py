@@ -63,7 +63,12 @@ def run_elastic(torchrun_argv: Sequence[str], ranks: Sequence[ProcessSpec], envi
                 records.append(json.loads(text or ""))
             except ValueError:
                 pass
-    failed = sorted((r for r in records if r.get("exit_code")), key=lambda r: r["time"])
+    # the earliest failure that is not a lost peer's (a consequence), else the earliest
+    failed = sorted((r for r in records if r.get("exit_code")), key=lambda r: (bool(r.get("peer_lost")), r["time"]))
+    if failed and failed[0].get("peer_lost"):
+        log.warning("rank %d exited %d (peer closed: no rank here failed before it; a peer on another machine was "
+                    "lost, most likely)", failed[0]["rank"], failed[0]["exit_code"])
+        return int(failed[0]["exit_code"])
     if failed:
         log.warning("rank %d failed first (%s)", failed[0]["rank"],
                     failed[0].get("how", f"exit code {failed[0]['exit_code']}"))
@@ -90,8 +95,15 @@ def main() -> int:
     environ.update(elastic_rank_env(environ))  # NODE_RANK, known only after the rendezvous
     if not status_dir:
         exec_spec(spec, environ)
-    outcome = run_group([spec], environ, prefix_output=False, stdin_for=None)
-    record = {"rank": int(environ.get("RANK", local)), "exit_code": outcome.exit_code, "time": time.time(),
+    # [local rank] before each console line, as in a static run (torchrun relays it as it is)
+    outcome = run_group([spec], environ, prefix_output=True, stdin_for=None)
+    verdict = outcome.verdict
+    failed_at = verdict.failed.get(spec.index) if verdict is not None else None
+    record = {"rank": int(environ.get("RANK", local)), "exit_code": outcome.exit_code,
+              # CLOCK_MONOTONIC, the clock every rank of this machine shares: its failure record's
+              # time when it wrote one (issue 38), else now (its exit was just seen)
+              "time": failed_at if failed_at is not None else time.monotonic(),
+              "peer_lost": bool(verdict is not None and spec.index in verdict.lost_peer),
               "how": describe_failure(outcome, [spec]) if outcome.exit_code else ""}
     try:  # never through a link planted at the name (issue 19)
         write_file(Path(status_dir, f"rank{record['rank']}.json"), json.dumps(record))

@@ -6,8 +6,10 @@ with bounded waits (torchelastic's ``PContext``: start / poll / stop(deadline) /
 
 from __future__ import annotations
 
+import collections
 import datetime
 import fcntl
+import json
 import os
 import re
 import select
@@ -18,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpulaunch import cpulist, envvars
 from cpulaunch import log as _log
@@ -52,6 +54,8 @@ _HANDLED = FORWARDED_SIGNALS + _JOB_CONTROL
 KILL_TIMEOUT = 5.0
 #: Seconds to wait, once every instance has exited, for the output relays to drain.
 RELAY_TIMEOUT = 2.0
+_TAIL_LINES = 20  # stderr lines kept per instance, for the failure's cause
+_TAIL_BYTES = 1000
 _CHUNK = 65536  # relay read size; also the longest line relayed in one piece
 #: Seconds the rest of a line waits for its end before it is shown anyway (a prompt or a
 #: progress bar printed without a newline reaches the console within this, plus the write).
@@ -162,6 +166,92 @@ def _watchdog_main(r: int, w: int) -> None:  # pragma: no cover - runs in the fo
                 groups.add(int(line[1:]))
             elif line.startswith(b"-"):
                 groups.discard(int(line[1:]))
+
+
+# --------------------------------------------------------------------------- subreaper
+
+_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _children(pid: int) -> List[int]:
+    """Process ids whose parent is ``pid`` (a scan of /proc/*/stat; a process that ends
+    meanwhile is skipped)."""
+    out = []
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return out
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append(int(name))
+    return out
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
+
+
+class _Subreaper:
+    """The launcher as a child subreaper (prctl(2) PR_SET_CHILD_SUBREAPER, issue 38 item 6): a
+    process the instances leave behind (a daemon that double-forked and called setsid, a
+    ``setsid sleep 61 &``) is re-parented to the launcher instead of to init when its parent
+    ends, so that the launcher can stop it at the end. The processes that were the launcher's
+    children before (an in-process caller's own) are never touched; the previous setting is
+    restored by :meth:`close`."""
+
+    def __init__(self, prctl) -> None:
+        import ctypes
+
+        self.prctl = prctl
+        self.before = set(_children(os.getpid()))
+        flag = ctypes.c_int(0)
+        self.previous = flag.value if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 else None
+        self.active = prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+    def stop_orphans(self, known: set, deadline: float) -> int:
+        """SIGKILL and reap every child of the launcher that is neither ``known`` nor was a
+        child before, again and again as their own descendants come back, until none is left
+        or the monotonic ``deadline``; returns how many were alive when found."""
+        if not self.active:
+            return 0
+        me, stopped, seen = os.getpid(), 0, set()
+        while time.monotonic() < deadline:
+            found = [p for p in _children(me) if p not in known and p not in self.before]
+            if not found:
+                break
+            for pid in found:
+                if pid not in seen:
+                    seen.add(pid)
+                    if not _is_zombie(pid):
+                        stopped += 1
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
+            for pid in found:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        time.sleep(0.005)  # SIGKILLed: its exit is a matter of moments
+                except ChildProcessError:
+                    pass
+        return stopped
+
+    def close(self) -> None:
+        if self.active and not self.previous:
+            self.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        self.active = False
 
 
 # --------------------------------------------------------------------------- output relay
@@ -346,13 +436,30 @@ class _Relay(threading.Thread):
     """
 
     def __init__(self, fd: int, tag: bytes, console: _Console, logfile: Optional[_LogFile], name: str,
-                 fold: Optional[Callable[[bytes], bool]] = None) -> None:
+                 fold: Optional[Callable[[bytes], bool]] = None, show: bool = True) -> None:
         super().__init__(name=name, daemon=True)
         self.fd, self.console, self.logfile, self.fold = fd, console, logfile, fold
+        self.show = show  # False: to its log only (--redirects, --local-ranks-filter)
         self.state = _LineState(tag)
         self.writing = False
+        #: the last lines read (raw bytes, at most _TAIL_LINES): what a failure's cause is read from
+        self.tail: Deque[bytes] = collections.deque(maxlen=_TAIL_LINES)
+        self._partial = b""
+
+    def _keep_tail(self, chunk: bytes) -> None:
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")
+        self.tail.extend(line[:_TAIL_BYTES] for line in lines)
+        self._partial = self._partial[-_TAIL_BYTES:]
+
+    def last_lines(self) -> List[str]:
+        """The last lines read (the unfinished one too), decoded leniently."""
+        lines = list(self.tail) + ([self._partial] if self._partial else [])
+        return [ln.decode(errors="replace").rstrip("\r") for ln in lines[-_TAIL_LINES:]]
 
     def _emit(self, data: bytes) -> None:
+        if not self.show:
+            return
         if self.fold is not None and b"\n" in data:  # whole lines the plan's notes stand for
             *lines, tail = data.split(b"\n")
             data = b"".join(line + b"\n" for line in lines if not self.fold(line)) + tail
@@ -382,6 +489,7 @@ class _Relay(threading.Thread):
                     break
                 if not chunk:
                     break
+                self._keep_tail(chunk)
                 if self.logfile is not None:
                     self.logfile.write(chunk)
                 if self.console.closed:
@@ -487,12 +595,21 @@ class _Proc:
     """A started child: its Popen, pidfd, times and exit status (seen, not yet reaped:
     an unreaped zombie keeps its pid, so its process group id cannot be reused)."""
 
-    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen, start: float) -> None:
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen, start: float,
+                 record_fd: Optional[int] = None) -> None:
         self.spec, self.popen, self.start = spec, popen, start
         self.pid = popen.pid
         self.returncode: Optional[int] = None
         self.core_dumped = False
         self.end: Optional[float] = None
+        #: CLOCK_MONOTONIC time its exit was seen (the clock of the failure records)
+        self.end_mono: Optional[float] = None
+        #: CLOCK_MONOTONIC time the launcher first signalled its group to stop it
+        self.stopped_at: Optional[float] = None
+        #: the read end of its failure-record pipe (None: no records, or end of file)
+        self.record_fd = record_fd
+        self.records: List[Dict[str, Any]] = []
+        self._record_buf = b""
         self.stuck = False
         self.reaped = False
         try:
@@ -521,8 +638,54 @@ class _Proc:
             else:
                 self.returncode = -info.si_status
                 self.core_dumped = info.si_code == os.CLD_DUMPED
-        self.end = time.time()
+        self.end, self.end_mono = time.time(), time.monotonic()
         return True
+
+    def read_records(self) -> bool:
+        """Read what its failure-record pipe holds (non-blocking; see
+        :mod:`cpulaunch.runtime.failrec`); True when a record arrived. Lines that are not
+        JSON objects are dropped; end of file closes the pipe."""
+        if self.record_fd is None:
+            return False
+        got = False
+        while True:
+            try:
+                data = os.read(self.record_fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self.close_records()
+                break
+            *lines, self._record_buf = (self._record_buf + data).split(b"\n")
+            self._record_buf = self._record_buf[-65536:]
+            for line in lines:
+                if line.startswith(b"Fatal Python error: "):  # faulthandler's report of a fatal signal
+                    what = line[len(b"Fatal Python error: "):].decode(errors="replace").strip()
+                    self.records.append({"ev": "fatal", "t": time.monotonic(), "code": None, "type": "", "line": what,
+                                         "frames": [], "received": time.monotonic()})
+                    got = True
+                    continue
+                if line.startswith(b'  File "') and self.records and self.records[-1].get("ev") == "fatal":
+                    frames = self.records[-1]["frames"]  # faulthandler: most recent call first
+                    if len(frames) < 4:
+                        frames.insert(0, line.strip().decode(errors="replace"))
+                    continue
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict) and isinstance(doc.get("t"), (int, float)):
+                    doc["received"] = time.monotonic()
+                    self.records.append(doc)
+                    got = True
+        return got
+
+    def close_records(self) -> None:
+        if self.record_fd is not None:
+            fd, self.record_fd = self.record_fd, None
+            os.close(fd)
 
     def signal_group(self, sig: int) -> None:
         if self.reaped:
@@ -562,8 +725,18 @@ class ProcessGroup:
                  stdin_for: Optional[int] = None, prefix_output: bool = True,
                  stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[bytes]] = None,
                  log_files: Optional[Mapping[int, Tuple[Tuple[Path, int], Tuple[Path, int]]]] = None,
-                 kill_timeout: float = KILL_TIMEOUT) -> None:
+                 kill_timeout: float = KILL_TIMEOUT, records: bool = False, reap_orphans: bool = False,
+                 console_streams: Optional[Mapping[int, int]] = None,
+                 log_streams: Optional[Mapping[int, int]] = None) -> None:
         self.specs = tuple(specs)
+        #: {index: streams shown on the console / written to its log}: 1 stdout, 2 stderr (default 3)
+        self.console_streams = dict(console_streams or {})
+        self.log_streams = dict(log_streams or {})
+        self.records = records
+        self.reap_orphans = reap_orphans
+        #: how many processes the instances left behind were stopped at the end (reap_orphans)
+        self.orphans_stopped = 0
+        self._subreaper: Optional[_Subreaper] = None
         self.base_environ = base_environ
         self.stdin_for = stdin_for
         self.prefix_output = prefix_output
@@ -600,6 +773,8 @@ class ProcessGroup:
                 pass
         signals, prctl, me = _signals_to_reset(), _load_prctl(), os.getpid()
         pipes: Dict[int, Tuple[int, int]] = {}
+        if self.reap_orphans and prctl is not None:
+            self._subreaper = _Subreaper(prctl)
         try:
             try:
                 self._watchdog = _Watchdog()
@@ -621,24 +796,37 @@ class ProcessGroup:
     def _spawn(self, spec: ProcessSpec, setup: Callable[[], None]) -> Tuple[int, int]:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        env = _child_environ(self.base_environ, spec)
+        rec_r = rec_w = None
+        if self.records:  # its failure records (cpulaunch.runtime.failrec): one pipe per instance
+            rec_r, rec_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # never blocks the writer either
+            st = os.fstat(rec_w)
+            env[envvars.FAILURE_FD] = f"{rec_w}:{st.st_dev}:{st.st_ino}"
         start = time.time()
         try:
             popen = subprocess.Popen(
-                list(spec.argv), env=_child_environ(self.base_environ, spec),
+                list(spec.argv), env=env,
                 stdin=None if spec.index == self.stdin_for else subprocess.DEVNULL,
                 stdout=out_w, stderr=err_w, start_new_session=True, preexec_fn=setup,
+                pass_fds=(rec_w,) if rec_w is not None else (),
             )
         except (OSError, ValueError) as exc:
             os.close(out_r), os.close(err_r)
+            if rec_r is not None:
+                os.close(rec_r)
             raise _cannot_run(spec, exc) from None
         except subprocess.SubprocessError:
             os.close(out_r), os.close(err_r)
+            if rec_r is not None:
+                os.close(rec_r)
             what = f"binding it to CPUs {cpulist.format(spec.affinity)}" if spec.affinity else "its set-up"
             raise LaunchError(f"cannot start {spec.label} ({spec.argv[0]!r}): {what} failed "
                               "between fork and exec") from None
         finally:
             os.close(out_w), os.close(err_w)
-        self.procs[spec.index] = _Proc(spec, popen, start)  # registered itself with the watchdog
+            if rec_w is not None:
+                os.close(rec_w)
+        self.procs[spec.index] = _Proc(spec, popen, start, rec_r)  # registered itself with the watchdog
         return out_r, err_r
 
     def _start_relays(self, spec: ProcessSpec, out_r: int, err_r: int) -> None:
@@ -649,8 +837,10 @@ class ProcessGroup:
             from cpulaunch.distributed import ccl_expected_warning
 
             fold = ccl_expected_warning(spec.env)
-        for fd, console, logfile in ((out_r, self.out, logs[0]), (err_r, self.err, logs[1])):
-            relay = _Relay(fd, tag, console, logfile, name=f"{spec.label} {console.name}", fold=fold)
+        shown = self.console_streams.get(spec.index, 3)
+        for bit, (fd, console, logfile) in ((1, (out_r, self.out, logs[0])), (2, (err_r, self.err, logs[1]))):
+            relay = _Relay(fd, tag, console, logfile, name=f"{spec.label} {console.name}", fold=fold,
+                           show=bool(shown & bit))
             relay.start()
             self._relays.append((spec.index, relay))
 
@@ -659,7 +849,15 @@ class ProcessGroup:
         if index not in self._log_files:
             return None, None
         out, err = self._log_files.pop(index)
-        return _LogFile(out[0], out[1], self._say), _LogFile(err[0], err[1], self._say)
+        logged = self.log_streams.get(index, 3)
+        files = []
+        for bit, (path, fd) in ((1, out), (2, err)):
+            if logged & bit:
+                files.append(_LogFile(path, fd, self._say))
+            else:  # --tee/--redirects leave this stream out of the log (the file stays, empty)
+                os.close(fd)
+                files.append(None)
+        return files[0], files[1]
 
     def _say(self, message: str) -> None:
         """A line of the launcher's own on stderr, whole, between relayed lines (a line an
@@ -673,8 +871,25 @@ class ProcessGroup:
         return [i for i, p in self.procs.items() if p.running]
 
     def poll(self) -> List[InstanceResult]:
-        """The processes that exited since the last call (not reaped yet)."""
+        """The processes that exited since the last call (not reaped yet). Their failure
+        records are read first, so a record written before the exit is there with it."""
+        self.read_records()
         return [p.result() for p in self.procs.values() if p.check()]
+
+    def read_records(self) -> List[int]:
+        """Read every instance's failure-record pipe; the indices that got a record."""
+        return [i for i, p in self.procs.items() if p.read_records()]
+
+    def stderr_done(self, index: int) -> bool:
+        """Whether instance ``index``'s stderr has been read to its end."""
+        return not any(i == index and relay.console is self.err and relay.is_alive() for i, relay in self._relays)
+
+    def stderr_tail(self, index: int) -> List[str]:
+        """The last lines (at most 20) instance ``index`` wrote to stderr so far."""
+        for i, relay in self._relays:
+            if i == index and relay.console is self.err:
+                return relay.last_lines()
+        return []
 
     def send(self, sig: int, indices: Optional[Sequence[int]] = None) -> None:
         """killpg(sig) to the groups of ``indices`` (default: every process still running).
@@ -683,6 +898,8 @@ class ProcessGroup:
         if sig == signal.SIGKILL and chosen and self.kill_sent_at is None:
             self.kill_sent_at = time.monotonic()
         for i in chosen:
+            if sig in STOPPING_SIGNALS + (signal.SIGKILL,) and self.procs[i].stopped_at is None:
+                self.procs[i].stopped_at = time.monotonic()
             self.procs[i].signal_group(sig)
         if self.paused and sig not in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGCONT):
             for i in chosen:
@@ -705,6 +922,7 @@ class ProcessGroup:
         running meanwhile does not end the wait early)."""
         fds = [p.pidfd for p in self.procs.values() if p.running and p.pidfd is not None]
         if len(fds) == len(self.running()) and fds:
+            fds += [p.record_fd for p in self.procs.values() if p.running and p.record_fd is not None]
             select.select(fds, [], [], max(timeout, 0))
         else:
             time.sleep(min(max(timeout, 0), 0.02))
@@ -746,10 +964,18 @@ class ProcessGroup:
         if self.kill_sent_at is None:
             self.kill_sent_at = time.monotonic()
         self._reap(self.kill_sent_at + self.kill_timeout)
+        if self._subreaper is not None:
+            known = {p.pid for p in self.procs.values()}
+            if self._watchdog is not None and self._watchdog.pid is not None:
+                known.add(self._watchdog.pid)
+            self.orphans_stopped = self._subreaper.stop_orphans(known, time.monotonic() + self.kill_timeout)
+            self._subreaper.close()
         self._drain_relays()
         if self._watchdog is not None:
             self._watchdog.close()
         for p in self.procs.values():
+            p.read_records()
+            p.close_records()
             if p.pidfd is not None:
                 os.close(p.pidfd)
                 p.pidfd = None

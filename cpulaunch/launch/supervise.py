@@ -29,7 +29,10 @@ Promises (issue 8), each with a real-process test in ``tests/test_launch*.py``:
   registers its own process group with the watchdog, still before exec (issue 19: see
   :func:`cpulaunch.launch.spawn._child_setup`); the watchdog killpg()s every registered group
   with SIGKILL when the last write end of its pipe closes. A program that leaves its
-  process group (setsid, daemons) is beyond reach; only a cgroup could follow it.
+  process group (setsid, daemons) is out of the groups' reach; while the launcher lives it
+  is a child subreaper (issue 38), so such a process comes back to it when its parent ends
+  and is stopped at the end with the rest (``--keep-orphans`` lets it run on). A SIGKILLed
+  launcher cannot do that; only a cgroup could.
 * No signal is lost while starting: the forwarded signals are blocked while children are
   spawned and registered, then unblocked and delivered to every group.
 * SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every group
@@ -62,12 +65,13 @@ from cpulaunch.launch.group import (
     InstanceResult,
     ProcessGroup,
 )
+from cpulaunch.launch import rootcause
 from cpulaunch.launch.rundir import _prepare_run_dir
 from cpulaunch.launch.spawn import (
     LaunchError,
     ProcessSpec,
 )
-from cpulaunch.machine.exec import exit_code_of, signal_name
+from cpulaunch.machine.exec import signal_name
 from cpulaunch.option_table import BY_DEST
 from cpulaunch.render import json_text
 
@@ -94,6 +98,9 @@ class Outcome:
         forwarded: every signal forwarded, in order (SIGUSR1/2 included).
         stopped: indices of instances the launcher stopped (SIGTERM) after the root cause.
         run_dir: ``DIR/<run-id>`` with ``--log-dir``, else None.
+        verdict: how the root cause was decided (:class:`cpulaunch.launch.rootcause.Verdict`),
+            None when no instance failed before a stopping signal.
+        endings: what the verdict was decided from, one per started instance.
     """
 
     exit_code: int
@@ -103,6 +110,9 @@ class Outcome:
     forwarded: Tuple[int, ...] = ()
     stopped: Tuple[int, ...] = ()
     run_dir: Optional[Path] = None
+    verdict: Optional[rootcause.Verdict] = None
+    endings: Tuple[rootcause.Ending, ...] = ()
+    orphans: int = 0
 
     @property
     def codes(self) -> Dict[int, Optional[int]]:
@@ -131,7 +141,12 @@ def describe_failure(outcome: Outcome, specs: Sequence[ProcessSpec] = (), *,
     labels = {r.index: r.label for r in outcome.results}
     labels.update({s.index: s.label for s in specs})
     parts = []
-    if outcome.root_cause is not None:
+    if outcome.root_cause is not None and outcome.verdict is not None and len(outcome.results) > 1:
+        endings = [replace(e, label=labels.get(e.index, e.label)) for e in outcome.endings]
+        parts.append(rootcause.line(outcome.verdict, endings))
+        if outcome.signalled is not None:
+            parts.append(f"then stopped by {signal_name(outcome.signalled)}")
+    elif outcome.root_cause is not None:
         root = outcome.result(outcome.root_cause)
         parts.append(f"{labels[root.index]} {root.describe()}")
         if outcome.stopped:
@@ -255,15 +270,29 @@ def _check_specs(specs: Sequence[ProcessSpec], stdin_for: Optional[int]) -> None
 
 def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec], extra: Optional[Mapping] = None) -> str:
     by_index = {s.index: s for s in specs}
+    verdict = outcome.verdict or rootcause.Verdict()
     instances = []
     for r in outcome.results:
         d = r.to_dict()
         d["argv"] = list(by_index[r.index].argv)
         d["cpus"] = cpulist.format(by_index[r.index].cpus) if by_index[r.index].cpus else ""
+        rec = verdict.records.get(r.index)
+        d["root_cause"] = r.index == outcome.root_cause
+        d["failed"] = r.index in verdict.failed
+        d["failure_time"] = verdict.failed.get(r.index)  # CLOCK_MONOTONIC seconds (the machine's)
+        d["failure_time_from"] = ("record" if r.index in verdict.by_record else "exit") if d["failed"] else None
+        d["recorded_exit_code"] = rec.get("code") if rec else None
+        d["exception"] = rec.get("type") if rec else None
+        d["error"] = _error_line(outcome, r.index, rec)
+        d["peer_lost"] = r.index in verdict.lost_peer
+        d["stopped"] = r.index in verdict.stopped
         instances.append(d)
     doc = {
         "exit_code": outcome.exit_code,
         "root_cause": outcome.root_cause,
+        "root_cause_by": verdict.by if outcome.root_cause is not None else None,
+        "root_cause_peer_lost": verdict.peer_lost if outcome.root_cause is not None else None,
+        "orphans_stopped": outcome.orphans,
         "signalled": signal_name(outcome.signalled) if outcome.signalled is not None else None,
         "forwarded": [signal_name(s) for s in outcome.forwarded],
         "stopped": list(outcome.stopped),
@@ -276,6 +305,36 @@ def _result_json(outcome: Outcome, specs: Sequence[ProcessSpec], extra: Optional
 
 #: ``--grace-period``'s default, from its row of the option table.
 _DEFAULT_GRACE_PERIOD = BY_DEST["grace_period"].default
+
+
+def _error_line(outcome: Outcome, index: int, rec) -> Optional[str]:
+    """The instance's error line: its record's message (``Type: line``), else its last
+    non-empty stderr line when it failed; None when it did not fail."""
+    verdict = outcome.verdict or rootcause.Verdict()
+    if index not in verdict.failed:
+        return None
+    if rec is not None and rec.get("ev") == "fatal":
+        return f"Fatal Python error: {rec.get('line', '')}"
+    if rec is not None:
+        return f"{rec.get('type') or 'error'}: {rec.get('line', '')}".rstrip(": ")
+    ending = next((e for e in outcome.endings if e.index == index), None)
+    tail = [ln for ln in (ending.stderr_tail if ending else ()) if ln.strip()]
+    return tail[-1].strip() if tail else None
+
+
+def error_tail(outcome: Outcome) -> List[str]:
+    """The root cause's last error lines for ``-v``: its record's frames and message, else its
+    last stderr lines (at most 10). Empty without a root cause."""
+    verdict = outcome.verdict
+    if verdict is None or verdict.root is None:
+        return []
+    rec = verdict.records.get(verdict.root)
+    if rec is not None and rec.get("ev") == "fatal":
+        return [f"  {f}" for f in rec.get("frames", [])] + [f"Fatal Python error: {rec.get('line', '')}"]
+    if rec is not None:
+        return [f"  {f}" for f in rec.get("frames", [])] + [f"{rec.get('type')}: {rec.get('line', '')}"]
+    ending = next((e for e in outcome.endings if e.index == verdict.root), None)
+    return [ln for ln in (ending.stderr_tail if ending else ()) if ln.strip()][-10:]
 
 
 def run_group(
@@ -293,6 +352,9 @@ def run_group(
     kill_timeout: float = KILL_TIMEOUT,
     after: Optional[Tuple[float, Callable[[Dict[int, int]], None]]] = None,
     watch=None,
+    records: bool = True,
+    reap_orphans: bool = False,
+    streams: Optional[Mapping[int, Tuple[int, int]]] = None,
 ) -> Outcome:
     """Start every spec, relay its output, forward signals, and wait for the end.
 
@@ -326,6 +388,13 @@ def run_group(
     being this run's :class:`RunDir` (None without ``log_dir``): write files there with
     ``run.write(name, text)``. Its exceptions are logged, never fatal.
 
+    ``records``: give each instance a pipe for its failure records (the root cause is then
+    the earliest failure they record: :mod:`cpulaunch.launch.rootcause`). ``reap_orphans``:
+    the launcher is a child subreaper while they run, and what they leave behind (daemons
+    that left their process group) is stopped at the end; ``Outcome.orphans`` says how many.
+    ``streams``: {index: (console, log)} streams of each instance (bits: 1 stdout, 2 stderr;
+    default both to both): ``--tee``, ``--redirects``, ``--local-ranks-filter``.
+
     ``watch``: an object whose ``tick({index: pid})`` is called on every turn of the loop
     (at least every 0.1 s) while instances run and no stop is under way, and whose
     ``record()`` dict is added to result.json, and whose ``close()`` is called at the end,
@@ -339,14 +408,15 @@ def run_group(
     try:
         return _run_group(specs, base_environ, log_dir=log_dir, run_info=run_info, keep_going=keep_going,
                           grace_period=grace_period, prefix_output=prefix_output, stdin_for=stdin_for,
-                          stdout=stdout, stderr=stderr, kill_timeout=kill_timeout, after=after, watch=watch)
+                          stdout=stdout, stderr=stderr, kill_timeout=kill_timeout, after=after, watch=watch,
+                          records=records, reap_orphans=reap_orphans, streams=streams)
     finally:
         if watch is not None:
             watch.close()
 
 
 def _run_group(specs, base_environ, *, log_dir, run_info, keep_going, grace_period, prefix_output, stdin_for,
-               stdout, stderr, kill_timeout, after, watch) -> Outcome:
+               stdout, stderr, kill_timeout, after, watch, records, reap_orphans, streams) -> Outcome:
     grace_period = _check_grace_period(grace_period)
     _check_specs(specs, stdin_for)
     run = None if log_dir is None else _prepare_run_dir(log_dir, specs, run_info)
@@ -357,7 +427,10 @@ def _run_group(specs, base_environ, *, log_dir, run_info, keep_going, grace_peri
             if spec.index in log_files:
                 log.info("%s: output in %s and %s", spec.label, *(f[0] for f in log_files[spec.index]))
         group = ProcessGroup(specs, base_environ, stdin_for=stdin_for, prefix_output=prefix_output,
-                             stdout=stdout, stderr=stderr, log_files=log_files, kill_timeout=kill_timeout)
+                             stdout=stdout, stderr=stderr, log_files=log_files, kill_timeout=kill_timeout,
+                             records=records, reap_orphans=reap_orphans,
+                             console_streams={i: c for i, (c, _) in (streams or {}).items()},
+                             log_streams={i: lg for i, (_, lg) in (streams or {}).items()})
         hook = (after[0], lambda pids: after[1](pids, run)) if after is not None else None
         outcome = _supervise(group, grace_period=grace_period, keep_going=keep_going, after=hook, watch=watch)
         if run is None:
@@ -382,14 +455,100 @@ def _watch(watch, group: ProcessGroup) -> None:
         log.warning("watching the instances failed: %s: %s", type(exc).__name__, exc)
 
 
+#: Seconds the others may take to fail on their own when the first failure seen only shows a
+#: lost peer (the rank that failed first may still be finishing: its exit handlers, its process
+#: group's end). A failure record that does not show a lost peer starts the stop at once, whether
+#: or not its process has exited (a rank stuck in a library's finalizer, such as oneCCL's
+#: key-value store waiting for its peers, ends once they are stopped); the failing instance
+#: itself is not sent SIGTERM, only SIGKILL after the grace period if it is still there.
+SETTLE = 2.0
+
+
+class _Stopper:
+    """When and whom to stop after a failure (issue 38 item 2)."""
+
+    def __init__(self, group: ProcessGroup, sig: "_Signals", grace_period: float, keep_going: bool) -> None:
+        self.group, self.sig, self.grace_period, self.keep_going = group, sig, grace_period, keep_going
+        self.failure_seen = False  # a failure before any stopping signal
+        self.started = False
+        self.stopped: List[int] = []
+        self.hold_until: Optional[float] = None
+        self.exited: Dict[int, float] = {}  # instances that failed by exiting: when seen
+
+    def _failing(self) -> List[int]:
+        """Running instances whose records say they are failing."""
+        return [i for i in self.group.running() if rootcause.definitive_record(self.group.procs[i].records)]
+
+    def tick(self, exited: Sequence[InstanceResult]) -> None:
+        if self.sig.signalled is not None and not self.failure_seen:
+            return
+        now = time.monotonic()
+        failing = self._failing()
+        peer_failing = [i for i in failing if self._lost_peer(i)]  # a consequence: judged as a lost peer's exit
+        failing = [i for i in failing if i not in peer_failing]
+        for r in exited:
+            if r.failed and self.group.procs[r.index].stopped_at is None:
+                self.exited.setdefault(r.index, now)
+        if self.exited or failing or peer_failing:
+            self.failure_seen = True
+        if self.started or self.keep_going:
+            return
+        # an exit is judged once its stderr is read to the end (0.5 s at most): its last lines
+        # may say that it only lost a peer, which makes it a consequence, not the cause
+        judged = {i: t for i, t in self.exited.items() if self.group.stderr_done(i) or now - t >= 0.5}
+        cause = any(not self._lost_peer(i) for i in judged)
+        if failing or cause:
+            self._start(now)
+            return
+        lost = sorted(set(judged) | set(peer_failing))
+        if lost and self.hold_until is None:  # only lost peers so far: the first failure may be finishing
+            self.hold_until = now + SETTLE
+            log.info("%s lost a peer; waiting up to %g s for the one that failed first",
+                     ", ".join(self.group.procs[i].spec.label for i in lost), SETTLE)
+        if self.hold_until is not None and now >= self.hold_until:
+            self._start(now)
+
+    def _lost_peer(self, index: int) -> bool:
+        p = self.group.procs[index]
+        lines = self.group.stderr_tail(index) + [r.get("line", "") for r in p.records if r.get("ev") == "fail"]
+        return rootcause.shows_lost_peer(lines)
+
+    def next_deadline(self) -> Optional[float]:
+        if self.started or self.keep_going:
+            return None
+        times = [t + 0.5 for t in self.exited.values()]
+        if self.hold_until is not None:
+            times.append(self.hold_until)
+        return min(times) if times else None
+
+    def _start(self, now: float) -> None:
+        self.started = True
+        failing = set(self._failing())
+        others = [i for i in self.group.running() if i not in failing]  # a failing one finishes by itself
+        self.stopped = others
+        if others:
+            log.info("stopping %s: SIGTERM, SIGKILL after %g s", ", ".join(
+                self.group.procs[i].spec.label for i in others), self.grace_period)
+            self.group.send(signal.SIGTERM, others)
+        if self.stopped and self.sig.stop_at is None:
+            self.sig.stop_at = now + self.grace_period
+
+
+def _endings(group: ProcessGroup) -> Tuple[rootcause.Ending, ...]:
+    return tuple(rootcause.Ending(index=i, label=p.spec.label, returncode=p.returncode, end=p.end_mono,
+                                  stopped_at=p.stopped_at, records=tuple(p.records),
+                                  stderr_tail=tuple(group.stderr_tail(i)))
+                 for i, p in group.procs.items())
+
+
 def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, after=None, watch=None) -> Outcome:
-    """Start ``group`` with signals held, then watch it: the first failure before any
-    stopping signal is the root cause and (unless ``keep_going``) the others get SIGTERM;
-    a stopping signal was forwarded by the handler; SIGKILL when the grace period is
-    over; stop waiting ``kill_timeout`` after SIGKILL."""
+    """Start ``group`` with signals held, then watch it: a failure before any stopping
+    signal (an exit, or a failure record: :class:`_Stopper`) stops the others (SIGTERM,
+    unless ``keep_going``); a stopping signal was forwarded by the handler; SIGKILL when the
+    grace period is over; stop waiting ``kill_timeout`` after SIGKILL. The root cause is
+    decided at the end from everything seen (:func:`cpulaunch.launch.rootcause.decide`)."""
     sig = _Signals(group, grace_period)
-    root: Optional[int] = None
-    stopped: List[int] = []
+    stopper = _Stopper(group, sig, grace_period, keep_going)
     try:
         sig.hold()
         try:
@@ -408,22 +567,15 @@ def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, af
                     after[1](pids)
                 except Exception as exc:  # noqa: BLE001 - a check must never break the run
                     log.warning("after-start check failed: %s", exc)
-            for r in group.poll():
-                if r.failed and root is None and sig.signalled is None:
-                    root = r.index  # said once, at the end, by the caller (describe_failure)
-                    if not keep_going and group.running():
-                        stopped = group.running()
-                        log.info("stopping %s: SIGTERM, SIGKILL after %g s", ", ".join(
-                            group.procs[i].spec.label for i in stopped), grace_period)
-                        group.send(signal.SIGTERM, stopped)
-                        sig.stop_at = time.monotonic() + grace_period
+            stopper.tick(group.poll())
             now = time.monotonic()
             if kill_at is None and sig.stop_at is not None and now >= sig.stop_at and group.running():
                 group.send(signal.SIGKILL)
                 kill_at = now + group.kill_timeout
             if kill_at is not None and now >= kill_at:
                 break
-            deadlines = [t for t in (sig.stop_at, kill_at, after_at) if t is not None and t > now]
+            deadlines = [t for t in (sig.stop_at, kill_at, after_at, stopper.next_deadline())
+                         if t is not None and t > now]
             group.wait(min([0.1] + [t - now for t in deadlines]))
     finally:
         try:
@@ -431,11 +583,15 @@ def _supervise(group: ProcessGroup, *, grace_period: float, keep_going: bool, af
         finally:
             sig.restore()
     results = group.results()
-    if root is not None:
-        code = exit_code_of(next(r for r in results if r.index == root).returncode)
+    verdict = rootcause.decide(_endings(group)) if stopper.failure_seen else None
+    endings = _endings(group)
+    if verdict is not None and verdict.root is not None:
+        root, code = verdict.root, verdict.code
     elif sig.signalled is not None:
-        code = 128 + sig.signalled
+        root, code = None, 128 + sig.signalled
     else:
+        root = None
         code = next((r.exit_code for r in results if r.failed and r.exit_code is not None), 0)
     return Outcome(exit_code=code, root_cause=root, results=results, signalled=sig.signalled,
-                   forwarded=tuple(sig.forwarded), stopped=tuple(stopped))
+                   forwarded=tuple(sig.forwarded), stopped=tuple(stopper.stopped), verdict=verdict,
+                   endings=endings, orphans=group.orphans_stopped)

@@ -102,7 +102,7 @@ def plan_node(local_world_size: int, *, environ: Optional[Mapping[str, str]] = N
         env.pop(name, None)
     env = {k: v for k, v in env.items() if not k.startswith("PET_")}
     settings = {"ddp": True, "nproc_per_node": str(local_world_size), "backend": "gloo", "no_exit_hook": True,
-                "allocator": "default", "master_port": DEFAULT_MASTER_PORT, **options}
+                "no_failure_record": True, "allocator": "default", "master_port": DEFAULT_MASTER_PORT, **options}
     return plan_instances(("python",), environ=env, **settings)
 
 

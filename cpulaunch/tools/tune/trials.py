@@ -11,6 +11,7 @@ import math
 import os
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -347,7 +348,9 @@ def run_command(argv: Sequence[str], timeout: float, environ: Optional[Mapping[s
     the interrupt propagates), every process of its group is SIGKILLed and reaped: a
     program's background children and daemons that stay in its group (``sh -c 'sleep 300
     &'``) go with it. A process that leaves the group (setsid) is beyond reach, as for
-    the launcher.
+    the launcher... except that tune is a child subreaper while the trial runs (issue 38): a
+    daemon the trial starts comes back to it when its parent ends, and is stopped with the
+    rest; one line on stderr says how many.
 
     Raises:
         TuneError: the command cannot be started.
@@ -357,7 +360,7 @@ def run_command(argv: Sequence[str], timeout: float, environ: Optional[Mapping[s
 
     out, err = _MetricLines(), _Tail(4 * TAIL_CHARS)
     group = ProcessGroup([ProcessSpec(0, "the trial", tuple(argv))], os.environ if environ is None else environ,
-                         prefix_output=False, stdout=out, stderr=err, kill_timeout=STOP_WAIT)
+                         prefix_output=False, stdout=out, stderr=err, kill_timeout=STOP_WAIT, reap_orphans=True)
     start = time.monotonic()
     try:
         try:
@@ -371,6 +374,9 @@ def run_command(argv: Sequence[str], timeout: float, environ: Optional[Mapping[s
         raise
     finally:
         group.close()
+        if group.orphans_stopped:  # daemons the trial left (setsid): tune is their subreaper (issue 38)
+            sys.stderr.write(f"cpulaunch tune: stopped {group.orphans_stopped} process"
+                             f"{'es' if group.orphans_stopped > 1 else ''} the trial left behind\n")
     rc = group.results()[0].returncode
     if status == "ok" and rc != 0:
         status = "failed"
