@@ -72,6 +72,24 @@ def uid_of(name: str) -> int:
     return int(subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
 
 
+def mount_tmpfs_keeping(options: str, where: str) -> None:
+    """Mount a tmpfs (``mount -o OPTIONS``) over ``where`` in this process's private mount
+    namespace, then bind the folders of :func:`kept_under_tmp` that lay under it back at
+    their own paths (through descriptors opened before the mount), so that a scenario's
+    small or full ``/tmp`` does not hide the checkout and interpreter it runs."""
+    prefix = where.rstrip("/") + "/"
+    kept = [k for k in kept_under_tmp() if k.startswith(prefix)]
+    fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in kept]
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", where], check=True)
+        for k, fd in zip(kept, fds):
+            os.makedirs(k, exist_ok=True)
+            subprocess.run(["mount", "--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", k], check=True, pass_fds=(fd,))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def fresh(argv) -> list:
     """``argv`` run in a private mount namespace with fresh /run and /tmp, where the
     checkout and this interpreter stay reachable (:func:`kept_under_tmp`): a tmpfs over

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import waiting
-from hostusers import REPO, as_user, user_python
+from hostusers import REPO, as_user, mount_tmpfs_keeping, user_python
 
 WORK = "/tmp/scenario"  # in the fresh /tmp: every user may enter
 HOLD = """
@@ -168,8 +168,7 @@ def full_filesystems(u1, u2):
     inodes free again but no space, the job runs (a lease file needs no bytes)."""
     global WORK
     for where, mode in (("/run", "0755"), ("/tmp", "1777")):
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=256k,nr_inodes=64,mode={mode}", "tmpfs", where],
-                       check=True)
+        mount_tmpfs_keeping(f"size=256k,nr_inodes=64,mode={mode}", where)
     os.mkdir("/run/cpulaunch-leases", 0o1777)
     os.chmod("/run/cpulaunch-leases", 0o1777)
     WORK = "/run/work"  # the jobs' FIFOs and outputs: on a file system of their own, not filled

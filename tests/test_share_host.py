@@ -554,24 +554,39 @@ class Attacker:
         return out
 
 
+#: Starts argv[1:] (stdout to /dev/null) with posix_spawn from this small interpreter and
+#: prints its exit code, seconds and peak memory (MB, wait4's ru_maxrss) as JSON. A child
+#: forked straight from pytest would report pytest's own size as its peak: Linux keeps the
+#: forked copy's high-water mark across exec (a suite that imported torch: about 960 MB);
+#: posix_spawn shares this small parent's memory until exec, so the figure is the job's.
+MEASURE = """
+import json, os, sys, time
+t = time.monotonic()
+pid = os.posix_spawnp(sys.argv[1], sys.argv[1:], os.environ,
+                      file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+_, status, usage = os.wait4(pid, 0)
+print(json.dumps({"code": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - t,
+                  "mb": usage.ru_maxrss / 1024}))
+"""
+
+
 def victim(folder: Path, user: str | None, mode: str = "fail", *args: str) -> dict:
     """One ``--share-host`` job start of ``python -c pass`` on one core: its exit code,
-    seconds, peak memory (MB, from wait4's rusage of the child) and stderr."""
+    seconds, peak memory (MB, from wait4's rusage of the job, started by :data:`MEASURE`)
+    and stderr."""
     import tempfile
 
     python, extra = (sys.executable, {}) if user is None else hostusers.user_python(user)
     argv = [python, "-m", "cpulaunch", f"--share-host={mode}", "--lease-dir", str(folder), "--allocator", "default",
             "--bind", "affinity", *ONE_CORE, *args, python, "-c", "pass"]
     with tempfile.TemporaryFile() as err:
-        t = time.monotonic()
-        proc = subprocess.Popen(hostusers.as_user(user, argv), cwd=REPO, env={**os.environ, **extra},
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.monotonic() - t
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc = subprocess.run([sys.executable, "-c", MEASURE, *hostusers.as_user(user, argv)], cwd=REPO,
+                              env={**os.environ, **extra}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=err, text=True, timeout=600)
         err.seek(0)
         text = err.read().decode(errors="replace")
-    return {"code": proc.returncode, "seconds": seconds, "mb": usage.ru_maxrss / 1024, "stderr": text}
+    assert proc.returncode == 0, (proc.stdout, text)
+    return {**json.loads(proc.stdout), "stderr": text}
 
 
 def quiet_start(folder: Path, user: str) -> float:
