@@ -360,7 +360,7 @@ def _basic_config(level: int) -> None:
 
 
 def _one_line(text: str) -> str:
-    from cpulaunch.render import one_line
+    from cpulaunch.forms import one_line
 
     return one_line(" ".join(str(text).split("\n")).strip())
 
@@ -475,7 +475,7 @@ def _evaluated_print_env(args: list[str]) -> bool:
 
 
 def _eval_fails() -> str:
-    from cpulaunch.render import EVAL_FAILS
+    from cpulaunch.forms import EVAL_FAILS
 
     return EVAL_FAILS
 

@@ -239,7 +239,7 @@ def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, s
 
 def output_text(p: Prepared) -> str:
     """The text --dry-run, --print-env or --show-topology prints (pure over ``p``)."""
-    from cpulaunch import render as r
+    from cpulaunch import forms as r
 
     fmt = p.opts.fmt
     if p.opts.output is Output.SHOW_TOPOLOGY:
@@ -249,7 +249,9 @@ def output_text(p: Prepared) -> str:
             from cpulaunch.svg import plan_svg
 
             return plan_svg(p.topo)
-        return r.topology_text(p.topo)
+        from cpulaunch.view import topology_text
+
+        return topology_text(p.topo)
     rendered = p.rendered
     if p.opts.output is Output.DRY_RUN:
         if fmt is Format.SVG:
@@ -281,7 +283,7 @@ def output_text(p: Prepared) -> str:
 
 
 def _json_text(doc) -> str:
-    from cpulaunch.render import json_text
+    from cpulaunch.forms import json_text
 
     return json_text(doc) + "\n"
 
@@ -351,7 +353,7 @@ def _with_count(opts: Options, count: int) -> Options:
 
 
 def _run_info(p: Prepared) -> str:
-    from cpulaunch import render as r
+    from cpulaunch import forms as r
 
     return r.plan_json(p.rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None)
 

@@ -29,7 +29,7 @@ from conftest import REPO
 PKG = REPO / "cpulaunch"
 
 #: Planning and rendering: pure functions of their arguments (rule 3).
-PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
+PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/forms.py", "cpulaunch/view.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py", "cpulaunch/placement.py", "cpulaunch/settings.py",
         "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py", "cpulaunch/names.py", "cpulaunch/notes.py",
         "cpulaunch/slips.py",
@@ -59,7 +59,8 @@ LAYERS = (
               "cpulaunch/names.py", "cpulaunch/notes.py", "cpulaunch/slips.py")),
     ("machine", ("cpulaunch/machine/",)),
     ("planning", ("cpulaunch/plan.py", "cpulaunch/option_table.py", "cpulaunch/options.py", "cpulaunch/distributed.py",
-                  "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/svg.py")),
+                  "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/forms.py",
+                  "cpulaunch/view.py", "cpulaunch/svg.py")),
     ("launch", ("cpulaunch/launch/",)),
     ("invocation", ("cpulaunch/core.py", "cpulaunch/api.py")),
     ("cli", ("cpulaunch/cli.py", "cpulaunch/__main__.py")),
@@ -69,7 +70,7 @@ LAYERS = (
 #: names both speak are on the ground floor (``names.py``).
 SURFACE = ("cpulaunch/option_table.py", "cpulaunch/options.py")
 PLANNER = ("cpulaunch/plan.py", "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/distributed.py",
-           "cpulaunch/render.py", "cpulaunch/svg.py")
+           "cpulaunch/render.py", "cpulaunch/forms.py", "cpulaunch/view.py", "cpulaunch/svg.py")
 #: Beside the layers: above every layer but cli, which none of them may import.
 BESIDE = ("cpulaunch/tools/", "cpulaunch/runtime/", "cpulaunch/inference.py", "cpulaunch/torch_utils.py",
           "cpulaunch/ddp_wrap.py", "cpulaunch/rank_entry.py")
@@ -376,8 +377,8 @@ def test_the_layout_is_what_the_docs_draw():
     """The roles' folders exist with the modules docs/dev/design.md names, and no module sits
     outside them but the flat pipeline's."""
     flat = {p.name for p in PKG.glob("*.py")}
-    assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "svg.py",
-                    "distributed.py", "cpulist.py", "errors.py", "envvars.py", "names.py", "log.py", "api.py",
+    assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "forms.py",
+                    "view.py", "svg.py", "distributed.py", "cpulist.py", "errors.py", "envvars.py", "names.py", "log.py", "api.py",
                     "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py",
                     "notes.py", "slips.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {

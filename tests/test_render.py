@@ -15,15 +15,8 @@ from cpulaunch.machine.libraries import REGISTRY, identify, preload_entries
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.numactl import argv as numactl_prefix
 from cpulaunch.plan import Instance, Plan
-from cpulaunch.render import (
-    ProgramError,
-    Settings,
-    dotenv_lines,
-    plan_json,
-    render,
-    resolve_program,
-    shell_exports,
-)
+from cpulaunch.forms import dotenv_lines, plan_json, shell_exports
+from cpulaunch.render import ProgramError, Settings, render, resolve_program
 
 PY = "/py"
 
@@ -235,7 +228,7 @@ def test_is_loadable_elf(tmp_path):
 def test_json_text_layout_is_exact_and_reads_back_as_the_document():
     """Issue 12: JSON outputs put each member and each record on its own line, and any value
     holding no object or list of them on one line (the json module's C encoder)."""
-    from cpulaunch.render import json_text
+    from cpulaunch.forms import json_text
 
     doc = {"instances": [{"index": 0, "cpus": [0, 1], "env": {"A": "1", "Ü": "x\n"}, "argv": []}],
            "notes": [], "empty": {}, "topology": {"cores": [{"id": 0, "cpus": [0, 4]}], "hybrid": False},

@@ -70,7 +70,7 @@ from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.probe import CPUINFO_BYTES
 from cpulaunch.machine.platform import Platform
 from cpulaunch.machine.recipes import RECIPES, recipe_for
-from cpulaunch.render import ISA_FLAGS, platform_line
+from cpulaunch.view import ISA_FLAGS, platform_line
 from cpulaunch.tools import CLICK_CONTEXT
 
 __all__ = [
@@ -1201,7 +1201,7 @@ def command(sysroot, fmt, mem_policy, strict, clear_cache):
     1 when one is (the report is printed either way), 2 on a usage error."""
     from cpulaunch import core
     from cpulaunch.machine import probe
-    from cpulaunch.render import json_text
+    from cpulaunch.forms import json_text
 
     if clear_cache:
         from cpulaunch.machine.host import clear_cache as clear
