@@ -151,7 +151,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
 
 def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
     """Plan and render on ``topo`` (:func:`prepare` without the probe)."""
-    from cpulaunch.render import render, with_recipe
+    from cpulaunch.render import render
 
     program = _resolve_program(opts, host.python)
     ddp_info, label, instance_env, run_environ, programs = None, "instance", {}, environ, {}
@@ -171,8 +171,7 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
         the_plan = placement.plan_here(opts, topo, host.engine)
     elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
-    settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed, programs)
-    settings = with_recipe(settings, topo, opts.recipe, opts.omp_wait_policy, opts.zendnn_matmul_algo)  # issue 33
+    settings, notes = resolve_settings(opts, topo, host, run_environ, label, instance_env, relayed, programs)
     rendered = render(the_plan, program, settings)
     rendered = rendered._replace(notes=opts.notes + rendered.notes + tuple(notes))
     prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,

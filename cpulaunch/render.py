@@ -21,8 +21,8 @@ Rules and where they come from:
   to one thread (pytorch#149422). ``OMP_PROC_BIND``/``OMP_PLACES`` are left unset by
   default (measured within noise here: docs/dev/measurements.md).
 - jemalloc's ``MALLOC_CONF`` comes from the library registry (tuning guide value).
-- The platform's environment recipe (:mod:`cpulaunch.machine.recipes`, chosen by
-  :func:`with_recipe`): its variables are tunables like the ones above; they replace the
+- The platform's environment recipe (:mod:`cpulaunch.machine.recipes`, chosen with the
+  other settings by :func:`cpulaunch.settings.resolve_settings`): its variables are tunables like the ones above; they replace the
   registry's (AMD's MALLOC_CONF for jemalloc) and give way to cpulaunch's options and
   pinning (``--kmp-blocktime``, ``--omp-places`` and helper CPUs' OMP_PLACES/OMP_PROC_BIND).
   Every instance gets ``CPULAUNCH_PLANNED_RECIPE`` naming it.
@@ -39,12 +39,12 @@ from cpulaunch.forms import one_line
 from cpulaunch.machine import numactl
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
 from cpulaunch.machine.recipes import Applied
+from cpulaunch.names import BindMode
 from cpulaunch.notes import retext
 from cpulaunch.plan import Instance, Plan
 
 __all__ = [
     "Settings",
-    "with_recipe",
     "Rendered",
     "RenderedInstance",
     "ProgramError",
@@ -92,7 +92,8 @@ class Settings(NamedTuple):
         openmp_path: file to preload for that runtime (None: nothing to preload).
         allocator: registry name of the allocator to preload, or None (the C library's).
         allocator_path: its file.
-        bind: "numactl", "affinity" or "none".
+        bind: how instances are bound (:class:`cpulaunch.names.BindMode`), after numactl's
+            fallback (``bind_fallback``).
         numactl: numactl's path (or "numactl" when describing another machine; "" under
             --bind affinity when this machine has none).
         override_env: cpulaunch's values win over the user's.
@@ -107,16 +108,17 @@ class Settings(NamedTuple):
         instance_program: per instance index, its program where it is not the shared one
             (a DDP rank's ``--local_rank=N`` under ``--pass-local-rank``).
         recipe: the platform's environment recipe for this launch
-            (:class:`cpulaunch.machine.recipes.Applied`, :func:`with_recipe`); None: none.
+            (:class:`cpulaunch.machine.recipes.Applied`, chosen by
+            :func:`cpulaunch.settings.resolve_settings`); None: none.
         bind_fallback: numactl was asked for but is missing or refuses here, so ``bind`` is
-            "affinity" (the fallback's own note says memory is not bound; no second note).
+            ``BindMode.AFFINITY`` (the fallback's own note says memory is not bound; no second note).
     """
 
     omp_runtime: str = "gnu"
     openmp_path: Optional[Path] = None
     allocator: Optional[str] = None
     allocator_path: Optional[Path] = None
-    bind: str = "numactl"
+    bind: BindMode = BindMode.NUMACTL
     numactl: str = "numactl"
     override_env: bool = False
     environ: Mapping[str, str] = MappingProxyType({})
@@ -131,29 +133,6 @@ class Settings(NamedTuple):
     bind_fallback: bool = False
 
 
-def with_recipe(settings: Settings, topo, choice: str = "auto", wait_policy: str = "auto",
-                matmul_algo: Optional[int] = None) -> Settings:
-    """``settings`` with the environment recipe of ``--recipe choice`` on the machine
-    ``topo`` (pure): ``auto`` takes the platform's (``topo.platform``,
-    :func:`cpulaunch.machine.recipes.recipe_for`); its variables are those that take effect
-    with the OpenMP runtime and allocator of ``settings`` and the CPU's flags, then
-    ``--omp-wait-policy`` and ``--zendnn-matmul-algo``
-    (:func:`cpulaunch.machine.recipes.recipe_env`).
-
-    Raises:
-        KeyError: ``choice`` names no recipe (the option table's choices prevent it).
-    """
-    from cpulaunch.machine import recipes
-
-    platform = topo.platform
-    recipe = recipes.resolve_recipe(choice, platform.kind)
-    env = recipes.recipe_env(recipe, openmp_pin_style=by_choice("openmp", settings.omp_runtime).pin_style,
-                             allocator=settings.allocator, flags=topo.flags, wait_policy=wait_policy,
-                             matmul_algo=matmul_algo)
-    applied = Applied(recipe, platform.text, "auto" if choice in (None, "auto") else "--recipe", env)
-    return settings._replace(recipe=applied)
-
-
 class RenderedInstance(NamedTuple):
     """What one instance runs.
 
@@ -163,7 +142,7 @@ class RenderedInstance(NamedTuple):
         env: the variables cpulaunch sets (final values), sorted by name.
         argv: the full command, binding prefix included.
         prefix: the binding prefix alone (``numactl ...``), empty if none.
-        affinity: CPUs to set with sched_setaffinity before exec (bind="affinity").
+        affinity: CPUs to set with sched_setaffinity before exec (``BindMode.AFFINITY``).
         label: "instance 1" / "rank 1", for messages.
         kept: planned variables whose value in the user's environment was kept (no
             ``--override-env``): name -> (the user's value, cpulaunch's planned value). The
@@ -234,7 +213,7 @@ def _planned_tunables(inst: Instance, settings: Settings) -> dict:
     """OpenMP and allocator variables, by the registry entries' rules (module doc)."""
     omp = by_choice("openmp", settings.omp_runtime)
     env = {"OMP_NUM_THREADS": str(inst.threads)}
-    bound = settings.bind != "none"
+    bound = settings.bind is not BindMode.NONE
     helpers = _helper_cpus(inst)
     if bound and omp.pin_style == "kmp":
         if helpers:  # keep OpenMP threads off the helper CPUs
@@ -301,7 +280,7 @@ def _applied_memory(inst: Instance, settings: Settings) -> tuple:
     """``(policy value, node ids)`` the launch really applies: the plan's under numactl;
     ("none", ()) under --bind affinity or none, which set no memory policy (pages follow
     the first touch)."""
-    if settings.bind == "numactl":
+    if settings.bind is BindMode.NUMACTL:
         return inst.mem_policy.value, tuple(inst.mem_nodes)
     return "none", ()
 
@@ -312,7 +291,7 @@ def _memory_not_bound_note(plan: Plan, settings: Settings) -> Optional[str]:
     default policy: first touch, mm/mempolicy.c); None when numactl binds or nothing
     planned a memory policy."""
     planned = sorted({i.mem_policy.value for i in plan.instances if i.mem_policy.value != "none"})
-    if settings.bind != "affinity" or not planned or settings.bind_fallback:
+    if settings.bind is not BindMode.AFFINITY or not planned or settings.bind_fallback:
         return None
     fix = ("use --bind numactl to bind memory" if settings.numactl  # "": not installed here (settings)
            else "numactl, which would bind memory, is not installed here")  # never suggest what cannot run
@@ -370,10 +349,10 @@ def render(plan: Plan, program: Sequence[str], settings: Settings) -> Rendered:
             env[envvars.RECIPE] = settings.recipe.recipe.name
         env.update(_budget_env(inst, settings))
         env.update(settings.instance_env.get(inst.index, {}))
-        if settings.bind == "numactl":
+        if settings.bind is BindMode.NUMACTL:
             prefix = numactl.argv(settings.numactl, inst.bound_cpus, inst.mem_policy, inst.mem_nodes)
             affinity = None
-        elif settings.bind == "affinity":
+        elif settings.bind is BindMode.AFFINITY:
             prefix, affinity = (), inst.bound_cpus
         else:
             prefix, affinity = (), None

@@ -14,6 +14,7 @@ from cpulaunch.machine.libfinder import is_loadable_elf, parse_ldconfig
 from cpulaunch.machine.libraries import REGISTRY, identify, preload_entries
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.numactl import argv as numactl_prefix
+from cpulaunch.names import BindMode
 from cpulaunch.plan import Instance, Plan
 from cpulaunch.forms import dotenv_lines, plan_json, shell_exports
 from cpulaunch.render import ProgramError, Settings, render, resolve_program
@@ -104,14 +105,14 @@ def test_env_intel_openmp_and_jemalloc():
 
 
 def test_kmp_affinity_only_when_bound():
-    s = Settings(omp_runtime="intel", openmp_path=Path("/p/libiomp5.so"), bind="none")
+    s = Settings(omp_runtime="intel", openmp_path=Path("/p/libiomp5.so"), bind=BindMode.NONE)
     inst = render(two_instances(), ("true",), s).instances[0]
     assert "KMP_AFFINITY" not in inst.env and inst.env["KMP_BLOCKTIME"] == "1"
     assert inst.prefix == () and inst.affinity is None
 
 
 def test_affinity_binding_has_no_prefix_but_cpus():
-    s = Settings(bind="affinity")
+    s = Settings(bind=BindMode.AFFINITY)
     inst = render(two_instances(), ("true",), s).instances[1]
     assert inst.argv == ("true",) and inst.affinity == (8, 9)
     text = shell_exports(inst, taskset="/usr/bin/taskset")
