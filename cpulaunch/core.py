@@ -19,6 +19,7 @@ from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan
 from cpulaunch.render import Rendered, Settings
 from cpulaunch.settings import resolve_settings, supervised
+from cpulaunch.spelling import Spellings
 
 __all__ = ["Prepared", "probe_topology", "host_query", "prepare", "execute", "output_text", "run", "write_out"]
 
@@ -344,10 +345,10 @@ def _with_count(opts: Options, count: int) -> Options:
     """``opts`` planning ``count`` instances (``--ninstances count``; ``--nproc-per-node
     count`` under --ddp), the other placement modes dropped."""
     if opts.ddp is not None:
-        return opts._replace(ddp=opts.ddp._replace(nproc_per_node=str(count), words=()))
+        return opts._replace(ddp=opts.ddp._replace(nproc_per_node=str(count), words=Spellings()))
     req = opts.request._replace(ninstances=count, instances_per_socket=None, instances_per_node=None,
                                 instances_per_l3=None, latency_mode=False, throughput_mode=False,
-                                ncores_per_instance=None, words=())
+                                ncores_per_instance=None, words=Spellings())
     return opts._replace(request=req)
 
 

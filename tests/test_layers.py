@@ -32,7 +32,7 @@ PKG = REPO / "cpulaunch"
 PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/forms.py", "cpulaunch/view.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py", "cpulaunch/placement.py", "cpulaunch/settings.py",
         "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py", "cpulaunch/names.py", "cpulaunch/notes.py",
-        "cpulaunch/slips.py",
+        "cpulaunch/slips.py", "cpulaunch/spelling.py",
         "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py",
         "cpulaunch/machine/engines.py", "cpulaunch/machine/platform.py", "cpulaunch/machine/recipes.py")
 #: What pure modules may import besides each other: pure modules of the standard library
@@ -56,7 +56,7 @@ SPAWN_OWNERS = {"subprocess", "os"}
 #: The layers, lowest first (rule 6): each may import its own and the ones below.
 LAYERS = (
     ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py",
-              "cpulaunch/names.py", "cpulaunch/notes.py", "cpulaunch/slips.py")),
+              "cpulaunch/names.py", "cpulaunch/notes.py", "cpulaunch/slips.py", "cpulaunch/spelling.py")),
     ("machine", ("cpulaunch/machine/",)),
     ("planning", ("cpulaunch/plan.py", "cpulaunch/option_table.py", "cpulaunch/options.py", "cpulaunch/distributed.py",
                   "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/forms.py",
@@ -103,8 +103,8 @@ RULES = (
     "A pure module reads no environment (`os.environ`, `os.getenv`): the environment is handed in as a mapping, "
     "as the host is.",
     "Inside planning, the option surface ({surface}) imports the planner ({planner}), never the other way round: "
-    "the names both speak (placement modes, inference paths, bind modes, outputs, formats) are on the ground floor "
-    "(`names.py`); a planner module may name the surface's types for annotations only (`if TYPE_CHECKING:`).",
+    "the names both speak (placement modes, inference paths, bind modes, outputs, formats) and how the user said "
+    "an option are on the ground floor (`names.py`, `spelling.py`); a planner module may name the surface's types for annotations only (`if TYPE_CHECKING:`).",
 )
 
 
@@ -380,7 +380,7 @@ def test_the_layout_is_what_the_docs_draw():
     assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "forms.py",
                     "view.py", "svg.py", "distributed.py", "cpulist.py", "errors.py", "envvars.py", "names.py", "log.py", "api.py",
                     "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py",
-                    "notes.py", "slips.py"}
+                    "notes.py", "slips.py", "spelling.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
         "machine", "launch", "tools", "runtime"}
     design = (REPO / "docs" / "dev" / "design.md").read_text()
