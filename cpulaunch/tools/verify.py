@@ -83,7 +83,7 @@ from cpulaunch.machine.proc import (
     ProcessView,
     inspect,
 )
-from cpulaunch.tools import CLICK_CONTEXT
+from cpulaunch.tools import CLICK_CONTEXT, shared_option
 
 __all__ = [
     "MIN_BOUND_SHARE",
@@ -848,7 +848,7 @@ def check_run(rendered, settings, pids: Mapping[int, int], run=None) -> None:
 
 
 @click.command("verify", context_settings=CLICK_CONTEXT)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@shared_option("fmt", help=None, choices=("text", "json"))
 @click.argument("pids", nargs=-1, type=int, required=True)
 def command(fmt, pids):
     """What running processes really got: every thread's CPUs, thread count, allocator and
