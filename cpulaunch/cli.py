@@ -100,6 +100,25 @@ def split_argv(args: list[str], value_opts: set[str]) -> tuple[list[str], list[s
     return ours, [], typed
 
 
+class _Heard:
+    """How the user said cpulaunch's options while click parses them, kept on the click
+    context as its object (``ctx.ensure_object(_Heard)``), read once by :func:`_run`.
+
+    Attributes:
+        typed: typed on the command line: {python name: (spelling typed, value text or
+            None)} (:func:`split_argv`).
+        spelled: {python name: :class:`cpulaunch.spelling.Spelling`} of the values read from
+            a ``CPULAUNCH_*`` variable.
+        config: {python name: :class:`cpulaunch.spelling.Spelling`} of every key of the
+            ``--config`` file (a key counts only where its value was used).
+    """
+
+    def __init__(self) -> None:
+        self.typed: dict = {}
+        self.spelled: dict = {}
+        self.config: dict = {}
+
+
 class _TableOption(click.Option):
     """A parameter made from a row of the option table: it remembers how its value was
     given (a variable), and says a bad value in the user's words (``CPULAUNCH_NINSTANCES=x:
@@ -110,8 +129,7 @@ class _TableOption(click.Option):
         if source is click.core.ParameterSource.ENVIRONMENT and self.envvar:
             from cpulaunch.options import env_spelling
 
-            ctx.meta.setdefault("cpulaunch.words", {})[self.name] = env_spelling(self.envvar,
-                                                                                 os.environ.get(self.envvar, ""))
+            ctx.ensure_object(_Heard).spelled[self.name] = env_spelling(self.envvar, os.environ.get(self.envvar, ""))
         return value, source
 
     def shell_complete(self, ctx, incomplete):
@@ -130,10 +148,10 @@ class _TableOption(click.Option):
 
 def _said(ctx, dest: str, value) -> str:
     """An option as the user gave it, from what parsing recorded."""
-    words = ctx.meta.get("cpulaunch.words", {})
-    if dest in words:
-        return words[dest].said
-    typed = ctx.meta.get("cpulaunch.typed", {}).get(dest)
+    heard = ctx.ensure_object(_Heard)
+    if dest in heard.spelled:
+        return heard.spelled[dest].said
+    typed = heard.typed.get(dest)
     if typed is not None:
         spelling, text = typed
         return spelling if text is None else f"{spelling} {text}"
@@ -158,7 +176,7 @@ class _Command(click.Command):
             if isinstance(p, click.Option) and not (p.is_flag or p.count):
                 value_opts.update(p.opts + p.secondary_opts)
         ours, program, typed = split_argv(list(args), value_opts)
-        ctx.meta["cpulaunch.typed"] = typed
+        ctx.ensure_object(_Heard).typed = typed
         try:
             return super().parse_args(ctx, ours + (["--", *program] if program else []))
         except click.NoSuchOption as exc:
@@ -232,10 +250,10 @@ def _run(**values):
     ctx = click.get_current_context()
     source = ctx.get_parameter_source
     given = frozenset(n for n in values if source(n) not in (None, click.core.ParameterSource.DEFAULT))
-    spelled = options.command_line_words(ctx.meta.get("cpulaunch.typed", {}))
-    spelled.update(ctx.meta.get("cpulaunch.words", {}))
-    config = ctx.meta.get("cpulaunch.config_words", {})
-    spelled.update({n: s for n, s in config.items() if source(n) is click.core.ParameterSource.DEFAULT_MAP})
+    heard = ctx.ensure_object(_Heard)
+    spelled = options.command_line_words(heard.typed)
+    spelled.update(heard.spelled)
+    spelled.update({n: s for n, s in heard.config.items() if source(n) is click.core.ParameterSource.DEFAULT_MAP})
     _configure_logging(values.get("verbose") or 0, quiet=bool(values.get("quiet")))
     opts = options.from_values(values, given, options.Words(spelled), environ=os.environ)
     return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
@@ -341,7 +359,7 @@ def _load_config(ctx, param, path) -> None:
         raise OptionsError(f"{label} {printable(path)}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     settings = config_settings(data, path, label)
     ctx.default_map = {**(ctx.default_map or {}), **{n: v for n, (v, _) in settings.items()}}
-    ctx.meta["cpulaunch.config_words"] = {n: s for n, (_, s) in settings.items()}
+    ctx.ensure_object(_Heard).config = {n: s for n, (_, s) in settings.items()}
 
 
 def _configure_logging(verbose: int, now: bool = False, quiet: bool = False) -> None:
@@ -360,7 +378,7 @@ def _basic_config(level: int) -> None:
 
 
 def _one_line(text: str) -> str:
-    from cpulaunch.render import one_line
+    from cpulaunch.forms import one_line
 
     return one_line(" ".join(str(text).split("\n")).strip())
 
@@ -475,7 +493,7 @@ def _evaluated_print_env(args: list[str]) -> bool:
 
 
 def _eval_fails() -> str:
-    from cpulaunch.render import EVAL_FAILS
+    from cpulaunch.forms import EVAL_FAILS
 
     return EVAL_FAILS
 

@@ -19,6 +19,7 @@ from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan
 from cpulaunch.render import Rendered, Settings
 from cpulaunch.settings import resolve_settings, supervised
+from cpulaunch.spelling import Spellings
 
 __all__ = ["Prepared", "probe_topology", "host_query", "prepare", "execute", "output_text", "run", "write_out"]
 
@@ -151,7 +152,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
 
 def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
     """Plan and render on ``topo`` (:func:`prepare` without the probe)."""
-    from cpulaunch.render import render, with_recipe
+    from cpulaunch.render import render
 
     program = _resolve_program(opts, host.python)
     ddp_info, label, instance_env, run_environ, programs = None, "instance", {}, environ, {}
@@ -171,8 +172,7 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
         the_plan = placement.plan_here(opts, topo, host.engine)
     elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
-    settings, notes = resolve_settings(opts, host, run_environ, label, instance_env, relayed, programs)
-    settings = with_recipe(settings, topo, opts.recipe, opts.omp_wait_policy, opts.zendnn_matmul_algo)  # issue 33
+    settings, notes = resolve_settings(opts, topo, host, run_environ, label, instance_env, relayed, programs)
     rendered = render(the_plan, program, settings)
     rendered = rendered._replace(notes=opts.notes + rendered.notes + tuple(notes))
     prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,
@@ -239,7 +239,7 @@ def _prepare_shared(opts: Options, topo: Topology, host, environ: Mapping[str, s
 
 def output_text(p: Prepared) -> str:
     """The text --dry-run, --print-env or --show-topology prints (pure over ``p``)."""
-    from cpulaunch import render as r
+    from cpulaunch import forms as r
 
     fmt = p.opts.fmt
     if p.opts.output is Output.SHOW_TOPOLOGY:
@@ -249,7 +249,9 @@ def output_text(p: Prepared) -> str:
             from cpulaunch.svg import plan_svg
 
             return plan_svg(p.topo)
-        return r.topology_text(p.topo)
+        from cpulaunch.view import topology_text
+
+        return topology_text(p.topo)
     rendered = p.rendered
     if p.opts.output is Output.DRY_RUN:
         if fmt is Format.SVG:
@@ -281,7 +283,7 @@ def output_text(p: Prepared) -> str:
 
 
 def _json_text(doc) -> str:
-    from cpulaunch.render import json_text
+    from cpulaunch.forms import json_text
 
     return json_text(doc) + "\n"
 
@@ -343,15 +345,15 @@ def _with_count(opts: Options, count: int) -> Options:
     """``opts`` planning ``count`` instances (``--ninstances count``; ``--nproc-per-node
     count`` under --ddp), the other placement modes dropped."""
     if opts.ddp is not None:
-        return opts._replace(ddp=opts.ddp._replace(nproc_per_node=str(count), words=()))
+        return opts._replace(ddp=opts.ddp._replace(nproc_per_node=str(count), words=Spellings()))
     req = opts.request._replace(ninstances=count, instances_per_socket=None, instances_per_node=None,
                                 instances_per_l3=None, latency_mode=False, throughput_mode=False,
-                                ncores_per_instance=None, words=())
+                                ncores_per_instance=None, words=Spellings())
     return opts._replace(request=req)
 
 
 def _run_info(p: Prepared) -> str:
-    from cpulaunch import render as r
+    from cpulaunch import forms as r
 
     return r.plan_json(p.rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None)
 

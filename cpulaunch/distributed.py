@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from cpulaunch import envvars
 from cpulaunch.errors import DistributedError
 from cpulaunch.notes import explain
+from cpulaunch.spelling import Spelling
 from cpulaunch.machine.engines import (DEFAULT_MASTER_PORT, LOCAL_MASTER_ADDR, RankContext, block_node, detect_engine,
                                        expand_hostlist, first_host, tasks_on_node)
 
@@ -201,7 +202,7 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
         else:
             notes.append(explain(f"{said}: {count} rank(s), {why}"))
         name = said.split(" ")[0].split("=")[0] if said.startswith("-") else said
-        return req._replace(ninstances=count, words=req.words + (("ninstances", name, said),))
+        return req._replace(ninstances=count, words=req.words.given_as("ninstances", Spelling("derived", name, said)))
     if spec is None and local_size is not None:
         sockets = {c.socket for c in topo.cores if set(c.cpus) & topo.allowed}
         nodes = {c.node for c in topo.cores if set(c.cpus) & topo.allowed}
@@ -219,7 +220,7 @@ def rank_request(req, spec: Optional[str], topo, local_size: Optional[int] = Non
     if field == "ninstances" and (not spec.isdigit() or int(spec) < 1):
         raise DistributedError(f"{said}: use a positive number, 'auto', 'socket' or 'node'")
     return req._replace(**{field: 1 if field != "ninstances" else int(spec)},
-                        words=req.words + ((field, name, said),))
+                        words=req.words.given_as(field, Spelling("derived", name, said)))
 
 
 class _Notes:
@@ -905,8 +906,9 @@ def _with_ccl_workers(make, req, ddp, backend: str, notes: list):
         notes.append(explain(f"{ddp.said('ccl_worker_count')}: no core set aside; {shared}"))
         return make(req._replace(ccl_workers=0))
     said = ddp.said("ccl_worker_count")
-    words = req.words + (("ccl_workers", said.split(" ")[0] if said.startswith("-") else said, said),) \
-        if asked else req.words + (("ccl_workers", "--ccl-worker-count", "a core for oneCCL's worker (the default)"),)
+    words = req.words.given_as("ccl_workers", Spelling("derived", said.split(" ")[0] if said.startswith("-") else said, said)
+                               if asked else Spelling("derived", "--ccl-worker-count",
+                                                      "a core for oneCCL's worker (the default)"))
     try:
         return make(req._replace(ccl_workers=asked or 1, words=words))
     except PlanError:

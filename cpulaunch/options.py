@@ -24,6 +24,7 @@ from cpulaunch.machine import libraries
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.option_table import BindMode, Format, Kind, Output
 from cpulaunch.plan import Request
+from cpulaunch.spelling import Spelling, Spellings
 
 __all__ = [
     "OptionsError",
@@ -81,7 +82,8 @@ class DdpOptions(NamedTuple):
             passed it (``--pass-local-rank``; :func:`cpulaunch.distributed.with_local_rank`).
         rdzv_backend: torchrun's ``--rdzv-backend`` as given (c10d, the only one cpulaunch's
             elastic runs use), None: not given.
-        words: how the user gave the ranks (``--nproc-per-node 4``), for messages.
+        words: how the user gave the ranks (``--nproc-per-node 4``), for messages
+            (:class:`cpulaunch.spelling.Spellings`).
     """
 
     nproc_per_node: Optional[str] = None
@@ -100,7 +102,7 @@ class DdpOptions(NamedTuple):
     failure_record: bool = True
     pass_local_rank: bool = False
     rdzv_backend: Optional[str] = None
-    words: tuple[tuple[str, str, str], ...] = ()
+    words: Spellings = Spellings()
 
     @property
     def elastic(self) -> bool:
@@ -109,10 +111,8 @@ class DdpOptions(NamedTuple):
 
     def said(self, dest: str) -> str:
         """An option of this value as the user gave it (``"--nproc_per_node 4"``)."""
-        for field, _, said in self.words:
-            if field == dest:
-                return said
-        return f"{table.name_of(dest)} {getattr(self, dest)}"
+        spelling = self.words.get(dest)
+        return spelling.said if spelling else f"{table.name_of(dest)} {getattr(self, dest)}"
 
 
 class Streams(NamedTuple):
@@ -251,71 +251,20 @@ class Options(NamedTuple):
 # --------------------------------------------------------------------------- the user's words
 
 
-class Spelling(NamedTuple):
-    """How the user gave one option, for messages.
+class Words(Spellings):
+    """The option surface's :class:`cpulaunch.spelling.Spellings` (python name ->
+    :class:`Spelling`): an option not in it is named by its row's long name (``--ninstances
+    4``, :func:`cpulaunch.option_table.name_of`), as a default would be."""
 
-    Attributes:
-        source: "flag", "env", "config" or "api" (:data:`cpulaunch.option_table.SOURCES`).
-        name: the option as a message names it: the spelling typed (``--nproc_per_node``),
-            the variable (``CPULAUNCH_NINSTANCES``), the key and file (``ninstances in
-            --config best.toml``) or the keyword (``ninstances``).
-        said: the option with its value as given: ``--nproc_per_node 4``,
-            ``CPULAUNCH_NINSTANCES=x``, ``ninstances = "x" in --config best.toml``,
-            ``ninstances=5``; a flag without a value as typed (``--ddp``).
-    """
+    __slots__ = ()
 
-    source: str
-    name: str
-    said: str
-
-
-class Words:
-    """How the user gave each option (python name -> :class:`Spelling`); an option not
-    in it is named by its long name (``--ninstances 4``), as a default would be."""
-
-    def __init__(self, spelled: Optional[Mapping[str, Spelling]] = None) -> None:
-        self._spelled = dict(spelled or {})
-
-    def __contains__(self, dest: str) -> bool:
-        return dest in self._spelled
-
-    def source(self, dest: str) -> Optional[str]:
-        """Where the option came from ("flag", "env", "config", "api"), None: not given."""
-        s = self._spelled.get(dest)
-        return s.source if s else None
-
-    def name(self, dest: str) -> str:
-        """The option as the user named it (``--nproc_per_node``, ``CPULAUNCH_X``)."""
-        s = self._spelled.get(dest)
-        return s.name if s else table.name_of(dest)
-
-    def said(self, dest: str, value: Any = None) -> str:
-        """The option with its value as the user gave it; ``value`` is shown for an
-        option the user did not give (a default, or a value derived from another)."""
-        s = self._spelled.get(dest)
-        if s is not None:
-            return s.said
-        if value is None or value is True:
-            return table.name_of(dest)
-        return f"{table.name_of(dest)} {value}"
+    def long_name(self, dest: str) -> str:
+        return table.name_of(dest)
 
     def alias(self, target: str, dest: str, name: str) -> "Words":
         """These words with ``target`` named as its alias ``dest`` was given (``name``:
         the alias's long name, for one given by default)."""
-        out = Words(self._spelled)
-        out._spelled[target] = self._spelled.get(dest) or Spelling("flag", name, name)
-        return out
-
-    def given_as(self, dest: str, spelling: Spelling) -> "Words":
-        """These words with ``dest`` given as ``spelling`` (a value read from a pod's
-        variable: :func:`_pod_defaults`)."""
-        out = Words(self._spelled)
-        out._spelled[dest] = spelling
-        return out
-
-    def request_words(self, dests) -> tuple[tuple[str, str, str], ...]:
-        """(field, name, said) of each given option of ``dests`` (for :class:`Request`)."""
-        return tuple((d, self.name(d), self.said(d)) for d in dests if d in self._spelled)
+        return self.given_as(target, self.get(dest) or Spelling("flag", name, name))
 
 
 def command_line_words(words: Mapping[str, tuple[str, Optional[str]]]) -> dict[str, Spelling]:
@@ -736,11 +685,11 @@ def _assemble(c: _Check) -> Options:
         if group in groups:
             groups[group][name] = _field_value(c, field)
     fields = set(Request._fields)
-    request = Request(**groups["request"], words=c.words.request_words(d for d in table.BY_DEST if d in fields))
+    request = Request(**groups["request"], words=c.words.only(d for d in table.BY_DEST if d in fields))
     ddp = None
     if groups["options"].pop("ddp"):
         ddp = DdpOptions(**groups["ddp"], failure_record=groups["launch"]["failure_record"],
-                         words=c.words.request_words(("nproc_per_node", "ccl_worker_count", "nnodes", "node_rank")))
+                         words=c.words.only(("nproc_per_node", "ccl_worker_count", "nnodes", "node_rank")))
     return Options(**groups["options"], request=request, ddp=ddp, launch=LaunchOptions(**groups["launch"]),
                    program=tuple(c.v.get("program") or ()),
                    aliases=tuple(a.name for a in table.ALIASES if c.v.get(a.dest) not in (None, False)),

@@ -60,6 +60,7 @@ from cpulaunch.notes import explain
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
 from cpulaunch.names import PLACEMENT_MODES
+from cpulaunch.spelling import Spellings
 
 __all__ = [
     "Request",
@@ -74,9 +75,6 @@ __all__ = [
     "quota_limit",
     "quota_text",
 ]
-
-#: Fields whose option is not spelled like the field.
-_OPTION_NAMES = {"ccl_workers": "--ccl-worker-count"}
 
 #: Cores per instance in latency mode (as torch.backends.xeon.run_cpu and ipexrun do).
 LATENCY_CORES = 4
@@ -116,9 +114,11 @@ class Request(NamedTuple):
             balanced instances that may share an L3, leave cores idle in
             per-socket/per-node modes or span nodes with ``ninstances``, instead of sizes
             that follow the nodes and cache domains.
-        words: how the user gave the fields, for messages: (field, name, said) triples,
-            e.g. ``("ninstances", "--nproc-per-node", "--nproc-per-node 4")`` when
-            ``--ddp --nproc-per-node 4`` asked for 4 ranks (:meth:`said`, :meth:`name`).
+        words: how the user gave the fields, for messages (:class:`cpulaunch.spelling.Spellings`
+            by field), e.g. ``ninstances`` as ``Spelling("derived", "--nproc-per-node",
+            "--nproc-per-node 4")`` when ``--ddp --nproc-per-node 4`` asked for 4 ranks
+            (:meth:`said`, :meth:`name`). A field not in it is named by its long name
+            (``ninstances`` -> ``--ninstances``).
     """
 
     ninstances: Optional[int] = None
@@ -138,22 +138,19 @@ class Request(NamedTuple):
     ccl_workers: int = 0
     instances_per_l3: Optional[int] = None
     equal_sizes: bool = False
-    words: tuple[tuple[str, str, str], ...] = ()
+    words: Spellings = Spellings()
 
     def name(self, field: str) -> str:
         """The option behind ``field`` as the user named it (``--nproc-per-node``), else
         its long name (``"ninstances"`` -> ``--ninstances``)."""
-        for f, name, _ in self.words:
-            if f == field:
-                return name
-        return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
+        return self.words.name(field)
 
     def said(self, field: str) -> str:
         """``field`` with its value as the user gave it (``--nproc-per-node 4``), else
         its long name and value (``--ninstances 4``; a flag alone)."""
-        for f, _, said in self.words:
-            if f == field:
-                return said
+        spelling = self.words.get(field)
+        if spelling is not None:
+            return spelling.said
         value = getattr(self, field)
         if field == "ncores_per_instance":
             value = ",".join(map(str, _sizes_of(self) or ()))

@@ -1,5 +1,6 @@
-"""A run's settings (pure): the OpenMP runtime, allocator, binding and output relay
-resolved against the host's facts, for render (:class:`cpulaunch.render.Settings`).
+"""A run's settings (pure): the OpenMP runtime, allocator, binding, output relay and the
+platform's environment recipe resolved against the host's facts, in one pass, for render
+(:class:`cpulaunch.render.Settings`).
 
 Options + host facts in, settings and notes out; nothing here reads the host.
 """
@@ -38,11 +39,12 @@ def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
             or lopts.verify_after is not None or lopts.follow_cpuset)
 
 
-def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str = "instance",
+def resolve_settings(opts: Options, topo, host, environ: Mapping[str, str], label: str = "instance",
                      instance_env: Optional[Mapping[int, Mapping[str, str]]] = None,
                      relayed: bool = False,
                      instance_program: Optional[Mapping[int, tuple[str, ...]]] = None) -> tuple[Settings, list[str]]:
-    """Options + host facts -> (:class:`Settings`, notes). Pure.
+    """Options + the machine (``topo``, a :class:`cpulaunch.machine.topology.Topology`) + host
+    facts -> (:class:`Settings`, notes). Pure.
 
     ``instance_env``/``instance_program``: per instance index, its identity variables and,
     where it differs from the shared one, its program (DDP ranks: :class:`cpulaunch.distributed.RankPlan`).
@@ -55,7 +57,8 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
     within noise of it here), tcmalloc when found (1.0-1.4x measured here; jemalloc
     0.68-0.91x), else the C library's malloc. Binding with numactl falls back to
     sched_setaffinity, with a note, when numactl is missing or refuses on this machine;
-    under --sysroot the plan describes the dumped machine, so numactl is assumed.
+    under --sysroot the plan describes the dumped machine, so numactl is assumed. The
+    environment recipe: :func:`_applied_recipe`.
 
     Raises:
         CpulaunchError: a library asked for by name is not installed.
@@ -80,7 +83,7 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
     elif opts.allocator != "default":
         alloc = libraries.by_choice("allocator", opts.allocator).name
         alloc_path = _library_path(host, alloc, f"--allocator {opts.allocator}", "--allocator default")
-    bind, numactl = opts.bind.value, host.numactl or "numactl"
+    bind, numactl = opts.bind, host.numactl or "numactl"
     if opts.bind is BindMode.AFFINITY and getattr(host, "live", False) and host.numactl is None:
         numactl = ""  # looked for and missing here: render's notes then never suggest --bind numactl
     if opts.bind is BindMode.NUMACTL:
@@ -97,24 +100,48 @@ def resolve_settings(opts: Options, host, environ: Mapping[str, str], label: str
         extra_env=extra, instance_env=dict(instance_env or {}), omp_places=opts.omp_places, label=label,
         kmp_blocktime=opts.kmp_blocktime, dataloader_workers=opts.request.dataloader_workers,
         instance_program=dict(instance_program or {}),
-        bind_fallback=opts.bind is BindMode.NUMACTL and bind == "affinity",
+        bind_fallback=opts.bind is BindMode.NUMACTL and bind is BindMode.AFFINITY,
+        recipe=_applied_recipe(topo, opts.recipe, omp, alloc, opts.omp_wait_policy, opts.zendnn_matmul_algo),
     )
     return settings, notes
 
 
+def _applied_recipe(topo, choice: str, omp_runtime: str, allocator: Optional[str], wait_policy: str,
+                    matmul_algo: Optional[int]):
+    """The environment recipe of ``--recipe choice`` on the machine ``topo`` (pure; issue 33):
+    ``auto`` takes the platform's (``topo.platform``, :func:`cpulaunch.machine.recipes.recipe_for`);
+    its variables are those that take effect with the OpenMP runtime ``omp_runtime`` (a choice of
+    the library registry) and the allocator ``allocator`` (a registry name, None: the C
+    library's) and the CPU's flags, then ``--omp-wait-policy`` and ``--zendnn-matmul-algo``
+    (:func:`cpulaunch.machine.recipes.recipe_env`). Returns a
+    :class:`cpulaunch.machine.recipes.Applied`.
+
+    Raises:
+        KeyError: ``choice`` names no recipe (the option table's choices prevent it).
+    """
+    from cpulaunch.machine import libraries, recipes
+
+    platform = topo.platform
+    recipe = recipes.resolve_recipe(choice, platform.kind)
+    env = recipes.recipe_env(recipe, openmp_pin_style=libraries.by_choice("openmp", omp_runtime).pin_style,
+                             allocator=allocator, flags=topo.flags, wait_policy=wait_policy,
+                             matmul_algo=matmul_algo)
+    return recipes.Applied(recipe, platform.text, "auto" if choice in (None, "auto") else "--recipe", env)
+
+
 def _numactl_fallback(host) -> tuple:
-    """(how to bind, a note or "") when --bind numactl was asked (numactl(8)): numactl when it
+    """(how to bind: a :class:`BindMode`, a note or "") when --bind numactl was asked (numactl(8)): numactl when it
     is installed and its check on the planned CPUs passed, else sched_setaffinity."""
     if not host.live:
         here = f"installed here at {host.numactl}" if host.numactl else "not installed on this machine"
-        return "numactl", explain(f"numactl not checked: --sysroot describes another machine (numactl is {here})")
+        return BindMode.NUMACTL, explain(f"numactl not checked: --sysroot describes another machine (numactl is {here})")
     if host.numactl is None:
-        return "affinity", advice("numactl not found: CPUs bound with sched_setaffinity instead and memory "
+        return BindMode.AFFINITY, advice("numactl not found: CPUs bound with sched_setaffinity instead and memory "
                                   "binding dropped (apt-get install numactl)", "numactl", "memory not bound")
     if host.numactl_usable is False:
-        return "affinity", (f"{host.numactl_reason}: CPUs bound with sched_setaffinity instead; "
+        return BindMode.AFFINITY, (f"{host.numactl_reason}: CPUs bound with sched_setaffinity instead; "
                             "memory binding dropped")
-    return "numactl", ""
+    return BindMode.NUMACTL, ""
 
 
 def _library_path(host, name: str, option: str, fallback: str) -> object:

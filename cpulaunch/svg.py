@@ -24,7 +24,8 @@ import math
 from typing import Any, NamedTuple, Optional, Sequence
 
 from cpulaunch import cpulist
-from cpulaunch.render import CacheBox, cache_size_text, gib_text, one_line, topology_boxes
+from cpulaunch.forms import one_line
+from cpulaunch.view import CacheBox, cache_size_text, gib_text, topology_boxes
 
 __all__ = [
     "plan_svg",

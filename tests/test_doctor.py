@@ -44,7 +44,7 @@ def _failed(report) -> list:
 # --------------------------------------------------------------------------- this machine
 
 
-#: The flags --show-topology and doctor list (render.ISA_FLAGS), written out here.
+#: The flags --show-topology and doctor list (view.ISA_FLAGS), written out here.
 SHOWN_ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
              "amx_int8", "asimd", "sve")
 
@@ -287,14 +287,14 @@ def test_isa_status_rules():
 
 
 def test_isa_flags_are_the_one_table():
-    """doctor lists the flags of render.ISA_FLAGS (what --show-topology shows), in its order:
+    """doctor lists the flags of view.ISA_FLAGS (what --show-topology shows), in its order:
     one table, not a second copy (issue 20)."""
-    from cpulaunch import render
+    from cpulaunch import view
 
-    assert doctor.ISA_FLAGS is render.ISA_FLAGS
-    every = frozenset(render.ISA_FLAGS) | {"sse2", "lm", "avx_vnni", "fpu"}
-    assert doctor.isa_status("x86_64", every).present == render.ISA_FLAGS
-    assert doctor.isa_status("aarch64", frozenset(SHOWN_ISA)).present == SHOWN_ISA == render.ISA_FLAGS
+    assert doctor.ISA_FLAGS is view.ISA_FLAGS
+    every = frozenset(view.ISA_FLAGS) | {"sse2", "lm", "avx_vnni", "fpu"}
+    assert doctor.isa_status("x86_64", every).present == view.ISA_FLAGS
+    assert doctor.isa_status("aarch64", frozenset(SHOWN_ISA)).present == SHOWN_ISA == view.ISA_FLAGS
 
 
 # --------------------------------------------------------------------------- fixture dumps

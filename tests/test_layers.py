@@ -29,10 +29,10 @@ from conftest import REPO
 PKG = REPO / "cpulaunch"
 
 #: Planning and rendering: pure functions of their arguments (rule 3).
-PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
+PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/forms.py", "cpulaunch/view.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py", "cpulaunch/placement.py", "cpulaunch/settings.py",
         "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py", "cpulaunch/names.py", "cpulaunch/notes.py",
-        "cpulaunch/slips.py",
+        "cpulaunch/slips.py", "cpulaunch/spelling.py",
         "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py",
         "cpulaunch/machine/engines.py", "cpulaunch/machine/platform.py", "cpulaunch/machine/recipes.py")
 #: What pure modules may import besides each other: pure modules of the standard library
@@ -56,10 +56,11 @@ SPAWN_OWNERS = {"subprocess", "os"}
 #: The layers, lowest first (rule 6): each may import its own and the ones below.
 LAYERS = (
     ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py",
-              "cpulaunch/names.py", "cpulaunch/notes.py", "cpulaunch/slips.py")),
+              "cpulaunch/names.py", "cpulaunch/notes.py", "cpulaunch/slips.py", "cpulaunch/spelling.py")),
     ("machine", ("cpulaunch/machine/",)),
     ("planning", ("cpulaunch/plan.py", "cpulaunch/option_table.py", "cpulaunch/options.py", "cpulaunch/distributed.py",
-                  "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/svg.py")),
+                  "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/forms.py",
+                  "cpulaunch/view.py", "cpulaunch/svg.py")),
     ("launch", ("cpulaunch/launch/",)),
     ("invocation", ("cpulaunch/core.py", "cpulaunch/api.py")),
     ("cli", ("cpulaunch/cli.py", "cpulaunch/__main__.py")),
@@ -69,7 +70,7 @@ LAYERS = (
 #: names both speak are on the ground floor (``names.py``).
 SURFACE = ("cpulaunch/option_table.py", "cpulaunch/options.py")
 PLANNER = ("cpulaunch/plan.py", "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/distributed.py",
-           "cpulaunch/render.py", "cpulaunch/svg.py")
+           "cpulaunch/render.py", "cpulaunch/forms.py", "cpulaunch/view.py", "cpulaunch/svg.py")
 #: Beside the layers: above every layer but cli, which none of them may import.
 BESIDE = ("cpulaunch/tools/", "cpulaunch/runtime/", "cpulaunch/inference.py", "cpulaunch/torch_utils.py",
           "cpulaunch/ddp_wrap.py", "cpulaunch/rank_entry.py")
@@ -102,8 +103,8 @@ RULES = (
     "A pure module reads no environment (`os.environ`, `os.getenv`): the environment is handed in as a mapping, "
     "as the host is.",
     "Inside planning, the option surface ({surface}) imports the planner ({planner}), never the other way round: "
-    "the names both speak (placement modes, inference paths, bind modes, outputs, formats) are on the ground floor "
-    "(`names.py`); a planner module may name the surface's types for annotations only (`if TYPE_CHECKING:`).",
+    "the names both speak (placement modes, inference paths, bind modes, outputs, formats) and how the user said "
+    "an option are on the ground floor (`names.py`, `spelling.py`); a planner module may name the surface's types for annotations only (`if TYPE_CHECKING:`).",
 )
 
 
@@ -376,10 +377,10 @@ def test_the_layout_is_what_the_docs_draw():
     """The roles' folders exist with the modules docs/dev/design.md names, and no module sits
     outside them but the flat pipeline's."""
     flat = {p.name for p in PKG.glob("*.py")}
-    assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "svg.py",
-                    "distributed.py", "cpulist.py", "errors.py", "envvars.py", "names.py", "log.py", "api.py",
+    assert flat == {"__init__.py", "__main__.py", "cli.py", "options.py", "core.py", "plan.py", "render.py", "forms.py",
+                    "view.py", "svg.py", "distributed.py", "cpulist.py", "errors.py", "envvars.py", "names.py", "log.py", "api.py",
                     "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py",
-                    "notes.py", "slips.py"}
+                    "notes.py", "slips.py", "spelling.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
         "machine", "launch", "tools", "runtime"}
     design = (REPO / "docs" / "dev" / "design.md").read_text()

@@ -23,6 +23,7 @@ from cpulaunch import cpulist
 from cpulaunch.machine import probe
 from cpulaunch.errors import InternalError
 from cpulaunch.plan import PlanError, Request, plan, validate
+from cpulaunch.spelling import Spelling, Spellings
 from test_plan_fixtures import (
     AMD, GOLD, HYBRID, KUNPENG, POWER7, XEON, _clean_env, check_plan, machines, must_fail,
     ordered_cores, requests, synthetic,
@@ -115,6 +116,12 @@ def test_budgets_with_core_list_take_listed_cores_only():
 
 # --------------------------------------------------------------------------- errors
 
+def ccl_said(n: int) -> Spellings:
+    """A request's ``ccl_workers`` as ``--ccl-worker-count N`` gave it (the DDP planner's words:
+    the field is not spelled like its option)."""
+    return Spellings({"ccl_workers": Spelling("flag", "--ccl-worker-count", f"--ccl-worker-count {n}")})
+
+
 ERRORS = [
     (XEON, Request(instances_per_socket=1, dataloader_workers=8),
      "--dataloader-workers 8 takes 8 core(s) from each instance, but instance 0 has only 8 "
@@ -124,13 +131,13 @@ ERRORS = [
      "--dataloader-workers 3 and --reserve-cores 2 take 5 core(s) from each instance, but "
      "instance 1 has only 5 (CPUs 6-10), leaving no core for its OpenMP threads; lower "
      "--dataloader-workers or --reserve-cores, or plan fewer instances (ranks)"),
-    (AMD, Request(instances_per_node=1, ccl_workers=2),
+    (AMD, Request(instances_per_node=1, ccl_workers=2, words=ccl_said(2)),
      "--ccl-worker-count 2 takes 2 core(s) from each instance, but instance 1 has only 2 "
      "(CPUs 4-5), leaving no core for its OpenMP threads; lower --ccl-worker-count, or plan "
      "fewer instances (ranks)"),
     (XEON, Request(reserve_cores=-1), "--reserve-cores -1: must be 0 or more"),
     (XEON, Request(dataloader_workers=-2), "--dataloader-workers -2: must be 0 or more"),
-    (XEON, Request(ccl_workers=-1), "--ccl-worker-count -1: must be 0 or more"),
+    (XEON, Request(ccl_workers=-1, words=ccl_said(-1)), "--ccl-worker-count -1: must be 0 or more"),
 ]
 
 

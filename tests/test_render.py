@@ -14,16 +14,10 @@ from cpulaunch.machine.libfinder import is_loadable_elf, parse_ldconfig
 from cpulaunch.machine.libraries import REGISTRY, identify, preload_entries
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.numactl import argv as numactl_prefix
+from cpulaunch.names import BindMode
 from cpulaunch.plan import Instance, Plan
-from cpulaunch.render import (
-    ProgramError,
-    Settings,
-    dotenv_lines,
-    plan_json,
-    render,
-    resolve_program,
-    shell_exports,
-)
+from cpulaunch.forms import dotenv_lines, plan_json, shell_exports
+from cpulaunch.render import ProgramError, Settings, render, resolve_program
 
 PY = "/py"
 
@@ -111,14 +105,14 @@ def test_env_intel_openmp_and_jemalloc():
 
 
 def test_kmp_affinity_only_when_bound():
-    s = Settings(omp_runtime="intel", openmp_path=Path("/p/libiomp5.so"), bind="none")
+    s = Settings(omp_runtime="intel", openmp_path=Path("/p/libiomp5.so"), bind=BindMode.NONE)
     inst = render(two_instances(), ("true",), s).instances[0]
     assert "KMP_AFFINITY" not in inst.env and inst.env["KMP_BLOCKTIME"] == "1"
     assert inst.prefix == () and inst.affinity is None
 
 
 def test_affinity_binding_has_no_prefix_but_cpus():
-    s = Settings(bind="affinity")
+    s = Settings(bind=BindMode.AFFINITY)
     inst = render(two_instances(), ("true",), s).instances[1]
     assert inst.argv == ("true",) and inst.affinity == (8, 9)
     text = shell_exports(inst, taskset="/usr/bin/taskset")
@@ -235,7 +229,7 @@ def test_is_loadable_elf(tmp_path):
 def test_json_text_layout_is_exact_and_reads_back_as_the_document():
     """Issue 12: JSON outputs put each member and each record on its own line, and any value
     holding no object or list of them on one line (the json module's C encoder)."""
-    from cpulaunch.render import json_text
+    from cpulaunch.forms import json_text
 
     doc = {"instances": [{"index": 0, "cpus": [0, 1], "env": {"A": "1", "Ü": "x\n"}, "argv": []}],
            "notes": [], "empty": {}, "topology": {"cores": [{"id": 0, "cpus": [0, 4]}], "hybrid": False},

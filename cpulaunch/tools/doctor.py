@@ -70,8 +70,8 @@ from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.probe import CPUINFO_BYTES
 from cpulaunch.machine.platform import Platform
 from cpulaunch.machine.recipes import RECIPES, recipe_for
-from cpulaunch.render import ISA_FLAGS, platform_line
-from cpulaunch.tools import CLICK_CONTEXT
+from cpulaunch.view import ISA_FLAGS, platform_line
+from cpulaunch.tools import CLICK_CONTEXT, shared_option
 
 __all__ = [
     "SEVERITIES",
@@ -1184,9 +1184,8 @@ def render_text(report: Report) -> str:
 
 
 @click.command("doctor", context_settings=CLICK_CONTEXT)
-@click.option("--sysroot", type=click.Path(file_okay=False), default="/", show_default=True,
-              help="Examine a dump of another machine (numactl is then not run).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@shared_option("sysroot", help="Examine a dump of another machine (numactl is then not run).")
+@shared_option("fmt", help=None, choices=("text", "json"))
 @click.option("--mem-policy", type=click.Choice([p.value for p in MemPolicy]),
               default="bind", show_default=True,
               help="The --mem-policy of the launch to check numactl for (the launcher's own check).")
@@ -1201,7 +1200,7 @@ def command(sysroot, fmt, mem_policy, strict, clear_cache):
     1 when one is (the report is printed either way), 2 on a usage error."""
     from cpulaunch import core
     from cpulaunch.machine import probe
-    from cpulaunch.render import json_text
+    from cpulaunch.forms import json_text
 
     if clear_cache:
         from cpulaunch.machine.host import clear_cache as clear

@@ -83,7 +83,7 @@ from cpulaunch.machine.proc import (
     ProcessView,
     inspect,
 )
-from cpulaunch.tools import CLICK_CONTEXT
+from cpulaunch.tools import CLICK_CONTEXT, shared_option
 
 __all__ = [
     "MIN_BOUND_SHARE",
@@ -826,7 +826,7 @@ def check_run(rendered, settings, pids: Mapping[int, int], run=None) -> None:
         pids: {instance index: pid} of the instances running.
     """
     from cpulaunch import log as _log
-    from cpulaunch.render import json_text
+    from cpulaunch.forms import json_text
 
     log = _log.get(__name__)
     by_index = {i.index: i for i in rendered.instances}
@@ -848,7 +848,7 @@ def check_run(rendered, settings, pids: Mapping[int, int], run=None) -> None:
 
 
 @click.command("verify", context_settings=CLICK_CONTEXT)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@shared_option("fmt", help=None, choices=("text", "json"))
 @click.argument("pids", nargs=-1, type=int, required=True)
 def command(fmt, pids):
     """What running processes really got: every thread's CPUs, thread count, allocator and
@@ -859,7 +859,7 @@ def command(fmt, pids):
     differs but one could not be checked (another user's process without root, a zombie,
     a kernel thread) or exited while being read; 2 a usage error (no process with a PID)."""
     from cpulaunch import core
-    from cpulaunch.render import json_text
+    from cpulaunch.forms import json_text
 
     report = verify([(pid, None) for pid in pids])
     missing = [str(r.pid) for r in report.instances if r.missing]

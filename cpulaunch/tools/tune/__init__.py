@@ -52,7 +52,7 @@ from typing import Optional, Sequence
 import click
 
 from cpulaunch.machine.load import BUSY_THRESHOLD_PCT
-from cpulaunch.tools import CLICK_CONTEXT
+from cpulaunch.tools import CLICK_CONTEXT, shared_option
 from cpulaunch.tools.tune.report import BUSY_EXIT, finish, plan_text
 from cpulaunch.tools.tune.space import (
     AXIS_HELP,
@@ -109,11 +109,9 @@ _CONTEXT = {**CLICK_CONTEXT, "allow_interspersed_args": False}
 @click.option("--load-sample", type=float, default=0.3, show_default=True,
               help="Seconds of foreign-load measurement before each trial.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the per-round shuffle.")
-@click.option("--sysroot", default="/", show_default=True, type=click.Path(file_okay=False),
-              help="Read the machine from this root (with --dry-run only: trials run here).")
+@shared_option("sysroot", help="Read the machine from this root (with --dry-run only: trials run here).")
 @click.option("--dry-run", is_flag=True, help="Print the space and the configurations; run nothing.")
-@click.option("-v", "--verbose", count=True,
-              help="More diagnostics on stderr (each trial's command and load readings); a traceback "
+@shared_option("verbose", help="More diagnostics on stderr (each trial's command and load readings); a traceback "
                    "with an internal error. As for cpulaunch's other commands.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def tune_command(budget, out, space, lower_is_better, trials_per_config, metric, trial_timeout,
