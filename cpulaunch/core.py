@@ -358,6 +358,21 @@ def _run_info(p: Prepared) -> str:
     return r.plan_json(p.rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None)
 
 
+def _exec_single(p: Prepared, spec, environ: Mapping[str, str]) -> None:
+    """Replace cpulaunch by the one instance (no supervisor needed, issue 12): the program
+    keeps the --share-host lease across exec; ``-v`` says the command as the supervised path
+    does. Returns only if exec fails (it raises then)."""
+    from cpulaunch.launch.spawn import exec_spec
+
+    if p.lease is not None:  # the program holds the --share-host lease while it runs
+        p.lease.keep_across_exec()
+    if log.isEnabledFor(_log.INFO):
+        import shlex
+
+        log.info("%s: %s (exec'd)", spec.label, shlex.join(spec.argv))
+    exec_spec(spec, environ)
+
+
 def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier] = None) -> int:
     """Launch a prepared run; returns the exit code (the root cause's, 128+N for signal N).
 
@@ -381,15 +396,7 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
         raise CpulaunchError(f"--stdin-instance {lopts.stdin_instance}: no such instance runs "
                              f"(instances {cpulist.format(s.index for s in specs)})")
     if not supervised(p.opts, len(specs)):
-        from cpulaunch.launch.spawn import exec_spec  # no supervisor needed (issue 12)
-
-        if p.lease is not None:  # the program holds the --share-host lease while it runs
-            p.lease.keep_across_exec()
-        if log.isEnabledFor(_log.INFO):  # -v: the command, as the supervised path says it
-            import shlex
-
-            log.info("%s: %s (exec'd)", specs[0].label, shlex.join(specs[0].argv))
-        exec_spec(specs[0], environ)
+        _exec_single(p, specs[0], environ)
     from cpulaunch.launch.supervise import describe_failure, error_tail, run_group
 
     stdin_for = lopts.stdin_instance
