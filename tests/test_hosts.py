@@ -213,7 +213,6 @@ def test_elastic_grows_when_a_host_joins(two_hosts, tmp_path):
     assert [ended(p, 180, logs) for p in (on_a, on_b)] == [0, 0], context(logs)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="needs issue 38's summary line")
 def test_static_job_losing_a_host_says_its_peer_on_another_machine_was_lost(two_hosts, tmp_path):
     """A static 2-host job whose host B goes away (its processes killed) while both ranks
     all-reduce: A's cpulaunch exits non-zero and its line says that the peer on another

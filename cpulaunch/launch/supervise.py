@@ -141,9 +141,10 @@ def describe_failure(outcome: Outcome, specs: Sequence[ProcessSpec] = (), *,
     labels = {r.index: r.label for r in outcome.results}
     labels.update({s.index: s.label for s in specs})
     parts = []
-    if outcome.root_cause is not None and outcome.verdict is not None and len(outcome.results) > 1:
+    verdict = outcome.verdict
+    if outcome.root_cause is not None and verdict is not None and (len(outcome.results) > 1 or verdict.peer_lost):
         endings = [replace(e, label=labels.get(e.index, e.label)) for e in outcome.endings]
-        parts.append(rootcause.line(outcome.verdict, endings))
+        parts.append(rootcause.line(verdict, endings))
         if outcome.signalled is not None:
             parts.append(f"then stopped by {signal_name(outcome.signalled)}")
     elif outcome.root_cause is not None:
