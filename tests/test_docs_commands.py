@@ -306,8 +306,9 @@ def _cmdline(pid: int) -> str:
 
 def _stop(pgid: int, proc: subprocess.Popen) -> None:
     """SIGTERM to the command's process group (a benchmark or tune then stops what it
-    started, as on Ctrl-C), SIGKILL 15 s later if it is still there."""
-    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 15.0)):
+    started, as on Ctrl-C), SIGKILL 30 s later if it is still there (examples/ray_train.py's
+    clean-up alone may take 20 s on a loaded machine: ray.shutdown(), 5 s, then kills)."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 15.0)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:

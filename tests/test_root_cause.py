@@ -321,10 +321,13 @@ def test_a_shell_wrapped_rank_and_verbose_tail(tmp_path):
 
 
 # A stand-in for oneCCL's bindings: "ccl" is gloo underneath, and rank 0, which hosts oneCCL's
-# key-value store, blocks at exit (a finalizer) until every other rank has ended, as
-# ccl::kvs::~kvs does (issue 38).
+# key-value store, blocks at exit until every other rank has ended, as ccl::kvs::~kvs does
+# (issue 38). The wait is an exit handler, registered when the group is made: a finalizer on
+# the group's Python object fired at once on torch 2.13, which keeps no reference to what a
+# registered backend's creator returns (rank 0 then waited for its peers inside
+# init_process_group, and the job hung).
 KVS_LIKE = """\
-import os, time, weakref
+import atexit, os, time
 import torch.distributed as dist
 
 def _gone(pid):
@@ -344,7 +347,7 @@ def _make(store, rank, size, timeout):
     store.set(f"kvs-pid-{rank}", str(os.getpid()))
     if rank == 0:
         peers = [int(store.get(f"kvs-pid-{r}")) for r in range(1, size)]
-        weakref.finalize(pg, _wait_for_peers, peers)
+        atexit.register(_wait_for_peers, peers)
     return pg
 
 dist.Backend.register_backend("ccl", _make, devices=["cpu"])
