@@ -9,6 +9,7 @@ engine, a free port). Planning and rendering are pure and happen once; ``--dry-r
 import os
 import shutil
 import sys
+from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist, placement
@@ -43,6 +44,7 @@ class Prepared(NamedTuple):
         program: the program's argv (empty when none was given to --dry-run/--print-env).
         ddp_info: the ``ddp`` member of the JSON plan, or None.
         elastic_argv: the torchrun command for an elastic --ddp run, else None.
+        elastic_env: what that torchrun gets in its environment beyond the user's.
         lease: the cores this run claimed with ``--share-host``
             (:class:`cpulaunch.machine.lease.Lease`), held until the run ends; else None.
     """
@@ -56,6 +58,7 @@ class Prepared(NamedTuple):
     program: tuple[str, ...] = ()
     ddp_info: Optional[Mapping[str, object]] = None
     elastic_argv: Optional[tuple[str, ...]] = None
+    elastic_env: Mapping[str, str] = MappingProxyType({})
     lease: object = None
 
 
@@ -183,9 +186,13 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
         argv = distributed.torchrun_argv(host.python, len(rendered.instances), opts.ddp.nnodes, 0, None, None,
                                          opts.ddp.rdzv_endpoint, opts.ddp.rdzv_id,
                                          [host.python, "-m", "cpulaunch.rank_entry"],
-                                         max_restarts=opts.ddp.max_restarts)
-        prepared = prepared._replace(elastic_argv=tuple(argv),
-                                     ddp_info={**ddp_info, "launcher_argv": list(argv)})
+                                         max_restarts=opts.ddp.max_restarts,
+                                         streams=opts.launch.stream_plan.torchrun_args(
+                                             len(rendered.instances), opts.launch.log_dir))
+        agent_env = distributed.elastic_agent_env(opts.ddp.nnodes, environ)
+        prepared = prepared._replace(elastic_argv=tuple(argv), elastic_env=agent_env,
+                                     ddp_info={**ddp_info, "launcher_argv": list(argv),
+                                               "launcher_env": dict(agent_env)})
     return prepared
 
 
@@ -262,7 +269,8 @@ def output_text(p: Prepared) -> str:
             return r.plan_json(rendered, p.topo.to_dict(), {"ddp": p.ddp_info} if p.ddp_info else None) + "\n"
         text = r.dry_run_text(rendered)
         if p.elastic_argv:
-            text += "# then torchrun starts each rank's command above:\n" + r.command_text({}, p.elastic_argv) + "\n"
+            text += ("# then torchrun starts each rank's command above:\n"
+                     + r.command_text(dict(p.elastic_env), p.elastic_argv) + "\n")
         return text
     if not rendered.instances:
         raise CpulaunchError("--print-env: no instance planned")
@@ -446,7 +454,7 @@ def _execute_elastic(p: Prepared, environ: Mapping[str, str]) -> int:
     (:mod:`cpulaunch.launch.elastic`)."""
     from cpulaunch.launch.elastic import run_elastic
 
-    return run_elastic(p.elastic_argv, _specs(p.rendered), environ, log_dir=p.opts.launch.log_dir,
+    return run_elastic(p.elastic_argv, _specs(p.rendered), {**environ, **p.elastic_env}, log_dir=p.opts.launch.log_dir,
                        run_info=_run_info(p), grace_period=p.opts.launch.grace_period)
 
 

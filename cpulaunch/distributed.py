@@ -552,13 +552,16 @@ def torchrun_argv(
     entry: Sequence[str],
     *,
     max_restarts: Optional[int] = None,
+    streams: Sequence[str] = (),
 ) -> list[str]:
     """The ``python -m torch.distributed.run`` command that starts this node's ranks.
 
     Static rendezvous: ``--nnodes N --node-rank R --master-addr H --master-port P``;
     elastic: ``--rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID`` and, when given,
     ``--max-restarts N`` (torchrun's agent restarts every local rank up to N times after a
-    failure; None leaves torchrun's default, 0). ``entry`` runs once per rank with
+    failure; None leaves torchrun's default, 0). ``streams``: torchrun's ``--tee``,
+    ``--redirects``, ``--log-dir`` and ``--local-ranks-filter`` words
+    (:meth:`cpulaunch.options.Streams.torchrun_args`). ``entry`` runs once per rank with
     ``--no-python`` (cpulaunch's own per-rank entry).
     """
     argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
@@ -571,9 +574,27 @@ def torchrun_argv(
     else:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr or LOCAL_MASTER_ADDR,
                  "--master-port", str(master_port or DEFAULT_MASTER_PORT)]
-    return argv + ["--no-python", *entry]
+    return argv + [*streams, "--no-python", *entry]
 
 
+#: torch's switch that stops torchrun's agent from sharing its rendezvous store's TCP server
+#: with the ranks. Shared (torch 2.13.0 to 2.15.0's default), the machine that stays rank 0
+#: from one rendezvous round to the next keeps its first round's MASTER_ADDR and never
+#: publishes it for the next, so a machine joining a running job waits for that key until the
+#: store's timeout (measured on emulated hosts with torch 2.14.1: both agents fail after 60 s
+#: with "DistStoreError: wait timeout ... /torch.rendezvous.ID.1/MASTER_ADDR"; docs/guide/ddp.md).
+NO_SHARED_RDZV_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def elastic_agent_env(nnodes: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What an elastic run's torchrun gets in its environment beyond ``environ``:
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when machines may join a running job
+    (``nnodes`` ``MIN:MAX`` with MIN < MAX) and the user did not set it (their value is kept,
+    ``0`` included); else {}. See :data:`NO_SHARED_RDZV_STORE`."""
+    low, _, high = str(nnodes).partition(":")
+    if not high or low.strip() == high.strip() or NO_SHARED_RDZV_STORE in environ:
+        return {}
+    return {NO_SHARED_RDZV_STORE: "1"}
 
 
 # --------------------------------------------------------------------------- rank plans

@@ -140,6 +140,23 @@ class Streams(NamedTuple):
             console = 0
         return console, self.log.get(index, self.default_log)
 
+    def torchrun_args(self, count: int, log_dir: Optional[str]) -> list[str]:
+        """The same choice for ``count`` local ranks in torchrun's own options, for an
+        elastic run whose ranks torchrun starts: ``--tee`` (both), ``--redirects`` (log
+        only), per local rank, with torchrun's ``--log-dir``; ``--local-ranks-filter``.
+        [] when nothing differs from the default."""
+        out: list[str] = []
+        if (self.console, self.log, self.default_console, self.default_log) != ({}, {}, 3, 3):
+            # console c, log l (before the filter) -> tee c & l (both), redirect l & ~c (log only)
+            pairs = [(i, self.console.get(i, self.default_console), self.log.get(i, self.default_log))
+                     for i in range(count)]
+            tee = ",".join(f"{i}:{c & l}" for i, c, l in pairs)
+            red = ",".join(f"{i}:{l & ~c & 3}" for i, c, l in pairs)
+            out += ["--log-dir", str(log_dir), "--tee", tee, "--redirects", red]
+        if self.console_filter is not None:
+            out += ["--local-ranks-filter", ",".join(str(i) for i in sorted(self.console_filter))]
+        return out
+
 
 class LaunchOptions(NamedTuple):
     """How instances are started and watched.

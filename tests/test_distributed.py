@@ -170,6 +170,25 @@ def test_torchrun_argv_static_and_elastic():
         "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--rdzv-id", "job"]
 
 
+@pytest.mark.parametrize("nnodes,environ,env", [
+    ("1:2", {}, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}),  # a machine may join: torch's shared store off
+    ("2:4", {"PATH": "/bin"}, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}),
+    ("1:2", {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}, {}),  # the user's own value is kept
+    ("2:2", {}, {}), ("2", {}, {}),  # nobody joins a running job
+])
+def test_an_elastic_agent_that_may_see_a_machine_join_does_not_share_its_store(nnodes, environ, env):
+    from cpulaunch.distributed import elastic_agent_env
+
+    assert elastic_agent_env(nnodes, environ) == env
+
+
+def test_dry_run_shows_the_agents_environment(monkeypatch):
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    out = run_cli("--dry-run", "--ddp", "--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:29999",
+                  "--nproc-per-node", "1", "python", "x.py").stdout
+    assert out.splitlines()[-1].startswith("env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "), out
+
+
 # --------------------------------------------------------------------------- backend choice
 
 

@@ -609,3 +609,48 @@ def test_elastic_ranks_keep_their_prefix():
     proc = run_cli("--ddp", "--nproc-per-node", "2", "--core-list", CORES, "--rdzv-endpoint", f"127.0.0.1:{port}",
                    "python", "-c", "import os; print('hello', os.environ['LOCAL_RANK'])", timeout=300)
     assert sorted(ln for ln in proc.stdout.splitlines() if "hello" in ln) == ["[0] hello 0", "[1] hello 1"]
+
+
+def _elastic_dry_run(*args) -> str:
+    proc = run_cli("--dry-run", "--ddp", "--nproc-per-node", "2", "--core-list", CORES, "--rdzv-endpoint",
+                   "127.0.0.1:29999", *args, "python", "x.py")
+    return proc.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("args,words", [
+    ((), []),
+    (("--log-dir", "/logs", "--redirects", "3"), ["--log-dir", "/logs", "--tee", "0:0,1:0", "--redirects", "0:3,1:3"]),
+    (("--log-dir", "/logs", "--tee", "0:3", "--redirects", "1:2"),
+     ["--log-dir", "/logs", "--tee", "0:3,1:0", "--redirects", "0:0,1:2"]),
+    (("--log-dir", "/logs", "--redirects", "3", "--tee", "1:2"),
+     ["--log-dir", "/logs", "--tee", "0:0,1:2", "--redirects", "0:3,1:1"]),
+    (("--local-ranks-filter", "1"), ["--local-ranks-filter", "1"]),
+])
+def test_an_elastic_run_hands_its_streams_to_torchrun(args, words):
+    """The ranks of an elastic run are torchrun's children: --tee, --redirects and
+    --local-ranks-filter reach them as torchrun's own options, per local rank, with the same
+    meaning as for supervised instances (the table above), and --dry-run shows them."""
+    line = _elastic_dry_run(*args).split()
+    tail = line[line.index("cpulaunch") + 1:line.index("--no-python")]
+    assert tail == words, line
+
+
+@needs_torch
+@needs_2cpus
+@pytest.mark.slow
+def test_an_elastic_run_filters_and_redirects_its_ranks_for_real(tmp_path):
+    """A real elastic run: --local-ranks-filter 1 shows rank 1's line only; --redirects 1
+    sends every rank's stdout (its lines prefixed by the rank entry) to torchrun's log files
+    under --log-dir, not to the console."""
+    say = ("python", "-c", "import os; print('hello', os.environ['LOCAL_RANK'])")
+
+    def elastic(*args):
+        return run_cli("--ddp", "--nproc-per-node", "2", "--core-list", CORES, "--rdzv-endpoint",
+                       f"127.0.0.1:{free_port()}", *args, *say, timeout=300)
+
+    proc = elastic("--local-ranks-filter", "1")
+    assert [ln for ln in proc.stdout.splitlines() if "hello" in ln] == ["[1] hello 1"]
+    proc = elastic("--log-dir", str(tmp_path), "--redirects", "1")
+    assert "hello" not in proc.stdout + proc.stderr
+    ranks_logs = {p.parent.name: p.read_text().strip() for p in tmp_path.glob("*/attempt_*/*/stdout.log")}
+    assert ranks_logs == {"0": "[0] hello 0", "1": "[1] hello 1"}, sorted(tmp_path.rglob("*"))
