@@ -176,6 +176,8 @@ def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str
     elastic = opts.ddp is not None and opts.ddp.elastic and host.engine is None
     relayed = opts.output is not Output.PRINT_ENV and supervised(opts, len(the_plan.instances), elastic)
     settings, notes = resolve_settings(opts, topo, host, run_environ, label, instance_env, relayed, programs)
+    if relayed and opts.ddp is None and opts.launch.failure_record:
+        notes += [n for n in [_failure_record_note(program, host.python)] if n]
     rendered = render(the_plan, program, settings)
     rendered = rendered._replace(notes=opts.notes + rendered.notes + tuple(notes))
     prepared = Prepared(opts=opts, topo=topo, host=host, plan=the_plan, settings=settings,
@@ -349,6 +351,20 @@ def _follower(p: Prepared, environ: Mapping[str, str]):
     return Follower(p.topo, p.rendered, p.plan.num_instances, replan)
 
 
+def _failure_record_note(program: tuple[str, ...], python: str):
+    """The plan's note for what a supervised Python instance gets at start beyond its
+    planned environment (issue 38: :func:`cpulaunch.distributed.record_hook_env` and the
+    pipe, given by the launcher), or None for another program. Level EXPLAIN: ``-v`` in a
+    run; the dry run and JSON keep it."""
+    from cpulaunch.distributed import runs_python
+    from cpulaunch.notes import explain
+
+    if not runs_python(program, python):
+        return None
+    return explain("at start, each Python instance also gets cpulaunch's site hook first on PYTHONPATH "
+                   "(CPULAUNCH_SITE_HOOKS=record) and a pipe, to record its first failure (--no-failure-record: off)")
+
+
 def _with_count(opts: Options, count: int) -> Options:
     """``opts`` planning ``count`` instances (``--ninstances count``; ``--nproc-per-node
     count`` under --ddp), the other placement modes dropped."""
@@ -423,8 +439,8 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
     if lopts.failure_record and p.opts.ddp is None:  # issue 38: a Python instance records its failure
         from cpulaunch.distributed import record_hook_env
 
-        hook = record_hook_env(p.program, p.host.python, environ)  # plumbing, given at start as the
-        specs = [s._replace(env={**s.env, **hook}) for s in specs]  # pipe is: --dry-run does not show it
+        hook = record_hook_env(p.program, p.host.python, environ)  # given at start with the pipe
+        specs = [s._replace(env={**s.env, **hook}) for s in specs]  # (the plan's note says so)
     outcome = run_group(
         specs, environ, log_dir=lopts.log_dir, run_info=_run_info(p), keep_going=lopts.keep_going,
         grace_period=lopts.grace_period, prefix_output=lopts.prefix_output and len(specs) > 1,
