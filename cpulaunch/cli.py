@@ -25,9 +25,9 @@ from cpulaunch import option_table as table
 from cpulaunch.cmdline import (  # noqa: F401 - cli's names as before
     BEFORE_SUBCOMMAND, GLOBAL_OPTIONS, REGISTRY, SUBCOMMANDS, Subcommand, _configure_logging, _eval_fails,
     _evaluated_print_env, _fail, _one_line, _quiet, _quiet_exit, _subcommand, _verbosity, _verify_run,
-    _write_stdout, split_argv,
+    Parsed, _write_stdout, failure, finish, run, split_argv,
 )
-from cpulaunch.errors import INTERNAL_EXIT, USAGE_EXIT, CpulaunchError
+from cpulaunch.errors import USAGE_EXIT
 from cpulaunch.options import OptionsError
 
 
@@ -174,20 +174,33 @@ def _alias_param(a: "table.Alias") -> click.Option:
     return _TableOption([a.dest, *table.spellings(a.name)], **kw)
 
 
-def _run(**values):
-    """The command's body: one typed options value, then the core."""
-    from cpulaunch import core, options
+def _parsed(ctx, values: dict) -> Parsed:
+    """What click read, as :func:`cpulaunch.cmdline.run` takes it."""
+    from cpulaunch import options
 
-    ctx = click.get_current_context()
     source = ctx.get_parameter_source
     given = frozenset(n for n in values if source(n) not in (None, click.core.ParameterSource.DEFAULT))
     heard = ctx.ensure_object(_Heard)
     spelled = options.command_line_words(heard.typed)
     spelled.update(heard.spelled)
     spelled.update({n: s for n, s in heard.config.items() if source(n) is click.core.ParameterSource.DEFAULT_MAP})
-    _configure_logging(values.get("verbose") or 0, quiet=bool(values.get("quiet")))
-    opts = options.from_values(values, given, options.Words(spelled), environ=os.environ)
-    return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
+    return Parsed(dict(values), given, spelled)
+
+
+def _run(**values):
+    """The command's body: one typed options value, then the core."""
+    return run(_parsed(click.get_current_context(), values))
+
+
+def parsed(args: list[str]) -> Parsed:
+    """click's reading of a run's words (without running it): what the fast reader
+    (:func:`cpulaunch.cmdline.parse`) must equal (tests/test_parsers.py).
+
+    Raises:
+        click.ClickException, click.exceptions.Exit, CpulaunchError: as a run would.
+    """
+    with command.make_context("cpulaunch", list(args)) as ctx:
+        return _parsed(ctx, ctx.params)
 
 
 CONTEXT = {**table.HELP_CONTEXT, "allow_interspersed_args": False}
@@ -286,7 +299,8 @@ def _load_config(ctx, param, path) -> None:
 
 
 def main(argv=None) -> int:
-    """Console-script entry point: returns (and exits with) the exit code."""
+    """click's command line: subcommands, ``--help``, completion, and every run the fast
+    reader leaves to click (:func:`cpulaunch.cmdline.main`). Returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if os.environ.get("_CPULAUNCH_COMPLETE", "").startswith("fish"):  # a TAB in fish
         from cpulaunch.tools.completion import register_fish
@@ -310,23 +324,6 @@ def main(argv=None) -> int:
     except click.UsageError as exc:
         where = f"cpulaunch {sub[0]}" if sub is not None else "cpulaunch"
         code = _fail(f"cpulaunch: error: {_one_line(exc.format_message())} (see {where} --help)", USAGE_EXIT)
-    except CpulaunchError as exc:
-        code = _fail(f"cpulaunch: error: {_one_line(exc)}", USAGE_EXIT)
-    except KeyboardInterrupt:
-        code = 130
-    except BrokenPipeError:
-        code = 141  # our stdout's reader went away (e.g. `cpulaunch --dry-run | head -1`)
-    except Exception as exc:  # noqa: BLE001 - ours, reported as ours
-        if verbose:
-            import traceback
-
-            traceback.print_exc()
-        code = _fail(f"cpulaunch: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug in "
-                     "cpulaunch; run with -v for the traceback and report it)", INTERNAL_EXIT)
-    code = 0 if code is None else int(code)
-    if code and sub is None and _evaluated_print_env(args):
-        _write_stdout(_eval_fails())
-    _quiet_exit(code)
-    return code
-
-
+    except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - ours, reported as ours
+        code = failure(exc, verbose)
+    return finish(args, code, sub)
