@@ -246,3 +246,36 @@ def test_a_failed_fast_run_ends_as_under_click():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("cpulaunch: error: ") and "--ninstances" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+
+
+#: The run path's import budget (issue 40): modules a plain ``--dry-run`` may import beyond
+#: the interpreter's own, counted (not timed, so a loaded machine cannot fail it). Measured
+#: when it was set: 29 cpulaunch modules and 21 others; click alone brings 36 modules, torch
+#: hundreds. Raise a bound only with the start-up figures of scripts/bench_startup.py.
+RUN_PATH_BUDGET = {"cpulaunch": 36, "other": 30}
+#: Never imported by a plain run, on any machine: click (--help, completion and subcommands
+#: only), the tools, torch, the pictures, and heavy standard modules nothing there needs
+#: (logging may come with a note, cpulaunch.log).
+NEVER_ON_THE_RUN_PATH = ("click", "torch", "numpy", "psutil", "cpulaunch.cli", "cpulaunch.tools", "cpulaunch.runtime",
+                         "cpulaunch.svg", "cpulaunch.view", "inspect", "dataclasses", "asyncio", "platform")
+
+
+@pytest.mark.parametrize("where", ["this machine", "a dump"])
+def test_the_run_path_keeps_its_import_budget(where, sysroots):
+    """A plain run (real process) imports no click, no tool, nothing heavy, and at most
+    :data:`RUN_PATH_BUDGET` modules: the CI guard of start-up (the figures themselves are
+    scripts/bench_startup.py's, from a wheel on a quiet machine)."""
+    probe = ("import os, sys; base = set(sys.modules); from cpulaunch import cmdline; code = cmdline.main(sys.argv[1:]); "
+             "new = sorted(set(sys.modules) - base); print(' '.join(new), file=sys.stderr); sys.exit(code)")
+    args = ["--dry-run", "true"] if where == "this machine" else \
+        ["--sysroot", str(sysroots["hw-32intel64-2p8co2t+8ve"]), "--dry-run", "--instances-per-socket", "true"]
+    proc = _child("-c", probe, *args)
+    assert proc.returncode == 0, proc.stderr
+    new = proc.stderr.splitlines()[-1].split()
+    ours = [m for m in new if m == "cpulaunch" or m.startswith("cpulaunch.")]
+    others = [m for m in new if m not in ours]
+    heavy = [m for m in new if m.split(".")[0] in NEVER_ON_THE_RUN_PATH or m in NEVER_ON_THE_RUN_PATH
+             or any(m.startswith(p + ".") for p in NEVER_ON_THE_RUN_PATH)]
+    assert heavy == [], heavy
+    assert len(ours) <= RUN_PATH_BUDGET["cpulaunch"], ours
+    assert len(others) <= RUN_PATH_BUDGET["other"], others
