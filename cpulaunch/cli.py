@@ -1,11 +1,13 @@
-"""The ``cpulaunch`` command: parse the options into one typed value, call the core, map errors.
+"""The ``cpulaunch`` command in click: ``--help``, ``--version``, completion, the
+subcommands, and every run whose words the fast reader (:func:`cpulaunch.cmdline.parse`)
+leaves to click.
 
-Nothing else lives here. Its parameters and its ``--help`` are made from the option table
-(:mod:`cpulaunch.option_table`). This is the only module that configures logging and maps
-exceptions to exit codes: :class:`~cpulaunch.errors.CpulaunchError` (and click's usage
-errors) -> one line ``cpulaunch: error: ...``, exit code 2; anything else is ours ->
-``cpulaunch: internal error: ...``, exit code 70, the traceback with ``-v``. It must not
-import torch.
+Its parameters and its ``--help`` are made from the option table
+(:mod:`cpulaunch.option_table`), as the fast reader is. Errors go through the one exception
+map (:func:`cpulaunch.cmdline.failure`), click's usage errors too:
+:class:`~cpulaunch.errors.CpulaunchError` and click's usage errors -> one line ``cpulaunch:
+error: ...``, exit code 2; anything else is ours -> ``cpulaunch: internal error: ...``, exit
+code 70, the traceback with ``-v``. It must not import torch.
 
 The command line is strict: before the program, every word must be one of cpulaunch's
 options (an unknown one is an error with a "did you mean" hint). The program starts at

@@ -1,8 +1,12 @@
-"""The command line without click: where the program starts, which subcommand runs, the
-exit code of a failure and how the process ends.
+"""The command line without click: a plain run's words read from the option table
+(:func:`parse`, held equal to click's reading by ``tests/test_parsers.py``), where the
+program starts, which subcommand runs, the one exception-to-exit-code map
+(:func:`failure`), logging's set-up and how the process ends.
 
-:mod:`cpulaunch.cli` (click) builds on it. Nothing here imports click: a plain run needs
-none of it (issue 40).
+:func:`main` is the entry point; :mod:`cpulaunch.cli` (click) builds on this module for
+``--help``, completion, the subcommands and any word :func:`parse` is not sure of. Nothing
+here imports click at module level: a plain run needs none of it (issue 40; the start-up
+figures are ``scripts/bench_startup.py``'s).
 """
 
 from __future__ import annotations
