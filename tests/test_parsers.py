@@ -12,8 +12,10 @@ error); where it does not, click reads the words as always. A plain run imports 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -32,6 +34,7 @@ from pathlib import Path
 NOT_THERE = "/nonexistent-cpulaunch-dir"
 #: --config files: used, an alias, a pyproject.toml, an unknown key, a wrong type, a folder named.
 CONFIGS = Path(tempfile.mkdtemp(prefix="cpulaunch-parsers-"))
+atexit.register(shutil.rmtree, CONFIGS, True)
 for _name, _text in (("good.toml", 'ninstances = 2\nallocator = "TCMalloc"\nlog-dir = "/nonexistent-x"\n'
                                    "use_logical_cores = true\ngrace_period = 3\n[measured]\nx = 1\n"),
                      ("alias.toml", "enable_tcmalloc = true\nnode-id = 0\n"),
