@@ -9,7 +9,8 @@ import sys
 
 
 def main() -> None:
-    """Entry point: import the CLI, run it, exit with its code.
+    """Entry point: import the command line, run it, exit with its code (a plain run
+    reads its words without click: :func:`cpulaunch.cmdline.main`).
 
     Before exiting, every object still alive is moved to the garbage collector's permanent
     generation (:func:`gc.freeze`), so the interpreter's last full collection at exit does
@@ -20,7 +21,7 @@ def main() -> None:
     launch never gets here (the program replaced this process).
     """
     try:
-        from cpulaunch.cli import main as cli_main
+        from cpulaunch.cmdline import main as cli_main
     except KeyboardInterrupt:
         sys.exit(130)
     code = cli_main()

@@ -1,11 +1,13 @@
-"""The ``cpulaunch`` command: parse the options into one typed value, call the core, map errors.
+"""The ``cpulaunch`` command in click: ``--help``, ``--version``, completion, the
+subcommands, and every run whose words the fast reader (:func:`cpulaunch.cmdline.parse`)
+leaves to click.
 
-Nothing else lives here. Its parameters and its ``--help`` are made from the option table
-(:mod:`cpulaunch.option_table`). This is the only module that configures logging and maps
-exceptions to exit codes: :class:`~cpulaunch.errors.CpulaunchError` (and click's usage
-errors) -> one line ``cpulaunch: error: ...``, exit code 2; anything else is ours ->
-``cpulaunch: internal error: ...``, exit code 70, the traceback with ``-v``. It must not
-import torch.
+Its parameters and its ``--help`` are made from the option table
+(:mod:`cpulaunch.option_table`), as the fast reader is. Errors go through the one exception
+map (:func:`cpulaunch.cmdline.failure`), click's usage errors too:
+:class:`~cpulaunch.errors.CpulaunchError` and click's usage errors -> one line ``cpulaunch:
+error: ...``, exit code 2; anything else is ours -> ``cpulaunch: internal error: ...``, exit
+code 70, the traceback with ``-v``. It must not import torch.
 
 The command line is strict: before the program, every word must be one of cpulaunch's
 options (an unknown one is an error with a "did you mean" hint). The program starts at
@@ -17,87 +19,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NamedTuple
 
 import click
 
 from cpulaunch import __version__
 from cpulaunch import option_table as table
-from cpulaunch.errors import INTERNAL_EXIT, USAGE_EXIT, CpulaunchError
+from cpulaunch.cmdline import (  # noqa: F401 - cli's names as before
+    BEFORE_SUBCOMMAND, GLOBAL_OPTIONS, REGISTRY, SUBCOMMANDS, Subcommand, _configure_logging, _eval_fails,
+    _evaluated_print_env, _fail, _one_line, _quiet, _quiet_exit, _subcommand, _verbosity, _verify_run,
+    Parsed, _write_stdout, failure, finish, run, split_argv,
+)
+from cpulaunch.errors import USAGE_EXIT
 from cpulaunch.options import OptionsError
-
-class Subcommand(NamedTuple):
-    """One subcommand: its word, the module whose ``main(words) -> int`` runs it (imported
-    only when it is asked for), and its one-line summary for ``cpulaunch --help``."""
-
-    name: str
-    module: str
-    summary: str
-
-
-#: The subcommands (pip's command registry), dispatched on the first word (after global
-#: options such as ``-v``) to their module's ``main`` (a program of that name: ``cpulaunch
-#: -- doctor``).
-REGISTRY: dict[str, Subcommand] = {c.name: c for c in (
-    Subcommand("doctor", "cpulaunch.tools.doctor", "Check this machine before trusting a run: libraries, binding, "
-               "limits, with a fix for each finding."),
-    Subcommand("verify", "cpulaunch.tools.verify", "Show what running processes really got: CPUs, memory, threads, "
-               "libraries."),
-    Subcommand("tune", "cpulaunch.tools.tune", "Find the best options for one program on this machine, by "
-               "measurement; saves best.toml for --config."),
-    Subcommand("completion", "cpulaunch.tools.completion", "Print the shell completion script for bash, zsh or fish."),
-)}
-SUBCOMMANDS = tuple(REGISTRY)
-#: Options every subcommand also takes, before or after its name.
-GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "--quiet")
-#: Options with a value that may come before a subcommand's name and are handed to it
-#: (``cpulaunch -v --sysroot DUMP doctor`` = ``cpulaunch doctor -v --sysroot DUMP``).
-BEFORE_SUBCOMMAND = ("--sysroot",)
-def split_argv(args: list[str], value_opts: set[str]) -> tuple[list[str], list[str], dict]:
-    """Split the words after ``cpulaunch`` into (cpulaunch's words, the program's words,
-    what the user typed).
-
-    ``["--ninstances", "2", "python", "x.py", "--ninstances"]`` -> ``(["--ninstances",
-    "2"], ["python", "x.py", "--ninstances"], {"ninstances": ("--ninstances", "2")})``. A
-    bare option whose value is optional becomes ``--opt=VALUE`` (its ``bare`` value);
-    the third item maps each option's python name to (its spelling as typed, its value
-    as typed or None), for messages. Unknown options stay on our side so click names them
-    (with a hint).
-    """
-    ours, typed, i = [], {}, 0
-    while i < len(args):
-        tok = args[i]
-        if tok == "--":
-            return ours, args[i + 1:], typed
-        name = tok.split("=", 1)[0]
-        if name in table.PROGRAM_WORDS or (tok[:2] in ("-m", "-c") and not tok.startswith("--")):
-            return ours, args[i:], typed
-        if not tok.startswith("-") or tok == "-":
-            return ours, args[i:], typed
-        dest = table.BY_SPELLING.get(name)
-        option = table.BY_DEST.get(dest)
-        if option is not None and option.bare is not None and "=" not in tok:
-            nxt = args[i + 1] if i + 1 < len(args) else ""
-            takes = nxt.isdigit() if option.words == ("digits",) else nxt in option.words
-            if takes:
-                ours += [tok, nxt]
-                typed[dest] = (tok, nxt)
-                i += 2
-            else:
-                ours.append(f"{name}={option.bare}")
-                typed[dest] = (tok, None)
-                i += 1
-            continue
-        ours.append(tok)
-        if dest is not None:
-            typed[dest] = (name, tok.split("=", 1)[1] if "=" in tok else None)
-        if name in value_opts and "=" not in tok and i + 1 < len(args):
-            ours.append(args[i + 1])
-            if dest is not None:
-                typed[dest] = (name, args[i + 1])
-            i += 1
-        i += 1
-    return ours, [], typed
 
 
 class _Heard:
@@ -243,20 +176,33 @@ def _alias_param(a: "table.Alias") -> click.Option:
     return _TableOption([a.dest, *table.spellings(a.name)], **kw)
 
 
-def _run(**values):
-    """The command's body: one typed options value, then the core."""
-    from cpulaunch import core, options
+def _parsed(ctx, values: dict) -> Parsed:
+    """What click read, as :func:`cpulaunch.cmdline.run` takes it."""
+    from cpulaunch import options
 
-    ctx = click.get_current_context()
     source = ctx.get_parameter_source
     given = frozenset(n for n in values if source(n) not in (None, click.core.ParameterSource.DEFAULT))
     heard = ctx.ensure_object(_Heard)
     spelled = options.command_line_words(heard.typed)
     spelled.update(heard.spelled)
     spelled.update({n: s for n, s in heard.config.items() if source(n) is click.core.ParameterSource.DEFAULT_MAP})
-    _configure_logging(values.get("verbose") or 0, quiet=bool(values.get("quiet")))
-    opts = options.from_values(values, given, options.Words(spelled), environ=os.environ)
-    return core.run(opts, verifier=_verify_run if opts.launch.verify_after is not None else None)
+    return Parsed(dict(values), given, spelled)
+
+
+def _run(**values):
+    """The command's body: one typed options value, then the core."""
+    return run(_parsed(click.get_current_context(), values))
+
+
+def parsed(args: list[str]) -> Parsed:
+    """click's reading of a run's words (without running it): what the fast reader
+    (:func:`cpulaunch.cmdline.parse`) must equal (tests/test_parsers.py).
+
+    Raises:
+        click.ClickException, click.exceptions.Exit, CpulaunchError: as a run would.
+    """
+    with command.make_context("cpulaunch", list(args)) as ctx:
+        return _parsed(ctx, ctx.params)
 
 
 CONTEXT = {**table.HELP_CONTEXT, "allow_interspersed_args": False}
@@ -326,14 +272,6 @@ def _complete_subcommand(ctx, program: tuple, incomplete: str) -> list:
     return [CompletionItem(incomplete, type="file")]
 
 
-def _verify_run(*args) -> None:
-    """``--verify``'s check (:func:`cpulaunch.tools.verify.check_run`), the tool imported only
-    when a run asks for it."""
-    from cpulaunch.tools import verify
-
-    verify.check_run(*args)
-
-
 def _load_config(ctx, param, path) -> None:
     """``--config FILE`` (or CPULAUNCH_CONFIG): its values become click's default_map, which
     click consults after the command line and CPULAUNCH_* variables and before built-in
@@ -362,81 +300,9 @@ def _load_config(ctx, param, path) -> None:
     ctx.ensure_object(_Heard).config = {n: s for n, (_, s) in settings.items()}
 
 
-def _configure_logging(verbose: int, now: bool = False, quiet: bool = False) -> None:
-    """The command line's logging: ``cpulaunch: MESSAGE`` on stderr at WARNING (INFO with
-    -v, DEBUG with -vv, ERROR with -q); logging itself is imported at the first message
-    (cpulaunch.log)."""
-    from cpulaunch import log
-
-    log.configure(verbose, _basic_config, now=now, quiet=quiet)
-
-
-def _basic_config(level: int) -> None:
-    import logging
-
-    logging.basicConfig(level=level, format="cpulaunch: %(message)s", stream=sys.stderr)
-
-
-def _one_line(text: str) -> str:
-    from cpulaunch.forms import one_line
-
-    return one_line(" ".join(str(text).split("\n")).strip())
-
-
-def _fail(message: str, code: int) -> int:
-    try:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-    return code
-
-
-def _verbosity(args: list[str]) -> int:
-    """The ``-v`` count among cpulaunch's own words (before the program or ``--``)."""
-    count = 0
-    for a in args[: (args.index("--") if "--" in args else len(args))]:
-        if a == "--verbose":
-            count += 1
-        elif a.startswith("-v") and set(a[1:]) == {"v"}:
-            count += len(a) - 1
-    return count
-
-
-def _quiet(args: list[str]) -> bool:
-    """``-q``/``--quiet`` among cpulaunch's own words (before the program or ``--``)."""
-    return any(a in ("-q", "--quiet") for a in args[: (args.index("--") if "--" in args else len(args))])
-
-
-def _subcommand(args: list[str]) -> tuple[str, list[str], int] | None:
-    """(tool, its words, -v count) when ``args`` name a subcommand after global options
-    (``-v doctor``, ``doctor -v``), else None. tune takes ``-v`` itself (its program's
-    words follow its own), so the global ones are handed to it."""
-    i, handed = 0, []
-    while i < len(args):
-        if args[i] in GLOBAL_OPTIONS:
-            i += 1
-        elif args[i] in BEFORE_SUBCOMMAND and i + 1 < len(args):
-            handed += args[i:i + 2]
-            i += 2
-        elif args[i].split("=", 1)[0] in BEFORE_SUBCOMMAND:
-            handed.append(args[i])
-            i += 1
-        else:
-            break
-    if i == len(args) or args[i] not in SUBCOMMANDS:
-        return None
-    tool, rest, before = args[i], args[i + 1:], _verbosity(args[:i])
-    if tool == "tune":
-        return tool, (["-" + "v" * before] if before else []) + handed + rest, before + _verbosity(rest)
-    end = rest.index("--") if "--" in rest else len(rest)
-    mine = [a for a in rest[:end] if a in GLOBAL_OPTIONS]
-    return tool, handed + [a for a in rest[:end] if a not in GLOBAL_OPTIONS] + rest[end:], \
-        before + _verbosity(mine)
-
-
 def main(argv=None) -> int:
-    """Console-script entry point: returns (and exits with) the exit code."""
+    """click's command line: subcommands, ``--help``, completion, and every run the fast
+    reader leaves to click (:func:`cpulaunch.cmdline.main`). Returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if os.environ.get("_CPULAUNCH_COMPLETE", "").startswith("fish"):  # a TAB in fish
         from cpulaunch.tools.completion import register_fish
@@ -460,58 +326,6 @@ def main(argv=None) -> int:
     except click.UsageError as exc:
         where = f"cpulaunch {sub[0]}" if sub is not None else "cpulaunch"
         code = _fail(f"cpulaunch: error: {_one_line(exc.format_message())} (see {where} --help)", USAGE_EXIT)
-    except CpulaunchError as exc:
-        code = _fail(f"cpulaunch: error: {_one_line(exc)}", USAGE_EXIT)
-    except KeyboardInterrupt:
-        code = 130
-    except BrokenPipeError:
-        code = 141  # our stdout's reader went away (e.g. `cpulaunch --dry-run | head -1`)
-    except Exception as exc:  # noqa: BLE001 - ours, reported as ours
-        if verbose:
-            import traceback
-
-            traceback.print_exc()
-        code = _fail(f"cpulaunch: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug in "
-                     "cpulaunch; run with -v for the traceback and report it)", INTERNAL_EXIT)
-    code = 0 if code is None else int(code)
-    if code and sub is None and _evaluated_print_env(args):
-        _write_stdout(_eval_fails())
-    _quiet_exit(code)
-    return code
-
-
-def _evaluated_print_env(args: list[str]) -> bool:
-    """``--print-env`` was asked for in a form a shell evaluates (shell, dotenv, vllm,
-    sglang): then a failure prints text whose evaluation fails too (``eval "$(cpulaunch
-    --print-env ...)"`` must not return 0 and run the program unbound)."""
-    ours, _, typed = split_argv(list(args), table.VALUE_SPELLINGS)
-    asked = "print_env" in typed or os.environ.get(table.BY_DEST["print_env"].variable, "").strip().lower() \
-        in table.TRUE_WORDS
-    fmt = ((typed.get("fmt") or (None, None))[1] or os.environ.get(table.BY_DEST["fmt"].variable)
-           or table.DEFAULT_FORMAT[table.Output.PRINT_ENV].value)
-    return asked and fmt.strip().lower() not in ("json", "omp-bind")
-
-
-def _eval_fails() -> str:
-    from cpulaunch.forms import EVAL_FAILS
-
-    return EVAL_FAILS
-
-
-def _write_stdout(text: str) -> None:
-    try:
-        sys.stdout.write(text)
-    except (OSError, ValueError):
-        pass
-
-
-def _quiet_exit(code: int) -> None:
-    """Flush stdout, ignoring a reader that went away (no "Exception ignored" message)."""
-    try:
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError):
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except OSError:
-            pass
+    except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - ours, reported as ours
+        code = failure(exc, verbose)
+    return finish(args, code, sub)

@@ -12,7 +12,6 @@ and oneAPI put it, and only with its provider folder beside it (issue 21, docs/g
 """
 
 import os
-import platform
 import shutil
 import struct
 import sys
@@ -36,9 +35,10 @@ def is_loadable_elf(path: os.PathLike, machine: Optional[str] = None) -> bool:
 
     Args:
         path: file to check.
-        machine: ``platform.machine()`` value to check against (default: this host).
+        machine: ``os.uname().machine`` value to check against (default: this host; what
+            ``platform.machine()`` returns, without importing platform on every run).
     """
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine
     try:
         with open(path, "rb") as f:
             head = f.read(20)
@@ -70,7 +70,7 @@ def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list[Pa
 
 def multiarch_dirs(machine: Optional[str] = None) -> list[Path]:
     """The system library folders of Debian-style multiarch and the classic ones."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine
     return [
         Path(f"/usr/lib/{machine}-linux-gnu"),
         Path(f"/lib/{machine}-linux-gnu"),
