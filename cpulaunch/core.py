@@ -356,8 +356,8 @@ def _failure_record_note(program: tuple[str, ...], python: str):
     planned environment (issue 38: :func:`cpulaunch.distributed.record_hook_env` and the
     pipe, given by the launcher), or None for another program. Level EXPLAIN: ``-v`` in a
     run; the dry run and JSON keep it."""
-    from cpulaunch.distributed import runs_python
     from cpulaunch.notes import explain
+    from cpulaunch.render import runs_python
 
     if not runs_python(program, python):
         return None

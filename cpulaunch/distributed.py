@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from cpulaunch import envvars
 from cpulaunch.errors import DistributedError
 from cpulaunch.notes import explain
+from cpulaunch.render import runs_python  # noqa: F401 (also this module's: the program rules live in render)
 from cpulaunch.spelling import Spelling
 from cpulaunch.machine.engines import (DEFAULT_MASTER_PORT, LOCAL_MASTER_ADDR, RankContext, block_node, detect_engine,
                                        expand_hostlist, first_host, tasks_on_node)
@@ -303,18 +304,6 @@ def is_hook_folder(entry: str) -> bool:
         return False
     norm = os.path.normpath(entry)
     return norm == site_hook_dir() or norm.endswith(os.sep + _HOOK_TAIL)
-
-
-def runs_python(argv: Sequence[str], python: str) -> bool:
-    """True when ``argv`` (the resolved program, :func:`cpulaunch.render.resolve_program`)
-    starts a Python interpreter, as far as its first word tells: ``python``, the
-    interpreter cpulaunch runs under (``python``), or a name like ``python3``/``python3.11``
-    (any folder). ``["/usr/bin/python3", "x.py"]`` -> True; ``["sh", "run.sh"]`` -> False;
-    a console script (``lightning``) -> False (its interpreter is in a file, not read here).
-    """
-    if not argv:
-        return False
-    return argv[0] == python or re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) is not None
 
 
 #: Python's own options that take the next word as their value (``python --help``): the

@@ -28,6 +28,8 @@ Rules and where they come from:
   Every instance gets ``CPULAUNCH_PLANNED_RECIPE`` naming it.
 """
 
+import os
+import re
 import sys
 from pathlib import Path
 from types import MappingProxyType
@@ -171,6 +173,19 @@ class Rendered(NamedTuple):
     num_instances: int
     notes: tuple[str, ...]
     recipe: Optional[Applied] = None
+
+
+def runs_python(argv: Sequence[str], python: str) -> bool:
+    """True when ``argv`` (the resolved program, :func:`resolve_program`)
+    starts a Python interpreter, as far as its first word tells: ``python``, the
+    interpreter cpulaunch runs under (``python``), or a name like ``python3``/``python3.11``
+    (any folder). ``["/usr/bin/python3", "x.py"]`` -> True; ``["sh", "run.sh"]`` -> False;
+    a console script (``lightning``) -> False (its interpreter is in a file, not read here).
+    """
+    if not argv:
+        return False
+    return argv[0] == python or re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) is not None
+
 
 
 def resolve_program(args: Sequence[str], no_python: bool = False, python: str = sys.executable) -> tuple[str, ...]:
