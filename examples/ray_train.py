@@ -19,7 +19,7 @@ Ray's default (OMP_NUM_THREADS = the worker's CPUs, nothing pinned) for comparis
 Needs ``pip install 'ray[train]'`` (Ray 2.60 ran here). Ray's session files go to a
 temporary folder removed at the end; ``ray.shutdown()`` stops the processes this script
 started, and any of them still there 5 s after ray.shutdown() is killed (found as this script's
-descendants or by a variable they inherit), also when SIGTERM or Ctrl-C
+descendants, orphans included: it is their subreaper, or by a variable they inherit), also when SIGTERM or Ctrl-C
 cut ``ray.init()`` short (never run ``ray stop`` on a shared machine: it stops every Ray
 process there).
 """
@@ -112,6 +112,18 @@ def train_func(config: dict) -> None:
 RUN_MARK = "EXAMPLE_RAY_TRAIN_RUN"
 
 
+def _adopt_orphans() -> None:
+    """Make this script a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a process
+    Ray started whose parent ends first (a worker the raylet forked as it was being killed)
+    becomes this script's child instead of init's, so :func:`_shutdown` still finds it."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER = 36
+    except (OSError, AttributeError):
+        pass  # not Linux: the variable below still finds them
+
+
 def _shutdown(ray, folder: str) -> None:
     """ray.shutdown(), then kill what Ray started here and is still running 5 s later (again until none is left): the
     script's descendants and every process that inherited :data:`RUN_MARK` = ``folder``
@@ -141,7 +153,8 @@ def _shutdown(ray, folder: str) -> None:
             time.sleep(0.2)  # Ray's processes end on their own after ray.shutdown(), most within 1 s
             left = ours()
         # Kill what is left until nothing is: a raylet not yet killed may start one more worker
-        # between a scan and the kills (CI found two such workers left, their parent init).
+        # between a scan and the kills (CI found two such workers left, their parent init); as
+        # the raylet dies, such a worker becomes this script's child (_adopt_orphans).
         deadline = time.monotonic() + 10
         while left and time.monotonic() < deadline:
             for proc in left:
@@ -169,6 +182,7 @@ def main(argv=None) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    _adopt_orphans()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network calls home
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local head: no token file in ~/.ray
     import ray

@@ -341,6 +341,7 @@ def test_two_node_static_rendezvous_on_loopback():
 
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+@pytest.mark.torch_release
 def test_under_users_own_torchrun_each_rank_bound():
     """`torchrun --nproc-per-node 2 --no-python cpulaunch --ddp python train.py`: cpulaunch
     sees torchrun's LOCAL_RANK/RANK, binds its rank to its share and execs it, with

@@ -373,6 +373,7 @@ def test_static_rendezvous_two_nodes_on_one_host(cpulaunch_ddp):
 
 
 @pytest.mark.slow
+@pytest.mark.torch_release
 def test_elastic_rendezvous_two_nodes_on_one_host(cpulaunch_ddp):
     """docs/guide/ddp.md's elastic recipe (--rdzv-endpoint HOST:PORT), both on this host."""
     (port,) = free_ports(1)

@@ -298,6 +298,7 @@ def test_channels_last_can_be_forced_off():
 
 
 @pytest.mark.slow
+@pytest.mark.torch_release
 def test_inductor_matches_eager():
     model = conv_bn_relu()
     opt = optimize(model, cnn_inputs(), path="inductor", warmup=1)

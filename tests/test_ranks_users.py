@@ -224,6 +224,7 @@ def test_lightning_ignores_ddp_comm_hook_on_cpu_and_wrap_ddp_is_the_way(strategy
 
 
 @pytest.mark.slow
+@pytest.mark.torch_release
 def test_elastic_two_nodes_node_rank_is_the_agents_group_rank():
     recs, _ = two_nodes(["gloo", "--steps", "1"], elastic=True)
     assert [r["global_rank"] for r in recs] == [0, 1]

@@ -243,6 +243,7 @@ CASES = [
 @needs_2cpus
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc,how,bad,code,rc,said,flags", CASES)
+@pytest.mark.torch_release
 def test_the_rank_that_failed_first_is_named_with_its_code(tmp_path, nproc, how, bad, code, rc, said, flags):
     proc = ddp("--nproc-per-node", str(nproc), *flags, "python", FAIL_RANKS, how, str(bad), str(code),
                log_dir=tmp_path / "logs")
@@ -359,6 +360,7 @@ dist.Backend.register_backend("ccl", _make, devices=["cpu"])
 @pytest.mark.slow
 @pytest.mark.parametrize("how,rc", [("exit", 3), ("raise", 1)])
 @pytest.mark.parametrize("flags", [(), ("--no-exit-hook",)])
+@pytest.mark.torch_release
 def test_ccl_rank_0_stuck_in_its_store_at_exit_ends_the_job_with_its_code(tmp_path, how, rc, flags):
     plant_fabric(tmp_path / "impi")
     make_stand_in(tmp_path / "site", KVS_LIKE, "2.8.0+xpu")
@@ -604,6 +606,7 @@ def test_tee_needs_a_log_dir():
 @needs_torch
 @needs_2cpus
 @pytest.mark.slow
+@pytest.mark.torch_release
 def test_elastic_ranks_keep_their_prefix():
     port = free_port()
     proc = run_cli("--ddp", "--nproc-per-node", "2", "--core-list", CORES, "--rdzv-endpoint", f"127.0.0.1:{port}",

@@ -168,6 +168,7 @@ CPULAUNCH_DDP_2 = [sys.executable, "-m", "cpulaunch", "--ddp", "--nproc-per-node
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs for 2 ranks")
+@pytest.mark.torch_release
 def test_cpulaunch_ddp_ranks_bound_and_equal_to_single(runs):
     """`cpulaunch --ddp --nproc-per-node 2`: each rank on its own core with 1 thread, and
     after the steps its parameters equal one process's on the same global batches."""

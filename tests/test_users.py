@@ -105,6 +105,7 @@ def test_max_restarts_reaches_torchrun_and_needs_an_elastic_run():
 
 
 @pytest.mark.slow
+@pytest.mark.torch_release
 def test_max_restarts_restarts_a_failed_rank(tmp_path):
     """A rank that fails on its first attempt and succeeds on the second: with
     --max-restarts 1 torchrun's agent restarts it and the run succeeds; without, the
@@ -203,6 +204,7 @@ RUN_CPU_214 = pytest.mark.xfail(_torch_at_least(2, 14), strict=True, raises=Asse
                                   pytest.param(["--ncores-per-instance", "2", "--use-logical-core"],
                                                marks=RUN_CPU_214),
                                   ["--ninstances", "4", "--ncores-per-instance", "3", "--use-logical-core"]])
+@pytest.mark.torch_release
 def test_run_cpu_placement_is_what_run_cpu_does(xeon, tmp_path, args):
     """The placement the note attributes to run_cpu is run_cpu's own: run_cpu (torch's,
     reading the Xeon dump through `lscpu --sysroot`) logs each instance's numactl -C."""
