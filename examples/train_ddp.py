@@ -72,7 +72,8 @@ with its samples/s (local samples; compute only for synthetic data, end to end f
 pipeline, as the line says), or with ``--json`` one JSON line per rank on stdout (progress
 then goes to stderr). The JSON says which: ``samples_per_s_includes_data``, with
 ``compute_s`` and ``data_wait_s`` (seconds of the timed steps spent computing, and making
-or waiting for batches), ``num_workers``, ``num_workers_from``, ``dataloader_cpus`` (the
+or waiting for batches), ``timed_step_s`` (each timed step's seconds, counted as samples/s
+counts them: for medians that one slow step does not move), ``num_workers``, ``num_workers_from``, ``dataloader_cpus`` (the
 pinning cpulist, or null), ``loader_workers`` (each worker's pid, CPUs and torch threads
 as the worker itself saw them) and ``step_losses`` (this rank's loss of every step);
 ``--digest`` adds ``batch_sha256`` over every batch trained on. At the end rank 0 prints
@@ -755,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     compute_s = data_s = 0.0
     step_loss = torch.zeros(())
     step_losses: list[float] = []  # this rank's loss of every step (mean over its rows)
+    step_s: list[float] = []  # seconds of each timed step, as samples/s counts them
     origins: set = set()  # (worker, pid, cpus, threads) of the processes that made batches
     digest = hashlib.sha256() if args.digest else None
     for step in range(args.steps):
@@ -800,8 +802,10 @@ def main(argv: list[str] | None = None) -> int:
         step_losses.append(step_loss.item())
         if step >= args.warmup_steps:
             # synthetic: t0 follows the batch's generation; pipeline: waits happen after t0.
+            step_compute = time.perf_counter() - t0 - (wait_s - (t0 - step_start))
             data_s += wait_s
-            compute_s += time.perf_counter() - t0 - (wait_s - (t0 - step_start))
+            compute_s += step_compute
+            step_s.append(step_compute + wait_s if args.data == "pipeline" else step_compute)
         if (step + 1) % args.log_every == 0 or step == args.steps - 1:
             # Every rank takes part in the all-reduce; rank 0 prints.
             global_loss = mean_over_ranks(step_loss, world_size)
@@ -857,6 +861,9 @@ def main(argv: list[str] | None = None) -> int:
         "compute_s": compute_s,  # timed steps: forward, backward, all-reduce, optimizer
         # timed steps: making the synthetic batches, or waiting for the pipeline's
         "data_wait_s": data_s,
+        # Each timed step's seconds on this rank, counted as samples/s counts them (their sum
+        # is compute_s, or compute_s + data_wait_s for the pipeline): for per-step medians.
+        "timed_step_s": step_s,
         "num_workers": num_workers if args.data == "pipeline" else None,
         "num_workers_from": workers_from,  # --num-workers, CPULAUNCH_DATALOADER_NUM_WORKERS, default
         "dataloader_cpus": pinned_to if "worker_init_fn" in loader_kwargs else None,

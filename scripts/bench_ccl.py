@@ -6,10 +6,20 @@ by one each round, so drifting background load hits all of them):
 
 - all_reduce of one float32 tensor per size (default 4 KB, 64 KB, 1 MB, 16 MB, 64 MB): the
   median time of one call on rank 0 (after two warm-up calls; as many calls as fit in
-  ``--budget`` seconds, the same count on every rank);
-- examples/train_ddp.py (cnn, small by default): the job's samples/s, and whether the final
+  ``--budget`` seconds, at most 2,000, the same count on every rank);
+- examples/train_ddp.py (cnn, small by default, global batch 8 per rank): the median time of
+  one step over ``--steps`` timed steps (default 200) after ``--warmup-steps`` untimed ones
+  (default 10), a step counting as long as its slowest rank, with the steps' interquartile
+  range; samples/s is the global batch over that median step; and whether the final
   parameters of each ccl variant are bitwise equal to gloo's in the same round
-  (``param_sha256``).
+  (``param_sha256``). A step takes 20-40 ms here: ten of them (the old protocol, a mean)
+  gave 1.05x-1.55x gloo in four quiet reruns.
+
+Each figure is quoted as the median over the rounds (default 5) with its range over the
+rounds in brackets, and each ratio (a variant against gloo, or against oneCCL's defaults) is
+taken per round, between two runs that ran one after the other, then quoted the same way:
+``2.31x [2.20-2.45]``. A run the load meter flags busy is left out of the tables when any
+run was quiet (the tables say how many runs they quote).
 
 Every variant runs under ``cpulaunch --ddp --nproc-per-node N`` (N = the CPUs this process
 may use, 1 core per rank), so binding, OpenMP and allocator are the same for all. All but
@@ -49,8 +59,8 @@ run: the bindings missing or not importing with this Python's torch (checked in 
 process: a binding built for another torch can abort the interpreter), or libfabric and its
 providers not found.
 
-    python scripts/bench_ccl.py                  # 3 rounds, all sizes, train_ddp cnn small
-    python scripts/bench_ccl.py --quick          # 1 round, 2 sizes, 3 steps: a smoke run
+    python scripts/bench_ccl.py                  # 5 rounds, all sizes, 200 timed train steps
+    python scripts/bench_ccl.py --quick          # 1 round, 2 sizes, 4 steps: a smoke run
     python scripts/bench_ccl.py --variants gloo,ccl,ccl:yield,ccl:nooffload --no-train
 """
 
@@ -59,6 +69,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -83,36 +94,67 @@ LAUNCHER = ("own", "yield")
 DEFAULT_VARIANTS = "gloo,ccl,ccl:shm,ccl:cpulaunch"
 DEFAULT_TRAIN_VARIANTS = "gloo,ccl,ccl:cpulaunch"
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+#: The protocol (what a run without options measures) and --quick's smoke run. Train steps
+#: of cnn small at global batch 16 take 20-40 ms here: 10 timed steps gave 1.05x-1.55x gloo
+#: in four reruns, so the figure is the median of 200 timed steps after 10 untimed ones.
+DEFAULTS = {"rounds": 5, "sizes": SIZES, "budget": 1.0, "steps": 200, "warmup_steps": 10,
+            "size": "small"}
+QUICK = {"rounds": 1, "sizes": (4 << 10, 1 << 20), "budget": 0.2, "steps": 4, "warmup_steps": 1,
+         "size": "small"}
 #: Seconds a job may take before it is stopped (SIGTERM to cpulaunch, which stops its ranks).
 JOB_TIMEOUT = 600.0
 
 
+def _both(key: str, show=str) -> str:
+    """``"default 5; 1 with --quick"`` for one protocol setting."""
+    return f"default {show(DEFAULTS[key])}; {show(QUICK[key])} with --quick"
+
+
+def _sizes(sizes) -> str:
+    return ",".join(map(str, sizes)) + f" ({', '.join(map(human, sizes))})"
+
+
 def parse_args(argv=None):
-    p = benchkit.parser(__doc__, "1 round, sizes 4 KB and 1 MB, 3 train steps: checks the script")
+    p = benchkit.parser(__doc__, f"{QUICK['rounds']} round, sizes {_sizes(QUICK['sizes'])}, "
+                                 f"{QUICK['steps']} timed train steps: checks the script")
     p.add_argument("--variants", default=DEFAULT_VARIANTS,
-                   help=f"comma-separated variants (default {DEFAULT_VARIANTS})")
-    p.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
+                   help=f"comma-separated all_reduce variants (default {DEFAULT_VARIANTS})")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"interleaved rounds: every variant runs once a round ({_both('rounds')})")
     p.add_argument("--sizes", default=None,
-                   help="all_reduce sizes in bytes, comma-separated (default 4 KB .. 64 MB)")
+                   help=f"all_reduce sizes in bytes, comma-separated ({_both('sizes', _sizes)})")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds of timed calls per size and run (default 1.0; 0.2 with --quick)")
+                   help=f"seconds of timed all_reduce calls per size and run ({_both('budget')})")
     p.add_argument("--no-train", action="store_true", help="skip the train_ddp.py part")
     p.add_argument("--train-variants", default=DEFAULT_TRAIN_VARIANTS,
                    help=f"variants of the train_ddp.py part (default {DEFAULT_TRAIN_VARIANTS})")
-    benchkit.add_model_size(p)
+    benchkit.add_model_size(p, DEFAULTS["size"], QUICK["size"])
     p.add_argument("--steps", type=int, default=None,
-                   help="train steps (default 10; 3 with --quick)")
+                   help=f"timed train steps per run, after the untimed ones ({_both('steps')})")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help=f"untimed train steps first ({_both('warmup_steps')})")
     p.add_argument("--busy-threshold", type=float, default=10.0,
-                   help="flag runs when others used more than this percent of the machine")
+                   help="flag runs when others used more than this percent of the machine "
+                        "(default 10.0); flagged runs are left out of the tables when any run "
+                        "was quiet")
     p.add_argument("--json", action="store_true", help="also print all figures as one JSON line")
     p.add_argument("--rank", action="store_true", help="(internal) run as one all_reduce rank")
     args = p.parse_args(argv)
-    args.rounds = args.rounds or (1 if args.quick else 3)
-    args.budget = args.budget or (0.2 if args.quick else 1.0)
-    args.steps = args.steps or (3 if args.quick else 10)
-    args.size = args.size or "small"
-    default_sizes = (4 << 10, 1 << 20) if args.quick else SIZES
-    args.sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(default_sizes)
+    protocol = QUICK if args.quick else DEFAULTS
+    for key in ("rounds", "budget", "steps", "warmup_steps", "size"):
+        if getattr(args, key) is None:
+            setattr(args, key, protocol[key])
+    try:
+        args.sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
+                      else list(protocol["sizes"]))
+    except ValueError:
+        p.error(f"--sizes takes byte counts separated by commas (like 4096,1048576), "
+                f"got {args.sizes!r}")
+    for key in ("rounds", "steps"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key} must be at least 1, got {getattr(args, key)}")
+    if args.warmup_steps < 0 or args.budget <= 0:
+        p.error("--warmup-steps must be at least 0 and --budget above 0")
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     args.train_variants = [v.strip() for v in args.train_variants.split(",") if v.strip()]
     for v in args.variants + args.train_variants:
@@ -293,17 +335,32 @@ def allreduce_figures(run: dict) -> dict | None:
 
 
 def train_figures(run: dict) -> dict | None:
-    """{"samples_per_s", "param_sha256"} from train_ddp.py's per-rank JSON lines, or None."""
+    """The job's per-step figures from train_ddp.py's per-rank JSON lines, or None: each
+    timed step's seconds is the slowest rank's (the ranks meet in every step's all_reduce);
+    ``step_s`` is their median, ``step_q1_s``/``step_q3_s`` their quartiles,
+    ``samples_per_s`` the global batch over the median step, ``param_sha256`` the final
+    parameters' (None when the ranks disagree)."""
     ranks = {}
     for line in run["out"].splitlines():
         if line.startswith("{") and '"rank"' in line:
             rec = json.loads(line)
             ranks[rec["rank"]] = rec
-    if 0 not in ranks:
+    if 0 not in ranks or any(not r.get("timed_step_s") for r in ranks.values()):
         return None
+    steps = [max(per_rank) for per_rank in zip(*(r["timed_step_s"] for r in ranks.values()))]
+    q1, med, q3 = quartiles(steps)
     shas = {r["param_sha256"] for r in ranks.values()}
-    return {"samples_per_s": ranks[0]["job_samples_per_s"],
+    return {"step_s": med, "step_q1_s": q1, "step_q3_s": q3, "steps": len(steps),
+            "samples_per_s": ranks[0]["global_batch_size"] / med,
             "param_sha256": shas.pop() if len(shas) == 1 else None}
+
+
+def quartiles(xs: list) -> tuple:
+    """(first quartile, median, third quartile) of ``xs`` (one value: that value thrice)."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
 
 
 def last_error(run: dict) -> str:
@@ -339,11 +396,17 @@ def rounds(args, variants: list, program, parse, runtime: dict, cpus: list) -> d
     return runs
 
 
-def usable(runs: list) -> list:
-    """Runs with figures, the quiet ones when there are any."""
-    good = [r for r in runs if r["figures"] is not None]
-    quiet = [r for r in good if not r["busy"]]
-    return quiet or good
+def quoted(runs: dict) -> tuple[dict, bool]:
+    """({variant: [run, or None, per round]}, quiet): the runs whose figures the tables
+    quote. A run without figures is None; when any run was quiet (not flagged busy), a busy
+    run is None too, so only quiet rounds are quoted; when none was, every run with figures
+    is kept and ``quiet`` is False (the tables then say so)."""
+    good = {v: [r if r["figures"] is not None else None for r in rs] for v, rs in runs.items()}
+    quiet = any(r is not None and not r["busy"] for rs in good.values() for r in rs)
+    if quiet:
+        good = {v: [r if r is not None and not r["busy"] else None for r in rs]
+                for v, rs in good.items()}
+    return good, quiet
 
 
 # --------------------------------------------------------------------------- the report
@@ -354,8 +417,12 @@ def human(size: int) -> str:
 
 
 def cell(xs: list, scale: float, fmt: str) -> str:
-    """``"12.3 (8%)"``: the median of ``xs`` times ``scale`` and the spread; ``"-"`` for none."""
-    return f"{benchkit.median(xs) * scale:{fmt}} ({benchkit.spread(xs):.0%})" if xs else "-"
+    """``"12.3 [11.9-13.0]"``: the median of the values of ``xs`` that are not None, times
+    ``scale``, and their range over the rounds; ``"-"`` for none."""
+    xs = [x * scale for x in xs if x is not None]
+    if not xs:
+        return "-"
+    return f"{benchkit.median(xs):{fmt}} [{min(xs):{fmt}}-{max(xs):{fmt}}]"
 
 
 def print_table(title: str, head: list, rows: list) -> None:
@@ -365,50 +432,94 @@ def print_table(title: str, head: list, rows: list) -> None:
         print("  " + "  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
 
 
-def ratio(a: list, b: list) -> str:
-    """median(a) / median(b) as ``"2.31x"``; ``"-"`` when either is empty."""
-    return f"{benchkit.median(a) / benchkit.median(b):.2f}x" if a and b else "-"
+def ratios(num: list, den: list) -> list:
+    """Per round, ``num[r] / den[r]`` where both rounds have a figure (the two runs of a
+    ratio ran one after the other, under the same background)."""
+    return [a / b for a, b in zip(num, den) if a is not None and b is not None and b > 0]
+
+
+def xcell(xs: list) -> str:
+    """``"2.31x [2.20-2.45]"``: a ratio's median over rounds and its range; ``"-"`` for none."""
+    return f"{benchkit.median(xs):.2f}x [{min(xs):.2f}-{max(xs):.2f}]" if xs else "-"
+
+
+def which_runs(runs: dict) -> str:
+    """Which runs a table quotes, in words (see :func:`quoted`)."""
+    good, quiet = quoted(runs)
+    n = sum(len(rs) for rs in runs.values())
+    kept = sum(r is not None for rs in good.values() for r in rs)
+    if quiet:
+        return f"{kept} of {n} runs: the quiet ones"
+    return f"{kept} of {n} runs, NONE QUIET: not to be quoted"
 
 
 def report_allreduce(runs: dict, sizes: list) -> dict:
-    """Tables of all_reduce times and ratios; returns {variant: {size: [seconds per run]}}."""
-    times = {v: {s: [r["figures"][s] for r in usable(rs)] for s in sizes} for v, rs in runs.items()}
+    """Tables of all_reduce times and per-round ratios. Returns {"time_s": {variant: {size:
+    [median seconds per round, or None]}}, "speedup_vs_gloo": {variant: {size: [per round]}}}."""
+    good, _ = quoted(runs)
+    times = {v: {s: [r["figures"][s] if r is not None else None for r in rs] for s in sizes}
+             for v, rs in good.items()}
     variants = list(runs)
-    print_table("all_reduce: median ms of one call on rank 0 (spread over runs)",
+    rounds_n = max(len(rs) for rs in runs.values())
+    print_table(f"all_reduce: median ms of one call on rank 0, median over {rounds_n} rounds "
+                f"[range over rounds] ({which_runs(runs)})",
                 ["size", *variants],
                 [[human(s), *(cell(times[v][s], 1e3, ".3f") for v in variants)] for s in sizes])
     ccls = [v for v in variants if v != "gloo"]
+    speedup = {}
     if "gloo" in runs and ccls:
-        print_table("speed-up over gloo (gloo's time / the variant's; above 1: faster than gloo)",
+        speedup = {v: {s: ratios(times["gloo"][s], times[v][s]) for s in sizes} for v in ccls}
+        print_table("speed-up over gloo in the same round (gloo's time / the variant's; above "
+                    "1: faster than gloo), median [range] over rounds",
                     ["size", *ccls],
-                    [[human(s), *(ratio(times["gloo"][s], times[v][s]) for v in ccls)]
-                     for s in sizes])
+                    [[human(s), *(xcell(speedup[v][s]) for v in ccls)] for s in sizes])
     tuned = [v for v in ccls if v not in ("ccl", "ccl:shm")]
     if tuned and "ccl" in runs:
         base = {v: "ccl:shm" if "shm" in tokens(v) and "ccl:shm" in runs else "ccl" for v in tuned}
-        print_table("speed-up over oneCCL's defaults (same transport)",
+        print_table("speed-up over oneCCL's defaults (same transport, same round), median [range]",
                     ["size", *(f"{v} vs {base[v]}" for v in tuned)],
-                    [[human(s), *(ratio(times[base[v]][s], times[v][s]) for v in tuned)]
+                    [[human(s), *(xcell(ratios(times[base[v]][s], times[v][s])) for v in tuned)]
                      for s in sizes])
-    return times
+    return {"time_s": times, "speedup_vs_gloo": speedup}
 
 
-def report_train(runs: dict) -> dict:
-    """The train_ddp.py table; returns {variant: [samples/s per run]}."""
-    sps = {v: [r["figures"]["samples_per_s"] for r in usable(rs)] for v, rs in runs.items()}
+def report_train(runs: dict, global_batch: int) -> dict:
+    """The train_ddp.py table: per run the median step of its timed steps; over rounds their
+    median and range, the steps' interquartile range, and speed-ups per round. Returns
+    {"step_s", "samples_per_s", "speedup_vs_gloo": {variant: [per round]}}."""
+    good, _ = quoted(runs)
+    step = {v: [r["figures"]["step_s"] if r is not None else None for r in rs]
+            for v, rs in good.items()}
+    iqr = {v: [(r["figures"]["step_q1_s"], r["figures"]["step_q3_s"]) for r in rs if r is not None]
+           for v, rs in good.items()}
     gloo_sha = {i: r["figures"]["param_sha256"] for i, r in enumerate(runs.get("gloo", []))
                 if r["figures"] is not None}
-    rows = []
+    timed = {r["figures"]["steps"] for rs in runs.values() for r in rs if r["figures"] is not None}
+    speedup, rows = {}, []
     for v, rs in runs.items():
         same = [r["figures"]["param_sha256"] == gloo_sha[i] for i, r in enumerate(rs)
                 if r["figures"] is not None and i in gloo_sha]
         equal = "-" if v == "gloo" or not same else f"{sum(same)} of {len(same)}"
-        rows.append([v, cell(sps[v], 1.0, ".2f"), ratio(sps[v], sps.get("gloo", [])),
-                     ratio(sps[v], sps.get("ccl", [])), equal])
-    print_table("train_ddp.py: job samples/s (spread over runs; above 1x: faster)",
-                ["variant", "samples/s", "vs gloo", "vs oneCCL's defaults", "params bitwise equal to gloo's"],
-                rows)
-    return sps
+        q1 = benchkit.median([a for a, _ in iqr[v]]) * 1e3 if iqr[v] else None
+        q3 = benchkit.median([b for _, b in iqr[v]]) * 1e3 if iqr[v] else None
+        sps = [global_batch / x if x else None for x in step[v]]
+        if "gloo" in runs and v != "gloo":
+            speedup[v] = ratios(step["gloo"], step[v])
+        rows.append([v, cell(step[v], 1e3, ".2f"),
+                     f"{q1:.2f}-{q3:.2f}" if q1 is not None else "-", cell(sps, 1.0, ".0f"),
+                     xcell(speedup.get(v, [])),
+                     xcell(ratios(step["ccl"], step[v])) if "ccl" in runs and v != "ccl" else "-",
+                     equal])
+    print_table(f"train_ddp.py: ms per step ({'/'.join(map(str, sorted(timed)))} timed steps a run; "
+                f"a step: the slowest rank's), median of the runs' median step [range over "
+                f"rounds] ({which_runs(runs)})",
+                ["variant", "ms/step", "steps' IQR", "samples/s", "vs gloo", "vs oneCCL's defaults",
+                 "params bitwise equal to gloo's"], rows)
+    print("  (vs: the other's step time / this one's in the same round; above 1x: faster)")
+    return {"step_s": step,
+            "samples_per_s": {v: [global_batch / x if x else None for x in xs]
+                              for v, xs in step.items()},
+            "speedup_vs_gloo": speedup}
 
 
 def report_runs(runs: dict, what: str) -> None:
@@ -452,30 +563,56 @@ def main(argv=None) -> int:
     if problem:
         print(f"bench_ccl: skipped: {problem}")
         return 0
+    benchkit.exit_on_sigterm()
     runtime = runtime_env(os.environ)
     cpus = rank_cpus(args.nproc)
-    print(f"{versions()}\n{args.nproc} ranks x 1 core (CPUs {cpus}), {args.rounds} "
-          f"round(s); runtime {' '.join(f'{k}={v}' for k, v in sorted(runtime.items()))}")
+    print(f"{versions()}\n{cpu_model()}; {args.nproc} ranks x 1 core (CPUs {cpus}), "
+          f"{args.rounds} round(s); runtime "
+          f"{' '.join(f'{k}={v}' for k, v in sorted(runtime.items()))}")
     now = benchkit.sample(1.0, top=3)
-    print(f"before: others used {now.foreign_pct:.0f}% of the machine")
+    print(f"before: others used {now.foreign_pct:.0f}% of the machine; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     sizes = ",".join(map(str, args.sizes))
     ar = rounds(args, args.variants,
                 lambda v: [__file__, "--rank", "--sizes", sizes, "--budget", str(args.budget)],
                 allreduce_figures, runtime, cpus)
-    out = {"allreduce_s": report_allreduce(ar, args.sizes)}
+    out = {"allreduce": report_allreduce(ar, args.sizes)}
     report_runs(ar, "all_reduce")
     if not args.no_train:
-        train = [str(TRAIN), "--model", args.model, "--size", args.size, "--steps", str(args.steps),
-                 "--global-batch-size", str(8 * args.nproc), "--json"]
+        batch = 8 * args.nproc
+        train = [str(TRAIN), "--model", args.model, "--size", args.size,
+                 "--steps", str(args.warmup_steps + args.steps),
+                 "--warmup-steps", str(args.warmup_steps), "--global-batch-size", str(batch),
+                 "--json"]
         tr = rounds(args, args.train_variants, lambda v: train, train_figures, runtime, cpus)
-        out["train_samples_per_s"] = report_train(tr)
+        out["train"] = report_train(tr, batch)
         report_runs(tr, "train_ddp")
     print(CANNOT.format(n=args.nproc))
+    print(f"after: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
-        print(json.dumps({k: {v: {str(s): x for s, x in d.items()} if isinstance(d, dict) else d
-                              for v, d in t.items()} for k, t in out.items()}))
+        print(json.dumps(jsonable(out)))
     return 0
 
+
+def cpu_model() -> str:
+    """The first ``model name`` of /proc/cpuinfo (what the figures were measured on)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU model unknown"
+
+
+def jsonable(x):
+    """``x`` with every dict key a string (the sizes are ints), for json.dumps."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [jsonable(v) for v in x]
+    return x
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -104,12 +104,13 @@ def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
     return p
 
 
-def add_model_size(p: argparse.ArgumentParser) -> None:
+def add_model_size(p: argparse.ArgumentParser, default: str = "full", quick: str = "small") -> None:
     """``--model`` cnn|bert (default cnn) and ``--size`` full|small of examples/models.py;
-    ``--size`` stays None when not given: the script picks (full; small with --quick)."""
-    p.add_argument("--model", choices=("cnn", "bert"), default="cnn")
+    ``--size`` stays None when not given: the script picks ``default``, or ``quick`` with
+    --quick, and the help says which (pass the script's own two)."""
+    p.add_argument("--model", choices=("cnn", "bert"), default="cnn", help="default cnn")
     p.add_argument("--size", choices=("full", "small"), default=None,
-                   help="default full (small with --quick)")
+                   help=f"default {default}" + (f" ({quick} with --quick)" if quick != default else ""))
 
 
 #: Variables a benchmark's children must not inherit from the shell that ran it.

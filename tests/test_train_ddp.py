@@ -372,6 +372,9 @@ def test_pipeline_same_batches_and_losses_with_0_and_2_workers():
         # end to end: 2 timed steps x 8 samples over compute + data waits
         assert s["samples_per_s"] == pytest.approx(16 / (s["compute_s"] + s["data_wait_s"]),
                                                    rel=1e-9)
+        # each timed step end to end: they add up to what samples/s divides by
+        assert len(s["timed_step_s"]) == 2
+        assert sum(s["timed_step_s"]) == pytest.approx(s["compute_s"] + s["data_wait_s"], rel=1e-9)
 
 
 def test_synthetic_figure_excludes_generation():
@@ -382,6 +385,8 @@ def test_synthetic_figure_excludes_generation():
     assert s["data"] == "synthetic" and s["samples_per_s_includes_data"] is False
     assert s["samples_per_s"] == pytest.approx(4 / s["compute_s"], rel=1e-9)
     assert s["data_wait_s"] > 0
+    (step,) = s["timed_step_s"]  # 2 steps, the first untimed; compute only, like samples/s
+    assert step == pytest.approx(s["compute_s"], rel=1e-9)
     assert (s["num_workers"], s["num_workers_from"], s["loader_workers"]) == (None, None, [])
     assert s["batch_sha256"] is None  # only with --digest
 
