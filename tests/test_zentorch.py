@@ -27,7 +27,8 @@ from conftest import REPO
 
 torch = pytest.importorskip("torch")
 
-from cpulaunch.inference import UnsupportedModelError, optimize, zentorch_usable  # noqa: E402
+from cpulaunch.inference import (UnsupportedModelError, ZENTORCH_NO_AVX512_NOTE, optimize, zentorch_optimizes,  # noqa: E402
+                                 zentorch_usable)
 from cpulaunch import settings  # noqa: E402
 from cpulaunch.machine import host  # noqa: E402
 
@@ -156,8 +157,22 @@ def test_zentorch_runs_its_kernels_on_frozen_weights():
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         opt(x)
     ops = {e.key for e in prof.key_averages()}
-    assert any(k.startswith("zentorch::zentorch_linear") for k in ops), sorted(ops)
+    if zentorch_optimizes(Path("/proc/cpuinfo").read_text()):  # AVX-512: zentorch's kernels
+        assert any(k.startswith("zentorch::zentorch_linear") for k in ops), sorted(ops)
+        assert ZENTORCH_NO_AVX512_NOTE not in opt.report["notes"]
+    else:  # zentorch's pass leaves the graph alone (AVX2-only Zen 3: mkl::_mkl_linear), and says so
+        assert not any(k.startswith("zentorch::") for k in ops), sorted(ops)
+        assert ZENTORCH_NO_AVX512_NOTE in opt.report["notes"], opt.report["notes"]
     assert not any("weight_prepack" in k for k in ops), sorted(ops)
+
+
+@pytest.mark.parametrize("text,acts", [
+    ("flags : fpu sse2 avx2 fma", False),  # AMD EPYC Zen 3
+    ("flags : fpu sse2 avx2 avx512f avx512bw avx512_bf16", True),  # Zen 4
+    ("Features : fp asimd", True), ("", True), (None, True),  # nothing claimed off x86
+])
+def test_zentorch_acts_only_with_avx512(text, acts):
+    assert zentorch_optimizes(text) is acts
 
 
 @needs_zentorch

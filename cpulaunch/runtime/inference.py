@@ -247,6 +247,22 @@ def zentorch_usable() -> Tuple[bool, str]:
 
 _ZENTORCH_VERDICT: Optional[Tuple[bool, str]] = None
 
+#: The report's note where zentorch runs but changes nothing: zentorch 2.14.0.1's graph pass
+#: (``zentorch/_optimize.py``, ``optimize``) returns the graph unchanged, with a warning, when
+#: ``zentorch._C.is_avx512_supported()`` is false; inductor then compiles it as path
+#: "inductor" would (on an AVX2-only AMD EPYC Zen 3: ``mkl::_mkl_linear`` on the frozen
+#: weights, no ``zentorch::`` op).
+ZENTORCH_NO_AVX512_NOTE = ("zentorch changes nothing on this CPU: it optimizes only with AVX-512 (zentorch's own "
+                           "check; no avx512f in /proc/cpuinfo), so its path runs inductor's code")
+
+
+def zentorch_optimizes(cpuinfo_text: Optional[str]) -> bool:
+    """Whether zentorch's graph pass acts on this CPU (pure): ``avx512f`` among the x86 flags
+    of ``cpuinfo_text`` (/proc/cpuinfo's text; see :data:`ZENTORCH_NO_AVX512_NOTE`). An
+    unreadable or non-x86 /proc/cpuinfo: True (nothing is claimed)."""
+    flags, _ = parse_cpuinfo(cpuinfo_text)
+    return "sse2" not in flags or "avx512f" in flags
+
 
 def bf16_notes(support: Bf16Support, aarch64: bool = False) -> List[str]:
     """The sentences a bf16 report carries for a CPU with this support (empty for NATIVE
@@ -488,6 +504,13 @@ def _usable_paths(names: Sequence[str], report: Dict[str, Any], explicit: bool,
         return tuple(names)
     ok, why = zentorch_usable()
     if ok:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                text: Optional[str] = f.read()
+        except OSError:
+            text = None
+        if not zentorch_optimizes(text):
+            report["notes"].append(ZENTORCH_NO_AVX512_NOTE)
         return tuple(names)
     if explicit:
         raise UnsupportedModelError(f"path='zentorch' cannot be used here: {why}; use path='inductor' "
