@@ -61,7 +61,7 @@ SHELLS = ("sh", "bash")
 #: is how cpulaunch's own messages read: "cpulaunch: note", "cpulaunch tune: warm-up").
 COMMAND_LIKE = re.compile(r"^(cpulaunch|python3?|torchrun|srun|sbatch|mpirun|bash|export|eval)\s+[^\s:]+(\s|$)")
 #: Seconds a long command must run without failing.
-LONG_WINDOW = 10.0
+LONG_WINDOW = 6.0
 #: Seconds any other command may take.
 TIMEOUT = 300.0
 #: What the docs call DUMP: the two-socket Xeon dump, unpacked by their own command.
