@@ -504,10 +504,12 @@ def _usable_paths(names: Sequence[str], report: Dict[str, Any], explicit: bool,
         return tuple(names)
     ok, why = zentorch_usable()
     if ok:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                text: Optional[str] = f.read()
-        except OSError:
+        from cpulaunch.machine.files import UnusableFileError, read_regular
+        from cpulaunch.machine.probe import CPUINFO_BYTES
+
+        try:  # the bounded reader, as host_bf16_support reads it
+            text: Optional[str] = read_regular("/proc/cpuinfo", CPUINFO_BYTES, truncate=True).decode("utf-8", "replace")
+        except (OSError, ValueError, UnusableFileError):
             text = None
         if not zentorch_optimizes(text):
             report["notes"].append(ZENTORCH_NO_AVX512_NOTE)
