@@ -347,6 +347,38 @@ def _config(path, environ) -> dict:
         raise _Unsure from None
 
 
+def _read_words(ours: list[str], params: dict) -> dict:
+    """cpulaunch's own words (before the program) -> {python name: value as click's type
+    makes it}; ``-v`` counts, flags True, ``--config`` its path. Raises :class:`_Unsure`
+    for anything click must read."""
+    line: dict = {}
+    i = 0
+    while i < len(ours):
+        tok = ours[i]
+        if tok.startswith("-") and len(tok) > 1 and set(tok[1:]) == {"v"}:
+            line["verbose"] = line.get("verbose", 0) + len(tok) - 1
+            i += 1
+            continue
+        name, eq, text = tok.partition("=")
+        dest = table.BY_SPELLING.get(name)
+        if dest is None or (eq and not name.startswith("--")):
+            raise _Unsure
+        kind = params[dest][0] if dest != "config" else table.PATH
+        if kind.name in ("flag", "count"):
+            if eq:
+                raise _Unsure
+            line[dest] = True if kind.name == "flag" else line.get(dest, 0) + 1
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(ours) or ours[i + 1].startswith("-"):
+                raise _Unsure
+            text, i = ours[i + 1], i + 1
+        line[dest] = text if dest == "config" else _convert(kind, dest, text)
+        i += 1
+    return line
+
+
 def parse(args: list[str], environ) -> Parsed | None:
     """The run's command line read without click, or None when click must read it.
 
@@ -368,32 +400,8 @@ def parse(args: list[str], environ) -> Parsed | None:
         return None
     ours, program, typed = split_argv(list(args), table.VALUE_SPELLINGS)
     params = _parameters()
-    line: dict = {}
     try:
-        i = 0
-        while i < len(ours):
-            tok = ours[i]
-            if tok.startswith("-") and len(tok) > 1 and set(tok[1:]) == {"v"}:
-                line["verbose"] = line.get("verbose", 0) + len(tok) - 1
-                i += 1
-                continue
-            name, eq, text = tok.partition("=")
-            dest = table.BY_SPELLING.get(name)
-            if dest is None or (eq and not name.startswith("--")):
-                raise _Unsure
-            kind = params[dest][0] if dest != "config" else table.PATH
-            if kind.name in ("flag", "count"):
-                if eq:
-                    raise _Unsure
-                line[dest] = True if kind.name == "flag" else line.get(dest, 0) + 1
-                i += 1
-                continue
-            if not eq:
-                if i + 1 >= len(ours) or ours[i + 1].startswith("-"):
-                    raise _Unsure
-                text, i = ours[i + 1], i + 1
-            line[dest] = text if dest == "config" else _convert(kind, dest, text)
-            i += 1
+        line = _read_words(ours, params)
         config_given = line.pop("config", None)
         config = _config(config_given, environ)
         values, given, spelled_env = {}, set(line), {}
