@@ -214,13 +214,20 @@ def host_bf16_support(cpuinfo_path: str = "/proc/cpuinfo") -> Bf16Support:
     """:func:`bf16_support` of this machine (reads the first 64 KiB of ``cpuinfo_path``
     through the bounded reader, :func:`cpulaunch.machine.files.read_regular`; UNKNOWN if
     unreadable)."""
+    text = _cpuinfo_text(cpuinfo_path)
+    return Bf16Support.UNKNOWN if text is None else bf16_support(text)
+
+
+def _cpuinfo_text(path: str = "/proc/cpuinfo") -> Optional[str]:
+    """The first 64 KiB of ``path`` through the bounded reader
+    (:func:`cpulaunch.machine.files.read_regular`), or None when it cannot be read."""
     from cpulaunch.machine.files import UnusableFileError, read_regular
     from cpulaunch.machine.probe import CPUINFO_BYTES
 
     try:
-        return bf16_support(read_regular(cpuinfo_path, CPUINFO_BYTES, truncate=True).decode("utf-8", "replace"))
+        return read_regular(path, CPUINFO_BYTES, truncate=True).decode("utf-8", "replace")
     except (OSError, ValueError, UnusableFileError):
-        return Bf16Support.UNKNOWN
+        return None
 
 
 def zentorch_usable() -> Tuple[bool, str]:
@@ -504,14 +511,7 @@ def _usable_paths(names: Sequence[str], report: Dict[str, Any], explicit: bool,
         return tuple(names)
     ok, why = zentorch_usable()
     if ok:
-        from cpulaunch.machine.files import UnusableFileError, read_regular
-        from cpulaunch.machine.probe import CPUINFO_BYTES
-
-        try:  # the bounded reader, as host_bf16_support reads it
-            text: Optional[str] = read_regular("/proc/cpuinfo", CPUINFO_BYTES, truncate=True).decode("utf-8", "replace")
-        except (OSError, ValueError, UnusableFileError):
-            text = None
-        if not zentorch_optimizes(text):
+        if not zentorch_optimizes(_cpuinfo_text()):
             report["notes"].append(ZENTORCH_NO_AVX512_NOTE)
         return tuple(names)
     if explicit:
