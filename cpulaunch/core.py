@@ -7,7 +7,6 @@ engine, a free port). Planning and rendering are pure and happen once; ``--dry-r
 """
 
 import os
-import shutil
 import sys
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple, Optional
@@ -15,6 +14,7 @@ from typing import Callable, Mapping, NamedTuple, Optional
 from cpulaunch import cpulist, placement
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine.exec import which
 from cpulaunch.machine.topology import Topology
 from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan
@@ -309,7 +309,7 @@ def _require_program(program: tuple, sizes: Optional[tuple[str, str]] = None) ->
 
         raise ProgramError("no program given; put it after cpulaunch's options, e.g. "
                            "`cpulaunch --instances-per-socket python infer.py`")
-    if shutil.which(program[0]) is None:
+    if which(program[0]) is None:
         from cpulaunch import slips
 
         word = program[0]

@@ -15,13 +15,13 @@ are found by looking in folders, not ``ldconfig -p``.
 """
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch.machine import libraries
+from cpulaunch.machine.exec import which
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
 
@@ -184,7 +184,7 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
 
     live = is_live(query.sysroot)
     found = {name: find(libraries.REGISTRY[name], environ) for name in query.libraries}
-    numactl = shutil.which("numactl") if query.numactl else None
+    numactl = which("numactl") if query.numactl else None
     usable, reason = None, ""
     if live and numactl and query.numactl_policy is not None:
         argv = numactl_mod.check_argv(numactl, topo, query.numactl_policy)
@@ -207,7 +207,7 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
         numactl=numactl,
         numactl_usable=usable,
         numactl_reason=reason,
-        taskset=shutil.which("taskset"),
+        taskset=which("taskset"),
         engine=engine,
         free_port=port,
         ccl=ccl,
@@ -581,7 +581,7 @@ def rank_python(program: Sequence[str], environ: Mapping[str, str]) -> str:
 
     first = program[0] if program else ""
     if re.fullmatch(r"python[0-9.]*", os.path.basename(first)):
-        found = shutil.which(first, path=environ.get("PATH", os.defpath))
+        found = which(first, path=environ.get("PATH", os.defpath))
         if found:
             return os.path.abspath(found)
     return sys.executable

@@ -12,12 +12,12 @@ and oneAPI put it, and only with its provider folder beside it (issue 21, docs/g
 """
 
 import os
-import shutil
 import struct
 import sys
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional, Sequence
 
+from cpulaunch.machine.exec import which
 from cpulaunch.machine.libraries import REGISTRY, Library
 
 __all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "parse_ldconfig",
@@ -102,7 +102,7 @@ def _ldconfig() -> dict:
     """``ldconfig -p`` parsed (a fallback only, when no folder held the library)."""
     from cpulaunch.machine.exec import run_quietly
 
-    exe = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
+    exe = which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
     if not exe:
         return {}
     try:
