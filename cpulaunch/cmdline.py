@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NamedTuple
 
 from cpulaunch import option_table as table
+from cpulaunch.records import TYPE_CHECKING, Record
 
 
-class Subcommand(NamedTuple):
+class Subcommand(Record):
     """One subcommand: its word, the module whose ``main(words) -> int`` runs it (imported
     only when it is asked for), and its one-line summary for ``cpulaunch --help``."""
 
@@ -246,7 +246,7 @@ def _quiet_exit(code: int) -> None:
 # --------------------------------------------------------------------------- the run, without click
 
 
-class Parsed(NamedTuple):
+class Parsed(Record):
     """The command line of a run, read: what :func:`cpulaunch.options.from_values` takes.
 
     Attributes:

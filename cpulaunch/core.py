@@ -6,10 +6,11 @@ engine, a free port). Planning and rendering are pure and happen once; ``--dry-r
 ``--print-env`` print the very :class:`Prepared` value a run launches.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist, placement
 from cpulaunch import log as _log
@@ -21,17 +22,22 @@ from cpulaunch.plan import Plan
 from cpulaunch.render import Rendered, Settings
 from cpulaunch.settings import resolve_settings, supervised
 from cpulaunch.spelling import Spellings
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Callable, Mapping, Optional
+
+    #: ``--verify``'s check, called once with (the rendered plan, the settings, {instance
+    #: index: pid}, the run's folder or None) while the instances run.
+    Verifier = Callable[[Rendered, Settings, Mapping[int, int], object], None]
 
 __all__ = ["Prepared", "probe_topology", "host_query", "prepare", "execute", "output_text", "run", "write_out"]
 
 log = _log.get("cpulaunch")
 
-#: ``--verify``'s check, called once with (the rendered plan, the settings, {instance index:
-#: pid}, the run's folder or None) while the instances run.
-Verifier = Callable[[Rendered, Settings, Mapping[int, int], object], None]
 
 
-class Prepared(NamedTuple):
+class Prepared(Record):
     """Everything a run needs, computed once (what --dry-run prints is this value).
 
     Attributes:

@@ -20,9 +20,12 @@ when they know no tighter limit (``topology.Topology.id_limit`` is the probed ma
 from __future__ import annotations
 
 import re
-from typing import Iterable
 
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Iterable
 
 __all__ = ["parse", "format", "parse_mask", "CpulistError", "MAX_IDS", "MAX_NODE_IDS"]
 

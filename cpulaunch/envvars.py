@@ -8,7 +8,9 @@ its value and who reads it), from which the environment reference of the docs is
 only: importing this module does nothing but build them.
 """
 
-from typing import NamedTuple
+from __future__ import annotations
+from cpulaunch.records import TYPE_CHECKING, Record
+
 
 __all__ = [
     "CPUS", "INSTANCE_INDEX", "NUM_INSTANCES", "DATALOADER_CPUS", "DATALOADER_WORKERS",
@@ -19,7 +21,7 @@ __all__ = [
 ]
 
 
-class Variable(NamedTuple):
+class Variable(Record):
     """One variable of the instances' protocol.
 
     Attributes:

@@ -6,11 +6,11 @@ here, from the typed :class:`cpulaunch.render.Rendered`; nothing here decides a 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
-
 from cpulaunch import cpulist, envvars
+from cpulaunch.records import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the types only: render imports this module's helpers
+    from typing import Any, Mapping, Optional, Sequence
     from cpulaunch.render import Rendered, RenderedInstance
 
 __all__ = [

@@ -18,7 +18,10 @@ decides, as the logging HOWTO asks of libraries.
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional
+from cpulaunch.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 __all__ = ["get", "configure", "DEBUG", "INFO", "WARNING", "ERROR"]
 

@@ -21,7 +21,10 @@ filters them by level:
 from __future__ import annotations
 
 import enum
-from typing import Iterable
+from cpulaunch.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Iterable
 
 __all__ = ["Level", "Note", "explain", "advice", "level_of", "retext", "advice_line", "say"]
 

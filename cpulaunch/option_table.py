@@ -18,13 +18,16 @@ third-party package.
 from __future__ import annotations
 
 import enum
-from typing import Any, NamedTuple, Optional
 
 from cpulaunch.machine.engines import LOCAL_MASTER_ADDR
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
 from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.recipes import RECIPE_CHOICES, RECIPES, WAIT_POLICIES
 from cpulaunch.names import INFERENCE_PATHS, PLACEMENT_MODES, BindMode, Format, Output
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 __all__ = [
     "BindMode", "Output", "Format", "Kind", "Section", "Alias", "Option", "Rule", "OPTIONS", "ALIASES",
@@ -43,7 +46,7 @@ FORMATS_FOR = {
 DEFAULT_FORMAT = {output: formats[0] for output, formats in FORMATS_FOR.items()}
 
 
-class Kind(NamedTuple):
+class Kind(Record):
     """The values one option takes.
 
     Attributes:
@@ -111,7 +114,7 @@ HELP_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 _ACTION = frozenset({"flag", "env"})
 
 
-class Alias(NamedTuple):
+class Alias(Record):
     """Another launcher's spelling that stands for an option with a fixed value
     (``--enable-tcmalloc`` = ``--allocator tcmalloc``) or takes the option's own value
     under another name (``--log-path DIR`` = ``--log-dir DIR``: ``value`` None).
@@ -135,7 +138,7 @@ class Alias(NamedTuple):
     kind: Kind = FLAG
 
 
-class Option(NamedTuple):
+class Option(Record):
     """One option of ``cpulaunch``.
 
     Attributes:
@@ -473,7 +476,7 @@ ALIASES: tuple[Alias, ...] = (
 PROGRAM_WORDS = ("-m", "-c", "--module")
 
 
-class Rule(NamedTuple):
+class Rule(Record):
     """A rule between options, checked by :func:`cpulaunch.options.check_rules` with the
     user's own words in its message.
 

@@ -10,12 +10,13 @@ otherwise be ignored or misread. Every message names the options as the user gav
 reads the host; the core (``core.py``) takes an :class:`Options` and does the rest.
 """
 
+from __future__ import annotations
+
 import math
 import os
 import re
 from types import MappingProxyType
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Union
 
 from cpulaunch import cpulist
 from cpulaunch import option_table as table
@@ -25,6 +26,10 @@ from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.option_table import BindMode, Format, Kind, Output
 from cpulaunch.plan import Request
 from cpulaunch.spelling import Spelling, Spellings
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Optional, Union
 
 __all__ = [
     "OptionsError",
@@ -53,7 +58,7 @@ def _default(dest: str):
     return table.BY_DEST[dest].default
 
 
-class DdpOptions(NamedTuple):
+class DdpOptions(Record):
     """``--ddp``: distributed training, one rank per socket by default.
 
     Attributes:
@@ -115,7 +120,7 @@ class DdpOptions(NamedTuple):
         return spelling.said if spelling else f"{table.name_of(dest)} {getattr(self, dest)}"
 
 
-class Streams(NamedTuple):
+class Streams(Record):
     """Which streams (bits: 1 stdout, 2 stderr) each instance shows on the console and
     writes to its log: torchrun's ``--tee``/``--redirects`` mapped onto ``--log-dir``'s
     files, and ``--local-ranks-filter``.
@@ -158,7 +163,7 @@ class Streams(NamedTuple):
         return out
 
 
-class LaunchOptions(NamedTuple):
+class LaunchOptions(Record):
     """How instances are started and watched.
 
     Attributes:
@@ -202,7 +207,7 @@ class LaunchOptions(NamedTuple):
         return self.stream_plan.of(index)
 
 
-class Options(NamedTuple):
+class Options(Record):
     """Everything one invocation asked for (typed; ``None`` = not given, never -1).
 
     Attributes:

@@ -9,16 +9,16 @@ the notes around it. ``--ddp`` ranks are :mod:`cpulaunch.distributed`'s.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
-
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.engines import ENGINE_VARIABLES
 from cpulaunch.machine.topology import Topology
 from cpulaunch.names import Format, Output
 from cpulaunch.plan import Plan, Request, plan
+from cpulaunch.records import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the type only: the planner does not import the option surface
+    from typing import Mapping, Optional
     from cpulaunch.options import Options
 
 __all__ = ["cache_need", "engine_request", "plan_here", "run_cpu_placement", "run_cpu_note"]

@@ -50,9 +50,10 @@ The rules, in the order they are applied:
    A failed check is a bug of ours (:class:`~cpulaunch.errors.InternalError`).
 """
 
+from __future__ import annotations
+
 import bisect
 import math
-from typing import NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, InternalError
@@ -61,6 +62,10 @@ from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
 from cpulaunch.names import PLACEMENT_MODES
 from cpulaunch.spelling import Spellings
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Optional
 
 __all__ = [
     "Request",
@@ -84,7 +89,7 @@ class PlanError(CpulaunchError, ValueError):
     """A request this machine cannot satisfy; the message says what and how to fix it."""
 
 
-class Request(NamedTuple):
+class Request(Record):
     """What the user asked for. ``None`` means "not given" (never -1).
 
     Attributes:
@@ -164,7 +169,7 @@ class Request(NamedTuple):
         return tuple(m for m in PLACEMENT_MODES if getattr(self, m))
 
 
-class Instance(NamedTuple):
+class Instance(Record):
     """One planned process. Every CPU tuple holds logical CPU ids, ascending.
 
     Attributes:
@@ -208,7 +213,7 @@ class Instance(NamedTuple):
         return tuple(sorted({*self.cpus, *self.ccl_cpus, *self.dataloader_cpus, *self.reserved_cpus}))
 
 
-class Plan(NamedTuple):
+class Plan(Record):
     """The result of planning.
 
     Attributes:
@@ -343,7 +348,7 @@ def _pick_cores(topo: Topology, usable: frozenset, logical: bool, e_cores: bool)
 # --------------------------------------------------------------------------- domains
 
 
-class _Domain(NamedTuple):
+class _Domain(Record):
     """Cores to cut into instances.
 
     cores: (Core, cpus) pairs in (socket, node, L3, L2, core) order; count: instances to
@@ -494,7 +499,7 @@ def _group_by(items: list, key) -> dict:
 # --------------------------------------------------------------------------- cutting
 
 
-class _Levels(NamedTuple):
+class _Levels(Record):
     """The cache levels instances are cut along (issue 22), coarse to fine.
 
     cuts: ``(label, key, ident)`` triples, ``key(item)`` naming an item's domain at that

@@ -28,12 +28,13 @@ Rules and where they come from:
   Every instance gets ``CPULAUNCH_PLANNED_RECIPE`` naming it.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import sys
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch import cpulist, envvars
 from cpulaunch.errors import CpulaunchError
@@ -44,6 +45,10 @@ from cpulaunch.machine.recipes import Applied
 from cpulaunch.names import BindMode
 from cpulaunch.notes import retext
 from cpulaunch.plan import Instance, Plan
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
 
 __all__ = [
     "Settings",
@@ -85,7 +90,7 @@ class ProgramError(CpulaunchError, ValueError):
     """No program, or an unusable program form."""
 
 
-class Settings(NamedTuple):
+class Settings(Record):
     """Choices resolved against the host before rendering (all typed, no strings to parse).
 
     Attributes:
@@ -135,7 +140,7 @@ class Settings(NamedTuple):
     bind_fallback: bool = False
 
 
-class RenderedInstance(NamedTuple):
+class RenderedInstance(Record):
     """What one instance runs.
 
     Attributes:
@@ -165,7 +170,7 @@ class RenderedInstance(NamedTuple):
     kept: Mapping[str, tuple[str, str]] = MappingProxyType({})
 
 
-class Rendered(NamedTuple):
+class Rendered(Record):
     """The rendered plan: instances and every note (plan notes first), and the
     environment recipe applied (None: none)."""
 

@@ -7,15 +7,15 @@ Options + host facts in, settings and notes out; nothing here reads the host.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
-
 from cpulaunch import envvars
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.notes import advice, explain
 from cpulaunch.names import BindMode
 from cpulaunch.render import Settings
+from cpulaunch.records import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the type only: the planner does not import the option surface
+    from typing import Mapping, Optional
     from cpulaunch.options import Options
 
 __all__ = ["LIVE_OUTPUT_ENV", "supervised", "resolve_settings", "zentorch_note"]

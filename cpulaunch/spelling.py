@@ -7,13 +7,18 @@ them, so that the planner's messages name an option as the user gave it without 
 option table. Data only: importing this module does nothing.
 """
 
+from __future__ import annotations
+
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, NamedTuple, Optional
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Mapping, Optional
 
 __all__ = ["Spelling", "Spellings"]
 
 
-class Spelling(NamedTuple):
+class Spelling(Record):
     """How the user gave one option, for messages.
 
     Attributes:

@@ -21,11 +21,12 @@ a wide rectangle, so 2 to 256 CPUs give a picture of a sensible size. Elements c
 """
 
 import math
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from cpulaunch import cpulist
 from cpulaunch.forms import one_line
 from cpulaunch.view import CacheBox, cache_size_text, gib_text, topology_boxes
+from cpulaunch.records import Record
 
 __all__ = [
     "plan_svg",
@@ -115,7 +116,7 @@ def _xml(text: str) -> str:
 # --------------------------------------------------------------------------- the plan's marks
 
 
-class _Marks(NamedTuple):
+class _Marks(Record):
     """Who holds what: {cpu: (instance index, "compute"|"helper")}, {node id: [(instance
     index, policy)]}, {instance index: its label}, and the instances' legend rows."""
 
@@ -303,7 +304,7 @@ def _pu_box(topo, cpu: int, marks: _Marks, size: tuple, core_label: str) -> _Box
                 size=size, radius=2)
 
 
-class _Sizes(NamedTuple):
+class _Sizes(Record):
     """Sizes shared by the whole drawing, so that boxes alike are drawn alike: a logical
     CPU's (w, h), and a core's least width and whether cores show a label (not where every
     core has one CPU on a machine without E-cores: the CPU's number says it all)."""

@@ -3,10 +3,11 @@ as text (:func:`topology_text`) here and as SVG in :mod:`cpulaunch.svg` beside i
 sizes and lines both views write.
 """
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.forms import one_line
+from cpulaunch.records import Record
 
 __all__ = [
     "ISA_FLAGS",
@@ -26,7 +27,7 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "am
              "amx_bf16", "amx_int8", "asimd", "sve")
 
 
-class CacheBox(NamedTuple):
+class CacheBox(Record):
     """One cache domain of the topology view (:func:`topology_boxes`) and what it holds.
 
     Attributes:
@@ -42,7 +43,7 @@ class CacheBox(NamedTuple):
     shared_with: tuple[int, ...] = ()
 
 
-class NodeBox(NamedTuple):
+class NodeBox(Record):
     """A NUMA node's part of one socket in the topology view.
 
     Attributes:
@@ -56,7 +57,7 @@ class NodeBox(NamedTuple):
     items: tuple
 
 
-class SocketBox(NamedTuple):
+class SocketBox(Record):
     """A socket of the topology view: its :class:`cpulaunch.machine.topology.Socket` and
     its NUMA nodes' parts (:class:`NodeBox`), the socket's own nodes first, in its order."""
 

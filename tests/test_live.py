@@ -208,23 +208,25 @@ def test_plain_launch_path_imports_only_what_it_needs():
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_launch_path_records_are_not_built_from_string_annotations():
-    """Issue 12: typing.NamedTuple compiles a ForwardRef for every annotation that is a string
-    (about 10 us a field, 1.2 ms of each start-up over the launch path's 20 records), so the
-    modules defining them do not use ``from __future__ import annotations``."""
-    import importlib
-    import typing
-
-    records = []
-    for name in ("machine.topology", "options", "plan", "render", "core", "machine.host",
-                 "machine.libraries", "launch.spawn"):
-        mod = importlib.import_module(f"cpulaunch.{name}")
-        for obj in vars(mod).values():
-            if isinstance(obj, type) and issubclass(obj, tuple) and obj.__module__ == mod.__name__:
-                records.append(obj)
-                assert not [f for f, t in obj.__annotations__.items()
-                            if isinstance(t, (str, typing.ForwardRef))], obj
-    assert len(records) >= 20
+def test_launch_path_records_are_built_without_typing():
+    """Issue 12, then 40: typing.NamedTuple compiled a ForwardRef for every string
+    annotation and importing typing cost each run several ms, so the launch path's records
+    derive from :class:`cpulaunch.records.Record` (namedtuples, their annotations plain
+    text) and its modules import typing's names for type checkers only. A fresh
+    interpreter imports them all without typing, and each record is a namedtuple."""
+    code = ("import sys, importlib\n"
+            "names = ('machine.topology', 'options', 'plan', 'render', 'core', 'machine.host',\n"
+            "         'machine.libraries', 'launch.spawn')\n"
+            "records = []\n"
+            "for name in names:\n"
+            "    mod = importlib.import_module('cpulaunch.' + name)\n"
+            "    records += [o for o in vars(mod).values() if isinstance(o, type) and issubclass(o, tuple)\n"
+            "                and o.__module__ == mod.__name__ and hasattr(o, '_fields')]\n"
+            "print(len(records), 'typing' in sys.modules)\n")
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    count, typing_imported = proc.stdout.split()
+    assert int(count) >= 20 and typing_imported == "False", proc.stdout
 
 
 def test_objects_frozen_before_the_last_collection_at_exit():

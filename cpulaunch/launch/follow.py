@@ -39,11 +39,12 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from cpulaunch import cpulist, envvars
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.records import Record
 
 __all__ = ["Repin", "Decision", "decide", "Follower", "BINDING_FILE_NAME"]
 
@@ -53,7 +54,7 @@ log = _log.get(__name__)
 BINDING_FILE_NAME = "binding.json"
 
 
-class Repin(NamedTuple):
+class Repin(Record):
     """One instance's binding after a change.
 
     Attributes:
@@ -72,7 +73,7 @@ class Repin(NamedTuple):
     threads: Optional[int]
 
 
-class Decision(NamedTuple):
+class Decision(Record):
     """What :func:`decide` makes of a change.
 
     Attributes:

@@ -11,24 +11,19 @@ SIGINT; ignored dispositions survive exec), SIGHUP kept ignored under ``nohup``,
 PR_SET_PDEATHSIG=SIGKILL for supervised children (prctl(2)).
 """
 
+from __future__ import annotations
+
 import os
 import signal
 import sys
 from types import MappingProxyType
-from typing import (
-    Any,
-    Callable,
-    Dict,
-    Mapping,
-    NamedTuple,
-    NoReturn,
-    Optional,
-    Sequence,
-    Tuple,
-)
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 __all__ = ["LaunchError", "ProcessSpec", "exec_spec"]
 
@@ -42,7 +37,7 @@ class LaunchError(CpulaunchError):
 # --------------------------------------------------------------------------- the spec
 
 
-class ProcessSpec(NamedTuple):
+class ProcessSpec(Record):
     """What one process runs.
 
     Attributes:

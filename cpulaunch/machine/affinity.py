@@ -15,9 +15,10 @@ the worker's own process). Reads go through the probe's bounded reader.
 from __future__ import annotations
 
 import os
-from typing import Iterable, NamedTuple, Union
+from typing import Iterable, Union
 
 from cpulaunch.machine.files import FileReader
+from cpulaunch.records import Record
 
 __all__ = ["Pinned", "pin_process", "pin_group", "group_members", "MAX_WALKS"]
 
@@ -25,7 +26,7 @@ __all__ = ["Pinned", "pin_process", "pin_group", "group_members", "MAX_WALKS"]
 MAX_WALKS = 5
 
 
-class Pinned(NamedTuple):
+class Pinned(Record):
     """What a pin did.
 
     Attributes:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import NamedTuple, Optional
+from typing import Optional
 
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.records import Record
 
 __all__ = ["ElfError", "elf_needed", "read_elf_needed"]
 
@@ -54,7 +55,7 @@ def elf_needed(data) -> tuple[str, ...]:
         raise ElfError(f"truncated or malformed ELF file ({exc})") from None
 
 
-class _Layout(NamedTuple):
+class _Layout(Record):
     """An ELF file's program headers ``(type, offset, vaddr, filesz)``, section headers
     ``(type, addr, offset, size, link)`` and the struct format of a dynamic entry."""
 

@@ -41,10 +41,13 @@ python-hostlist under Slurm), so the launch path can check :data:`ENGINE_VARIABL
 from __future__ import annotations
 
 import re
-from typing import Mapping, NamedTuple, Optional
 
 from cpulaunch.errors import DistributedError
 from cpulaunch.notes import explain
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
 
 __all__ = ["ENGINE_VARIABLES", "RankContext", "detect_engine", "expand_hostlist", "first_host", "tasks_on_node",
            "block_node", "PodDefault", "pod_defaults", "torchrun_variable", "engine_int",
@@ -63,7 +66,7 @@ DEFAULT_MASTER_PORT = 29500
 ENGINE_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK", "PALS_RANKID")
 
 
-class RankContext(NamedTuple):
+class RankContext(Record):
     """This process's place in a job, as the engine that started it tells.
 
     Attributes:
@@ -312,7 +315,7 @@ def _slurm(env) -> RankContext:
 # --------------------------------------------------------------------------- pods: option defaults
 
 
-class PodDefault(NamedTuple):
+class PodDefault(Record):
     """A default for one of cpulaunch's ``--ddp`` options that the environment gives the
     process starting a machine's ranks (a Kubernetes pod's command).
 

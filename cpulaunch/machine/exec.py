@@ -7,9 +7,14 @@ process's end into a shell-style exit code and a signal's name (the launcher, tu
 verify use them).
 """
 
+from __future__ import annotations
+
 import os
 import signal
-from typing import Mapping, Optional, Sequence
+from cpulaunch.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
 
 __all__ = ["exit_code_of", "signal_name", "run_quietly", "which", "MAX_OUTPUT"]
 

@@ -11,14 +11,19 @@ whole or not at all and never through a link someone else planted at its name: a
 never follows one), or ``O_APPEND|O_NOFOLLOW`` for a record appended in one write.
 """
 
+from __future__ import annotations
+
 import errno
 import os
 import stat
 from pathlib import Path
-from typing import Optional, Union
 
 from cpulaunch.errors import printable
 from cpulaunch.machine.topology import TopologyError
+from cpulaunch.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Optional, Union
 
 __all__ = ["MAX_FILE_BYTES", "UnusableFileError", "read_regular", "corrupt", "FileReader",
            "NEW_FILE_FLAGS", "write_fd", "replace_at", "write_file", "append_whole"]

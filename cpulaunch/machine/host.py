@@ -14,11 +14,12 @@ check of zentorch for ``--inference-path zentorch`` (:func:`zentorch_binding`); 
 are found by looking in folders, not ``ldconfig -p``.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch.machine import libraries
 from cpulaunch.machine.exec import which
@@ -26,8 +27,10 @@ from cpulaunch.machine.numactl import MemPolicy
 from cpulaunch.machine.topology import Topology
 
 from cpulaunch.machine.engines import ENGINE_VARIABLES, LOCAL_MASTER_ADDR, RankContext, detect_engine
+from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
     from cpulaunch.machine.libfinder import Fabric
 
 __all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding",
@@ -36,7 +39,7 @@ __all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_nu
            "CCL_CHECK_SECONDS", "Extension", "CCL", "ZENTORCH", "extension_binding", "zentorch_binding"]
 
 
-class Host(NamedTuple):
+class Host(Record):
     """What this machine offers the run (typed; gathered by :func:`gather`).
 
     Attributes:
@@ -79,7 +82,7 @@ class Host(NamedTuple):
     interfaces: Optional[tuple[str, ...]] = None
 
 
-class HostQuery(NamedTuple):
+class HostQuery(Record):
     """What one invocation asks of the host (the core makes it from the options), so the
     host reader depends on nothing above it.
 
@@ -230,7 +233,7 @@ CCL_CHECK_SECONDS = 120.0
 _VERDICT_BYTES = 64 << 10
 
 
-class Extension(NamedTuple):
+class Extension(Record):
     """A compiled PyTorch extension whose import is checked in a child process
     (:func:`extension_binding`): built against one torch, it may refuse another or abort
     the interpreter at import.
@@ -253,7 +256,7 @@ CCL = Extension(CCL_MODULE, CCL_DISTRIBUTIONS, "ccl-binding")
 ZENTORCH = Extension("zentorch", ("zentorch", "zentorch-weekly"), "zentorch")
 
 
-class CclBinding(NamedTuple):
+class CclBinding(Record):
     """An extension (:class:`Extension`: oneccl_bindings_for_pytorch, zentorch) in the
     Python environment the program runs (:func:`extension_binding`).
 

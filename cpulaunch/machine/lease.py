@@ -87,11 +87,12 @@ import stat
 import struct
 import time
 import zlib
-from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.records import Record
 
 __all__ = ["SHARED", "FALLBACK", "OLD_FOLDERS", "HOST_KEY", "PATIENCE", "SETTLE", "RACE_TIME", "MAX_FILES",
            "MAX_NAMES", "PROC_LOCKS_BYTES", "PRIVATE_PREFIX", "Survey", "survey", "tidy_private", "Space", "Job", "Holder", "Leases", "Lease", "Claimant",
@@ -145,7 +146,7 @@ FileId = tuple  # (major, minor, inode) of a lease file
 log = _log.get(__name__)
 
 
-class Space(NamedTuple):
+class Space(Record):
     """Where the leases of a set of jobs live (:func:`space`).
 
     Attributes:
@@ -167,7 +168,7 @@ class Space(NamedTuple):
         return " and ".join(self.folders)
 
 
-class Job(NamedTuple):
+class Job(Record):
     """Another job's lease as read (:meth:`Claimant.read`).
 
     Attributes:
@@ -195,7 +196,7 @@ class Job(NamedTuple):
         return (self.ticket, self.id)
 
 
-class Holder(NamedTuple):
+class Holder(Record):
     """The process holding a lease: its pid (None: not visible from here), its command, and
     (pid None) why it is not named."""
 
@@ -209,7 +210,7 @@ class Holder(NamedTuple):
         return f"pid {self.pid} ({self.command})" if self.command else f"pid {self.pid}"
 
 
-class Leases(NamedTuple):
+class Leases(Record):
     """What :meth:`Claimant.read` found.
 
     Attributes:
@@ -1138,7 +1139,7 @@ def tidy_private(tmp: str = "/tmp", skip: str = "") -> list[str]:
     return removed
 
 
-class Survey(NamedTuple):
+class Survey(Record):
     """One lease folder as ``cpulaunch doctor`` sees it (:func:`survey`).
 
     Attributes:

@@ -11,14 +11,19 @@ oneCCL's libfabric is looked for apart (:func:`find_libfabric`): only where Inte
 and oneAPI put it, and only with its provider folder beside it (issue 21, docs/guide/ddp.md).
 """
 
+from __future__ import annotations
+
 import os
 import struct
 import sys
 from pathlib import Path
-from typing import Mapping, NamedTuple, Optional, Sequence
 
 from cpulaunch.machine.exec import which
 from cpulaunch.machine.libraries import REGISTRY, Library
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
 
 __all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "parse_ldconfig",
            "Fabric", "fabric_dirs", "find_libfabric"]
@@ -184,7 +189,7 @@ def find(
 # --------------------------------------------------------------------------- oneCCL's libfabric
 
 
-class Fabric(NamedTuple):
+class Fabric(Record):
     """libfabric as oneCCL needs it (:func:`find_libfabric`).
 
     Attributes:

@@ -13,16 +13,21 @@ finds it where Intel's wheels put it, with the provider folder beside it, which 
 needs (docs/guide/ddp.md).
 """
 
+from __future__ import annotations
+
 import os
 import re
 from types import MappingProxyType
-from typing import Mapping, NamedTuple, Optional
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
 
 __all__ = ["Library", "REGISTRY", "ALLOCATOR_CHOICES", "OPENMP_CHOICES", "by_choice",
            "preload_entries", "identify", "openmp_runtime_of", "AUTO_ALLOCATOR", "AUTO_OPENMP", "resolve_choice"]
 
 
-class Library(NamedTuple):
+class Library(Record):
     """A runtime library cpulaunch can choose (threadpoolctl's controller registry is the
     model: one entry per library; CLI choices, help text and render's rules come from here).
 
@@ -44,7 +49,7 @@ class Library(NamedTuple):
         selectable: users can choose it (``--allocator``/``--omp-runtime``); False for
             a runtime cpulaunch only recognises where it is mapped (LLVM's libomp).
 
-    A NamedTuple (immutable), not a frozen dataclass: a tenth of the class-creation cost,
+    A record (a namedtuple: immutable), not a frozen dataclass: a tenth of the class-creation cost,
     paid by every launch (issue 12).
     """
 

@@ -7,10 +7,15 @@ doctor`` all build their command with :func:`argv`, so a check that passes is a 
 the very command the launcher runs. Pure.
 """
 
+from __future__ import annotations
+
 import enum
-from typing import Sequence
 
 from cpulaunch import cpulist
+from cpulaunch.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Sequence
 
 __all__ = ["MemPolicy", "argv", "check_argv"]
 

@@ -23,7 +23,10 @@ Where the tables come from:
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Optional
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Optional
 
 __all__ = ["CpuId", "Platform", "parse_cpuid", "parse_midr", "platform_of", "MIDR_FILE",
            "AMD_ZEN", "ARM_CORES", "INTEL_MODELS"]
@@ -33,7 +36,7 @@ __all__ = ["CpuId", "Platform", "parse_cpuid", "parse_midr", "platform_of", "MID
 MIDR_FILE = "sys/devices/system/cpu/cpu0/regs/identification/midr_el1"
 
 
-class CpuId(NamedTuple):
+class CpuId(Record):
     """The identifiers of the first processor, as /proc/cpuinfo (and sysfs) give them.
 
     Attributes:
@@ -54,7 +57,7 @@ class CpuId(NamedTuple):
     model_name: str = ""
 
 
-class Platform(NamedTuple):
+class Platform(Record):
     """A CPU named for people and for the recipe table.
 
     Attributes:

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, Optional
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
@@ -77,6 +76,10 @@ from cpulaunch.machine.topology import (
     build,
     online_from_folders,
 )
+from cpulaunch.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
 
 __all__ = [
     "probe",

@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, replace
-from typing import Mapping, NamedTuple, Optional
+from typing import Mapping, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.libraries import openmp_runtime_of
 from cpulaunch.machine.files import MAX_FILE_BYTES, FileReader
+from cpulaunch.records import Record
 
 __all__ = [
     "BUSY_CPU_SECONDS",
@@ -216,7 +217,7 @@ def parse_status(text: str) -> dict[str, str]:
     return out
 
 
-class ProcStat(NamedTuple):
+class ProcStat(Record):
     """The fields of ``/proc/PID/stat`` verify uses (proc(5)).
 
     Attributes:

@@ -27,7 +27,10 @@ the tuning guide's).
 from __future__ import annotations
 
 import enum
-from typing import Mapping, NamedTuple, Optional
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
 
 __all__ = ["When", "Setting", "Recipe", "Applied", "RECIPES", "RECIPE_CHOICES", "GENERIC", "BY_KIND", "recipe_for",
            "resolve_recipe", "recipe_env", "WAIT_POLICIES", "ZENDNN_SOURCE", "GRAVITON_SOURCE"]
@@ -50,7 +53,7 @@ class When(str, enum.Enum):
     or ``amx_bf16``)."""
 
 
-class Setting(NamedTuple):
+class Setting(Record):
     """One variable of a recipe.
 
     Attributes:
@@ -68,7 +71,7 @@ class Setting(NamedTuple):
     source: str
 
 
-class Recipe(NamedTuple):
+class Recipe(Record):
     """A platform's environment recipe.
 
     Attributes:
@@ -163,7 +166,7 @@ RECIPE_CHOICES = ("auto",) + tuple(RECIPES)
 BY_KIND = {"amd-zen": "amd-zen", "arm-neoverse": "arm-neoverse", "intel": "generic", "other": "generic"}
 
 
-class Applied(NamedTuple):
+class Applied(Record):
     """The recipe one launch applies, and why.
 
     Attributes:

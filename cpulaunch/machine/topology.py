@@ -17,12 +17,17 @@ for malformed files are in probe's module docstring) and :func:`build` turns the
 a :class:`Topology` by set algebra.
 """
 
+from __future__ import annotations
+
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple, Optional
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.platform import CpuId, Platform, platform_of
+from cpulaunch.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Optional
 
 __all__ = [
     "CpuFacts",
@@ -57,17 +62,18 @@ class TopologyError(CpulaunchError):
 
 # --------------------------------------------------------------------------- facts
 #
-# The records below are typing.NamedTuple, not frozen dataclasses: immutable all the same,
-# but a class costs about 0.1 ms to create instead of about 1 ms (dataclasses exec the
-# source of six methods per class), which is start-up every launch pays (issue 12), and an
-# instance is faster to make (the probe makes one per core). Change one with ._replace().
+# The records below are namedtuples (cpulaunch.records.Record), not frozen dataclasses:
+# immutable all the same, but a class costs under 0.1 ms to create instead of about 1 ms
+# (dataclasses exec the source of six methods per class), which is start-up every launch
+# pays (issues 12, 40), and an instance is faster to make (the probe makes one per core).
+# Change one with ._replace().
 # Topology too: it builds its CPU -> core / node maps at their first use instead of in a
 # dataclass __post_init__, which also keeps the dataclasses module off the launch path.
 
 _EMPTY: Mapping = MappingProxyType({})
 
 
-class CpuFacts(NamedTuple):
+class CpuFacts(Record):
     """What the probe read for one ``/sys/devices/system/cpu/cpuN`` folder, parsed (None:
     the file is absent, empty or was not read; the probe reads a fact shared by several
     CPUs once, see ``probe.read_facts``). Every CPU set holds logical CPU ids."""
@@ -88,7 +94,7 @@ class CpuFacts(NamedTuple):
     package_cpus: Optional[frozenset[int]] = None
 
 
-class NodeFacts(NamedTuple):
+class NodeFacts(Record):
     """What the probe read for one ``/sys/devices/system/node/nodeN`` folder, parsed.
 
     Attributes:
@@ -103,7 +109,7 @@ class NodeFacts(NamedTuple):
     meminfo_read: bool = False
 
 
-class CacheFacts(NamedTuple):
+class CacheFacts(Record):
     """What the probe read of cache sharing (``probe.read_facts(caches=True)``), parsed: one
     entry per list read, ``(logical CPUs sharing it, size in KiB or None)``, in read order
     (ascending lowest CPU). Each list was read for the lowest CPU it names; a level whose
@@ -123,7 +129,7 @@ class CacheFacts(NamedTuple):
     l2_kind: str = ""
 
 
-class HostFacts(NamedTuple):
+class HostFacts(Record):
     """Everything the probe read, parsed where it was read (``probe.read_facts``): the one
     input of :func:`build`. CPU sets hold logical CPU ids, node sets NUMA node ids."""
 
@@ -161,7 +167,7 @@ class HostFacts(NamedTuple):
 # --------------------------------------------------------------------------- the model
 
 
-class Core(NamedTuple):
+class Core(Record):
     """One physical core: a set of SMT siblings.
 
     Attributes:
@@ -181,7 +187,7 @@ class Core(NamedTuple):
     efficiency: bool = False
 
 
-class CacheDomain(NamedTuple):
+class CacheDomain(Record):
     """The logical CPUs that share one cache (or one cluster).
 
     Attributes:
@@ -201,7 +207,7 @@ class CacheDomain(NamedTuple):
         return min(self.cpus)
 
 
-class Caches(NamedTuple):
+class Caches(Record):
     """Cache domains of the online CPUs, each tuple ordered by lowest CPU; a tuple is empty
     where the machine shows no such level (or its files were unusable: see the notes).
 
@@ -215,7 +221,7 @@ class Caches(NamedTuple):
     l2: tuple[CacheDomain, ...] = ()
 
 
-class Node(NamedTuple):
+class Node(Record):
     """A NUMA node. ``cpus``: its online logical CPUs (empty for memory-only nodes)."""
 
     id: int
@@ -224,7 +230,7 @@ class Node(NamedTuple):
     mem_total_kb: Optional[int] = None
 
 
-class Socket(NamedTuple):
+class Socket(Record):
     """A socket (package). ``index`` orders sockets by lowest CPU; ``package_id`` is the
     kernel's value (36 and 8442 on Kunpeng 920), None where CPUs were grouped by node."""
 
@@ -234,7 +240,7 @@ class Socket(NamedTuple):
     nodes: tuple[int, ...]
 
 
-class _TopologyFields(NamedTuple):
+class _TopologyFields(Record):
     """The fields of :class:`Topology` (documented there)."""
 
     online: frozenset[int]
@@ -293,7 +299,7 @@ class Topology(_TopologyFields):
         cpu: the first processor's identifiers (:class:`cpulaunch.machine.platform.CpuId`),
             None where the probe read none; :attr:`platform` names them.
 
-    A NamedTuple like the other records (immutable; change one with ``._replace()``;
+    A record like the others (a namedtuple: immutable; change one with ``._replace()``;
     equal when the fields are). ``core_of`` and ``node_of`` are O(1): each builds its map
     at its first call and keeps it on the instance (not compared, not shown).
     """
