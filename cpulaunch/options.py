@@ -16,7 +16,6 @@ import math
 import os
 import re
 from types import MappingProxyType
-from pathlib import Path
 
 from cpulaunch import cpulist
 from cpulaunch import option_table as table
@@ -29,6 +28,7 @@ from cpulaunch.spelling import Spelling, Spellings
 from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, Mapping, Optional, Union
 
 __all__ = [
@@ -660,7 +660,7 @@ _CONVERT = {
     "ddp.nnodes": lambda c: str(c.plain("nnodes")),
     "ddp.node_rank": lambda c: int(c.plain("node_rank")),
     "ddp.exit_hook": lambda c: not c.plain("no_exit_hook"),
-    "launch.log_dir": lambda c: Path(c.v["log_dir"]) if c.v.get("log_dir") else None,
+    "launch.log_dir": lambda c: _log_dir(c.v.get("log_dir")),
     "launch.grace_period": lambda c: float(c.plain("grace_period")),
     "launch.prefix_output": lambda c: not c.plain("no_prefix"),
     "launch.verify_after": _verify_after,
@@ -687,6 +687,15 @@ FILLED_ELSEWHERE = {
 #: Fields whose value follows another field (not a row of their own): the format's default
 #: is the output's (--dry-run: text, --print-env: shell).
 FOLLOWS = {"options.fmt": "options.output"}
+
+
+def _log_dir(value) -> Optional[Path]:
+    """--log-dir's folder as a Path (pathlib is imported only when one is given: issue 40)."""
+    if not value:
+        return None
+    from pathlib import Path
+
+    return Path(value)
 
 
 def _field_value(c: _Check, field: str):
@@ -900,7 +909,7 @@ def _toml(data: bytes, where: str) -> dict:
 def _settings_table(doc: dict, path: str, where: str) -> dict:
     """The table holding the settings: ``[tool.cpulaunch]`` of a pyproject.toml, else
     ``[cpulaunch]`` if there is one, else the top level."""
-    if Path(path).name == "pyproject.toml":
+    if os.path.basename(os.fspath(path)) == "pyproject.toml":
         tool = doc.get("tool", {})
         table = tool.get("cpulaunch", {}) if isinstance(tool, dict) else None
         if not isinstance(table, dict):

@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path
 from types import MappingProxyType
 
 from cpulaunch import cpulist, envvars
@@ -122,9 +121,9 @@ class Settings(Record):
     """
 
     omp_runtime: str = "gnu"
-    openmp_path: Optional[Path] = None
+    openmp_path: Optional[str] = None
     allocator: Optional[str] = None
-    allocator_path: Optional[Path] = None
+    allocator_path: Optional[str] = None
     bind: BindMode = BindMode.NUMACTL
     numactl: str = "numactl"
     override_env: bool = False

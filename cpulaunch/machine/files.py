@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from pathlib import Path
 
 from cpulaunch.errors import printable
 from cpulaunch.machine.topology import TopologyError
@@ -242,10 +241,11 @@ def write_file(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None:
         OSError: the folder cannot be opened, or the write or rename failed (its
             ``filename`` is ``path``).
     """
-    path = Path(path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    path = os.fspath(path)
+    folder, name = os.path.split(path)
+    fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        replace_at(fd, path.name, data, str(path))
+        replace_at(fd, name, data, path)
     finally:
         os.close(fd)
 

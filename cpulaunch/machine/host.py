@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from types import MappingProxyType
 
 from cpulaunch.machine import libraries
@@ -30,6 +29,7 @@ from cpulaunch.machine.engines import ENGINE_VARIABLES, LOCAL_MASTER_ADDR, RankC
 from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Mapping, Optional, Sequence
     from cpulaunch.machine.libfinder import Fabric
 
@@ -69,7 +69,7 @@ class Host(Record):
     live: bool
     environ: Mapping[str, str]
     python: str = sys.executable
-    libraries: Mapping[str, Optional[Path]] = MappingProxyType({})
+    libraries: Mapping[str, Optional[str]] = MappingProxyType({})
     numactl: Optional[str] = None
     numactl_usable: Optional[bool] = None
     numactl_reason: str = ""
@@ -300,6 +300,8 @@ def cache_dir(environ: Mapping[str, str]) -> Optional[Path]:
     """cpulaunch's cache folder: ``$XDG_CACHE_HOME/cpulaunch``, else
     ``$HOME/.cache/cpulaunch`` (XDG Base Directory specification: a relative
     XDG_CACHE_HOME is ignored); None when neither gives an absolute path (pure)."""
+    from pathlib import Path  # not on the run path (issue 40: 4 ms)
+
     xdg = environ.get("XDG_CACHE_HOME", "")
     if os.path.isabs(xdg):
         return Path(xdg) / "cpulaunch"
@@ -379,6 +381,8 @@ def _walk_cache(folder: Path, create: bool) -> tuple[Optional[int], str]:
     alone; ``create``: missing folders are made (0700) on the way, only under trusted
     ones. Else (None, why): the first folder that is not, and why (issue 39: root under
     ``sudo -E`` made ``~USER/.cache`` root's, and wrote through a planted link)."""
+    from pathlib import Path  # not on the run path (issue 40: 4 ms)
+
     if not folder.is_absolute() or ".." in folder.parts:
         return None, f"{folder} is not an absolute, plain path"
     fd = os.open("/", _DIR_FLAGS)
@@ -424,6 +428,8 @@ def own_cache_dir(environ: Mapping[str, str]) -> tuple[Optional[Path], str]:
     (:func:`_walk_cache`); else, when HOME is not this user's home in the password
     database (root under ``sudo -E``), the cache in that home; else None (no cache).
     Never makes anything."""
+    from pathlib import Path  # not on the run path (issue 40: 4 ms)
+
 
     wanted = cache_dir(environ)
     if wanted is None:
@@ -594,6 +600,8 @@ def _locate(python: str, environ: Mapping[str, str], ext: Extension = CCL) -> tu
     """(package folder or None, extension's version, torch's version) as ``python`` sees
     them: in this process when it is this interpreter, else from a child
     (:func:`_locate_script`)."""
+    from pathlib import Path  # not on the run path (issue 40: 4 ms)
+
     import json  # not on the launch path (issue 12)
     import importlib.util
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import struct
 import sys
-from pathlib import Path
 
 from cpulaunch.machine.exec import which
 from cpulaunch.machine.libraries import REGISTRY, Library
 from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Mapping, Optional, Sequence
 
 __all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "parse_ldconfig",
@@ -63,28 +63,23 @@ def is_loadable_elf(path: os.PathLike, machine: Optional[str] = None) -> bool:
     return want is None or e_machine == want
 
 
-def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list[Path]:
-    """Folders searched before ``ldconfig -p``, in order (pure)."""
-    dirs = [Path(prefix) / "lib"]
+def search_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list[str]:
+    """Folders searched before ``ldconfig -p``, in order (pure). Paths are ``str`` here, as
+    in the rest of the run path: pathlib's import (with urllib.parse and ipaddress) cost each
+    run about 4 ms (issue 40)."""
+    dirs = [os.path.join(prefix, "lib")]
     for var in ("CONDA_PREFIX", "VIRTUAL_ENV"):
         if environ.get(var):
-            dirs.append(Path(environ[var]) / "lib")
-    dirs += [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+            dirs.append(os.path.join(environ[var], "lib"))
+    dirs += [p for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
     return dirs
 
 
-def multiarch_dirs(machine: Optional[str] = None) -> list[Path]:
+def multiarch_dirs(machine: Optional[str] = None) -> list[str]:
     """The system library folders of Debian-style multiarch and the classic ones."""
     machine = machine or os.uname().machine
-    return [
-        Path(f"/usr/lib/{machine}-linux-gnu"),
-        Path(f"/lib/{machine}-linux-gnu"),
-        Path("/usr/lib64"),
-        Path("/usr/lib"),
-        Path("/usr/local/lib"),
-        Path("/lib64"),
-        Path("/lib"),
-    ]
+    return [f"/usr/lib/{machine}-linux-gnu", f"/lib/{machine}-linux-gnu", "/usr/lib64", "/usr/lib",
+            "/usr/local/lib", "/lib64", "/lib"]
 
 
 def parse_ldconfig(text: str) -> dict[str, str]:
@@ -117,7 +112,7 @@ def _ldconfig() -> dict:
     return parse_ldconfig(out) if code == 0 else {}
 
 
-def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list[Path]:
+def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list[str]:
     """Folders named by ``/etc/ld.so.conf`` and its ``include`` globs (ldconfig(8)), in order.
 
     Reading them is what ``ldconfig -p`` would tell, without starting a process on every
@@ -142,16 +137,16 @@ def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list[Path
             for inc in sorted(glob.glob(pattern)):
                 out += ld_so_conf_dirs(inc, _depth + 1)
         elif line.startswith("/"):
-            out.append(Path(line))
+            out.append(line)
     return out
 
 
-def _first_in(dirs, names) -> Optional[Path]:
+def _first_in(dirs, names) -> Optional[str]:
     for name in names:
         for d in dirs:
             p = os.path.join(d, name)
             if os.path.isfile(p) and is_loadable_elf(p):
-                return Path(p)
+                return p
     return None
 
 
@@ -161,7 +156,7 @@ def find(
     prefix: str = sys.prefix,
     extra_dirs: Sequence[os.PathLike] = (),
     use_ldconfig: bool = True,
-) -> Optional[Path]:
+) -> Optional[str]:
     """Locate ``lib`` on this host (touches the file system; see module doc for the order).
 
     The environment's folders first, then the folders of ``/etc/ld.so.conf`` and the
@@ -174,7 +169,7 @@ def find(
     if not lib.filenames:
         return None
     environ = os.environ if environ is None else environ
-    dirs = [Path(d) for d in extra_dirs] + search_dirs(environ, prefix)
+    dirs = [os.fspath(d) for d in extra_dirs] + search_dirs(environ, prefix)
     hit = _first_in(dirs, lib.filenames) or _first_in(multiarch_dirs() + ld_so_conf_dirs(), lib.filenames)
     if hit is not None or not use_ldconfig:
         return hit
@@ -182,7 +177,7 @@ def find(
     for name in lib.filenames:
         p = cache.get(name)
         if p and is_loadable_elf(p):
-            return Path(p)
+            return p
     return None
 
 
@@ -222,6 +217,8 @@ def fabric_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> list[Pa
     folder there). ``{"VIRTUAL_ENV": "/v"}``, prefix ``/p`` -> ``[/p/lib/libfabric,
     /v/lib/libfabric]``.
     """
+    from pathlib import Path  # --ddp's oneCCL only: kept off the run path
+
     roots = [prefix] + [environ[v] for v in ("CONDA_PREFIX", "VIRTUAL_ENV", "I_MPI_ROOT", "CCL_ROOT")
                         if environ.get(v)]
     dirs = [Path(r) / "lib" / "libfabric" for r in roots]
@@ -251,6 +248,8 @@ def find_libfabric(environ: Optional[Mapping[str, str]] = None, prefix: str = sy
         a :class:`Fabric`; when no folder has both, the first library found (or None) and
         ``providers`` None.
     """
+    from pathlib import Path  # --ddp's oneCCL only: kept off the run path
+
     environ = os.environ if environ is None else environ
     dirs = fabric_dirs(environ, prefix)
     names = REGISTRY["libfabric"].filenames
@@ -260,6 +259,6 @@ def find_libfabric(environ: Optional[Mapping[str, str]] = None, prefix: str = sy
         if hit is None:
             continue
         if _has_provider(d / "prov"):
-            return Fabric(hit, d / "prov", tuple(dirs))
-        first = first or hit
+            return Fabric(Path(hit), d / "prov", tuple(dirs))
+        first = first or Path(hit)
     return Fabric(first, None, tuple(dirs))
