@@ -918,7 +918,7 @@ def _ready_ranks(proc, n: int, seconds: float) -> dict:
         ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
         assert ready, f"ranks {sorted(set(range(n)) - set(pids))} not ready in {seconds:g} s"
         line = proc.stdout.readline()
-        assert line, f"the launcher ended ({proc.wait()}) before every rank was ready"
+        assert line, f"the launcher ended ({proc.wait()}) before every rank was ready: {proc.stderr.read()[-2000:]}"
         m = re.fullmatch(r"\[(\d+)\] ready (\d+)\n", line)
         if m:
             pids[int(m.group(1))] = int(m.group(2))
