@@ -53,7 +53,6 @@ import importlib.util
 import os
 import platform
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -63,6 +62,7 @@ import click
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, printable
 from cpulaunch.machine.elf import ElfError, read_elf_needed
+from cpulaunch.machine.exec import which
 from cpulaunch.machine.files import FileReader
 from cpulaunch.machine.host import dist_version
 from cpulaunch.machine.libraries import openmp_runtime_of
@@ -500,7 +500,7 @@ def _numactl(topo, environ: Mapping[str, str], live: bool, policy: MemPolicy,
     from cpulaunch.machine import numactl as numactl_mod
     from cpulaunch.machine.host import check_numactl
 
-    path = shutil.which("numactl", path=environ.get("PATH", os.defpath))
+    path = which("numactl", path=environ.get("PATH", os.defpath))
     if not live:
         findings.append(Finding("numactl", "info", "numactl not checked: another machine (--sysroot)"))
         return NumactlStatus(path=path, checked=False, usable=None, reason="not checked: another machine")
