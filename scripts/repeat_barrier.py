@@ -11,7 +11,7 @@ this script may use while the runs go (started and stopped here).
 
 Prints one line per wrong run (its exit code and cpulaunch's last line) and, per variant,
 ``N of M right``; exits 1 if any run was wrong. The same case runs in the test suite
-(tests/test_root_cause.py, 25 runs per variant; CPULAUNCH_TEST_REPEAT changes it).
+(tests/test_root_cause.py, 12 runs per variant; CPULAUNCH_TEST_REPEAT changes it).
 """
 
 from __future__ import annotations

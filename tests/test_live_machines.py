@@ -455,6 +455,7 @@ def assert_booted_again(run: lg.GuestRun, tmp_path, fault: str) -> int:
 
 
 @LIVE
+@pytest.mark.slow  # two boots each (about 90 s): `pytest -m live`, not CI's step
 def test_lost_timer_interrupt_kills_the_guest_and_boots_it_again(tmp_path, request):
     """When the guest kernel's console says a timer interrupt was lost (lg.LOST_TIMER: QEMU's
     TCG sometimes never wakes a halted vCPU, and the guest hangs), the guest is killed at
@@ -473,6 +474,7 @@ def test_lost_timer_interrupt_kills_the_guest_and_boots_it_again(tmp_path, reque
 
 
 @LIVE
+@pytest.mark.slow  # two boots each (about 90 s): `pytest -m live`, not CI's step
 def test_qemu_that_dies_of_a_signal_is_booted_again(tmp_path, request):
     """A qemu that dies of a signal nobody in the harness sent (QEMU 7.2's TCG segfaulted
     once in CI, 1 s into a boot; vng then only says 255) is an emulator fault: its signal is
