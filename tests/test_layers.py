@@ -37,9 +37,10 @@ PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/forms.py", "cpula
         "cpulaunch/machine/engines.py", "cpulaunch/machine/platform.py", "cpulaunch/machine/recipes.py")
 #: What pure modules may import besides each other: pure modules of the standard library
 #: (``os`` and ``sys`` for names and values only: calls are checked apart), and
-#: python-hostlist (Slurm's node-list syntax) and the TOML parsers (config text -> values).
+#: python-hostlist (Slurm's node-list syntax) and the TOML parsers (config text -> values);
+#: _collections is collections' C half (cpulaunch.records takes namedtuple's field property).
 PURE_STDLIB = {"__future__", "enum", "re", "typing", "types", "dataclasses", "math", "itertools",
-               "collections", "functools", "shlex", "json", "string", "textwrap", "operator",
+               "collections", "_collections", "functools", "shlex", "json", "string", "textwrap", "operator",
                "fnmatch", "pathlib", "bisect", "reprlib", "os", "sys", "hostlist", "tomllib", "tomli", "difflib"}
 #: ``os`` calls a pure module may make: they compute, they do not ask the host.
 PURE_OS_CALLS = {"fspath", "fsencode", "fsdecode", "join", "basename", "dirname", "splitext", "normpath",
