@@ -12,7 +12,6 @@ reads the host; the core (``core.py``) takes an :class:`Options` and does the re
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from types import MappingProxyType
@@ -438,13 +437,21 @@ def _pod_value(kind: Kind, spelling: Spelling, text: str):
     return word
 
 
+def _isfinite(value: float) -> bool:
+    """``math.isfinite(value)`` for an int or float (inf - inf and nan - nan are nan, a
+    finite x - x is 0), without loading the math module on every run: a number option
+    always has a value, its default (issue 40; tests/test_options_faults.py gives inf and
+    nan)."""
+    return value - value == 0
+
+
 def _check_ranges(c: _Check) -> None:
     """Every number inside its option's range (:attr:`Kind.minimum`/``maximum``)."""
     for o in table.OPTIONS:
         value, k = c.v.get(o.dest), o.kind
         if value is None or isinstance(value, bool) or k.name not in ("integer", "number"):
             continue
-        if k.name == "number" and not math.isfinite(value):
+        if k.name == "number" and not _isfinite(value):
             raise c.error(o.dest, "give a finite number of seconds >= 0")
         if k.minimum is not None and value < k.minimum or k.maximum is not None and value > k.maximum:
             if k.maximum is not None:

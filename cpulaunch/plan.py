@@ -52,8 +52,6 @@ The rules, in the order they are applied:
 
 from __future__ import annotations
 
-import bisect
-import math
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, InternalError
@@ -720,6 +718,8 @@ def _order_greedy(cores: list, n: int, q: int, r: int) -> list:
     (:func:`_order_sizes` on the sockets' core counts), then, for the instances wholly
     inside each socket, node by node. Linear in the number of cores; at most a few
     instances more span nodes than with :func:`_order_exact`."""
+    import bisect  # only splitting plans need it (issue 40: kept off the common run)
+
     sockets = _run_lengths(cores, lambda item: item[0].socket)
     nodes = _run_lengths(cores, lambda item: (item[0].socket, item[0].node))
     sizes = _order_sizes(sockets, q, r, n - r)
@@ -978,6 +978,8 @@ def _place_list(cores: list, sizes: list, levels: _Levels) -> list:
     while an unused one is left, then an L2 or cluster), else right there; moved to the
     next NUMA node where it would straddle one it fits in. Where the moves leave too
     little room: consecutive runs."""
+    import bisect  # only splitting plans need it (issue 40: kept off the common run)
+
     node_ends = _prefix_sums(_run_lengths(cores, _node_key))
     biggest = max(b - a for a, b in zip([0] + node_ends[:-1], node_ends))
     tiers = [(_prefix_sums([0] + _run_lengths(cores, key))[:-1], ident) for _, key, ident in levels.cuts]
@@ -1008,6 +1010,8 @@ def _place_list(cores: list, sizes: list, levels: _Levels) -> list:
 def _fit_node(start: int, size: int, biggest: int, node_ends: list, total: int) -> Optional[int]:
     """Where a run of ``size`` items from ``start`` goes: there, or at the start of the
     next node where it would straddle one (and fits in a node); None past the end."""
+    import bisect  # only splitting plans need it (issue 40: kept off the common run)
+
     while start < total and size <= biggest:
         end = node_ends[bisect.bisect_right(node_ends, start)]
         if start + size <= end:
@@ -1213,9 +1217,11 @@ def quota_limit(topo: Topology) -> Optional[int]:
     """How many single-threaded instances the cgroup CPU quota runs at once:
     ``max(1, floor(quota))`` (a quota of 1.5 CPUs runs 1), None without a quota."""
     quota = topo.quota_cpus
-    if quota is None or not math.isfinite(quota):
+    if quota is None:
         return None
-    return max(1, math.floor(quota))
+    import math  # only a cgroup quota needs it (issue 40: kept off the common run)
+
+    return max(1, math.floor(quota)) if math.isfinite(quota) else None
 
 
 def quota_text(topo: Topology) -> str:
@@ -1240,9 +1246,11 @@ def _omp_threads(topo: Topology, ncpus: int, count: int) -> int:
     """OpenMP threads of an instance with ``ncpus`` compute CPUs among ``count``
     instances: ``ncpus``, or its even share of the cgroup CPU quota (rule 6)."""
     quota = topo.quota_cpus
-    if quota is None or not math.isfinite(quota):
+    if quota is None:
         return ncpus
-    return max(1, min(ncpus, math.floor(quota / count)))
+    import math
+
+    return max(1, min(ncpus, math.floor(quota / count))) if math.isfinite(quota) else ncpus
 
 
 # --------------------------------------------------------------------------- the planner

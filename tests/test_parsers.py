@@ -259,10 +259,12 @@ RUN_PATH_BUDGET = {"cpulaunch": 36, "other": 30}
 #: Never imported by a plain run, on any machine: click (--help, completion and subcommands
 #: only), the tools, torch, the pictures, and heavy standard modules nothing there needs
 #: (logging may come with a note, cpulaunch.log); typing (the records are
-#: cpulaunch.records.Record's) and shutil (machine.exec.which): 10 and 4 ms of each run.
+#: cpulaunch.records.Record's) and shutil (machine.exec.which): 10 and 4 ms of each run;
+#: signal (the launcher and the numactl check use CPython's _signal, without signal's enums);
+#: glob with contextlib, and struct (libfinder.glob_files, int.from_bytes): 2 and 0.5 ms.
 NEVER_ON_THE_RUN_PATH = ("click", "torch", "numpy", "psutil", "cpulaunch.cli", "cpulaunch.tools", "cpulaunch.runtime",
                          "cpulaunch.svg", "cpulaunch.view", "inspect", "dataclasses", "asyncio", "platform",
-                         "typing", "shutil")
+                         "typing", "shutil", "signal", "glob", "struct", "contextlib")
 
 
 @pytest.mark.parametrize("where", ["this machine", "a dump"])

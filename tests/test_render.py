@@ -224,6 +224,16 @@ def test_is_loadable_elf(tmp_path):
     junk = tmp_path / "libjunk.so"
     junk.write_bytes(b"not an elf at all, just text")
     assert not is_loadable_elf(junk)
+    # e_type and e_machine in the byte order EI_DATA names (1: little-endian, 2: big-endian)
+    elf_class = 2 if sys.maxsize > 2**32 else 1
+    for data, order in ((1, "little"), (2, "big")):
+        for e_type, e_machine, machine, loadable in ((3, 62, "x86_64", True), (3, 183, "aarch64", True),
+                                                     (3, 22, "s390x", True), (2, 62, "x86_64", False),
+                                                     (3, 62, "aarch64", False), (3, 183, "x86_64", False)):
+            lib = tmp_path / f"lib{data}{e_type}{e_machine}.so"
+            lib.write_bytes(b"\x7fELF" + bytes([elf_class, data]) + bytes(10)
+                            + e_type.to_bytes(2, order) + e_machine.to_bytes(2, order) + bytes(44))
+            assert is_loadable_elf(lib, machine=machine) is loadable, (order, e_type, e_machine, machine)
 
 
 def test_json_text_layout_is_exact_and_reads_back_as_the_document():

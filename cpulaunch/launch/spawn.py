@@ -14,8 +14,12 @@ PR_SET_PDEATHSIG=SIGKILL for supervised children (prctl(2)).
 from __future__ import annotations
 
 import os
-import signal
 import sys
+
+try:  # CPython's C module, loaded at the interpreter's start: the same calls and numbers as
+    import _signal as signal  # `signal`'s, without the enums it builds (about 1.3 ms; issue 40)
+except ImportError:  # pragma: no cover - an interpreter without CPython's _signal
+    import signal
 from types import MappingProxyType
 
 from cpulaunch import cpulist

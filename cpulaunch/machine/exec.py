@@ -10,8 +10,13 @@ verify use them).
 from __future__ import annotations
 
 import os
-import signal
+
 from cpulaunch.records import TYPE_CHECKING
+
+try:  # CPython's C module, loaded at the interpreter's start: the same numbers as `signal`'s,
+    from _signal import SIGINT, SIGKILL, SIGPIPE, SIGXFSZ  # without its enums (about 1 ms; issue 40)
+except ImportError:  # pragma: no cover - an interpreter without CPython's _signal
+    from signal import SIGINT, SIGKILL, SIGPIPE, SIGXFSZ
 
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
@@ -74,6 +79,8 @@ def exit_code_of(returncode: int) -> int:
 def signal_name(n: int) -> str:
     """Signal number -> name as kill -l spells it: 9 -> ``"SIGKILL"``, 36 -> ``"SIGRTMIN+2"``;
     an unknown number -> ``"signal 99"``."""
+    import signal
+
     if signal.SIGRTMIN < n < signal.SIGRTMAX:
         return f"SIGRTMIN+{n - signal.SIGRTMIN}"
     try:
@@ -107,7 +114,7 @@ def run_quietly(argv: Sequence[str], timeout: float = 10.0, *, env: Optional[Map
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, w, 1),
             err,
-        ], setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGXFSZ))
+        ], setsigdef=(SIGPIPE, SIGINT, SIGXFSZ))
     except BaseException:
         os.close(r)
         raise
@@ -121,7 +128,7 @@ def run_quietly(argv: Sequence[str], timeout: float = 10.0, *, env: Optional[Map
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not poller.poll(left * 1000):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, SIGKILL)
                 os.waitpid(pid, 0)
                 raise TimeoutError(f"timed out after {timeout:g} s")
             data = os.read(r, 65536)

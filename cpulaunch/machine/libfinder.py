@@ -14,7 +14,6 @@ and oneAPI put it, and only with its provider folder beside it (issue 21, docs/g
 from __future__ import annotations
 
 import os
-import struct
 import sys
 
 from cpulaunch.machine.exec import which
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Mapping, Optional, Sequence
 
-__all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "parse_ldconfig",
+__all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "glob_files", "parse_ldconfig",
            "Fabric", "fabric_dirs", "find_libfabric"]
 
 #: Largest ``ldconfig -p`` output read (a few thousand libraries make a few hundred KiB).
@@ -55,8 +54,8 @@ def is_loadable_elf(path: os.PathLike, machine: Optional[str] = None) -> bool:
     want_class = 2 if sys.maxsize > 2**32 else 1
     if elf_class != want_class:
         return False
-    endian = "<" if data == 1 else ">"
-    e_type, e_machine = struct.unpack(endian + "HH", head[16:20])
+    order = "little" if data == 1 else "big"  # EI_DATA: ELFDATA2LSB, else ELFDATA2MSB
+    e_type, e_machine = int.from_bytes(head[16:18], order), int.from_bytes(head[18:20], order)
     if e_type != 3:  # ET_DYN
         return False
     want = _E_MACHINE.get(machine)
@@ -118,8 +117,6 @@ def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list[str]
     Reading them is what ``ldconfig -p`` would tell, without starting a process on every
     launch. Unreadable files give no folders.
     """
-    import glob
-
     out: list = []
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -134,11 +131,42 @@ def ld_so_conf_dirs(path: str = "/etc/ld.so.conf", _depth: int = 0) -> list[str]
             pattern = line.split(None, 1)[1] if " " in line or "\t" in line else ""
             if pattern and not os.path.isabs(pattern):
                 pattern = os.path.join(os.path.dirname(path), pattern)
-            for inc in sorted(glob.glob(pattern)):
+            for inc in sorted(glob_files(pattern)):
                 out += ld_so_conf_dirs(inc, _depth + 1)
         elif line.startswith("/"):
             out.append(line)
     return out
+
+
+def glob_files(pattern: str) -> list[str]:
+    """The paths ``glob.glob(pattern)`` gives (unsorted), for ld.so.conf's ``include`` lines
+    (``/etc/ld.so.conf.d/*.conf``): when only the last component holds wildcards, its
+    folder's entries that :func:`fnmatch.fnmatch` the pattern, hidden ones only for a
+    pattern that starts with a dot, as glob's own loop does. Otherwise :func:`glob.glob`
+    itself. Ours for that common case because importing glob (and the contextlib it
+    imports) costs every run about 2 ms (issue 40); ``tests/test_exec.py`` holds the two
+    equal.
+
+    Args:
+        pattern: a path with shell wildcards (``*``, ``?``, ``[...]``).
+    """
+    folder, name = os.path.split(pattern)
+    if any(c in folder for c in "*?["):
+        import glob
+
+        return glob.glob(pattern)
+    if not any(c in name for c in "*?["):  # no wildcard at all: the path, if it is there
+        there = os.path.lexists(pattern) if name else os.path.isdir(folder)
+        return [pattern] if there else []
+    import fnmatch
+
+    try:
+        names = os.listdir(folder or os.curdir)
+    except OSError:
+        return []
+    if name[0] != ".":
+        names = [n for n in names if n[0] != "."]
+    return [os.path.join(folder, n) for n in fnmatch.filter(names, name)]
 
 
 def _first_in(dirs, names) -> Optional[str]:
