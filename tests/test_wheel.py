@@ -129,3 +129,40 @@ def test_a_rank_gets_the_exit_hook_from_the_wheel(installed):
     path, files = proc.stdout.splitlines()
     assert path == str(hook)
     assert files.split() == [str(hook.parent / "exithook.py"), str(hook / "sitecustomize.py")]
+
+
+#: Modules a run from the wheel never imports (issue 40: each cost every run milliseconds:
+#: docs/dev/measurements.md); the checkout's own guard (tests/test_parsers.py) runs in an
+#: editable install, whose import hook has already loaded re, enum and more.
+NOT_ON_A_RUN = ("typing", "shutil", "signal", "glob", "struct", "contextlib", "pathlib", "subprocess", "json",
+                "logging", "click", "importlib", "urllib", "ipaddress", "threading", "tempfile", "platform",
+                "inspect", "dataclasses")
+#: Standard modules a plain run from the wheel may import beyond `python -c pass`'s: 24 here
+#: (re with its parts, enum, functools, collections, operator, select, shlex...); math and
+#: bisect come where a cgroup quota or a split plan needs them.
+WHEEL_RUN_BUDGET = {"cpulaunch": 33, "other": 27}
+
+
+def _imported(argv, cwd) -> set:
+    """The modules ``python -X importtime`` reports for ``argv`` (a list starting with the
+    interpreter), as names."""
+    proc = _run(argv, cwd, env={"PYTHONDONTWRITEBYTECODE": ""})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("import time:") and "self [us]" not in ln]
+    return {ln.rsplit("|", 1)[1].strip() for ln in lines}
+
+
+@pytest.mark.parametrize("args", [["--dry-run", "true"], ["true"]])
+def test_a_run_from_the_wheel_keeps_its_import_budget(installed, args):
+    """The console script as pip installed it (its wrapper included), run from the wheel's
+    venv: the modules it imports beyond the interpreter's own start, by name and by count."""
+    bin_dir, work = installed
+    python = str(bin_dir / "python")
+    base = _imported([python, "-X", "importtime", "-c", "pass"], work)
+    new = _imported([python, "-X", "importtime", str(bin_dir / "cpulaunch"), *args], work) - base
+    ours = sorted(m for m in new if m == "cpulaunch" or m.startswith("cpulaunch."))
+    others = sorted(new - set(ours))
+    assert "cpulaunch.option_table" in ours and "re" in others, (ours, others)  # the report was read
+    assert [m for m in others if m.split(".")[0] in NOT_ON_A_RUN] == [], others
+    assert [m for m in ours if m.startswith(("cpulaunch.cli", "cpulaunch.tools", "cpulaunch.svg"))] == [], ours
+    assert len(ours) <= WHEEL_RUN_BUDGET["cpulaunch"], ours
+    assert len(others) <= WHEEL_RUN_BUDGET["other"], others
