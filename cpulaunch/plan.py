@@ -52,7 +52,6 @@ The rules, in the order they are applied:
 
 from __future__ import annotations
 
-
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError, InternalError
 from cpulaunch.notes import explain

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import os
 import sys
+from types import MappingProxyType
 
 try:  # CPython's C module, loaded at the interpreter's start: the same calls and numbers as
     import _signal as signal  # `signal`'s, without the enums it builds (about 1.3 ms; issue 40)
 except ImportError:  # pragma: no cover - an interpreter without CPython's _signal
     import signal
-from types import MappingProxyType
 
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError

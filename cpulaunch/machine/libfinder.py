@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Mapping, Optional, Sequence
 
-__all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "glob_files", "parse_ldconfig",
-           "Fabric", "fabric_dirs", "find_libfabric"]
+__all__ = ["find", "is_loadable_elf", "search_dirs", "multiarch_dirs", "ld_so_conf_dirs", "glob_files",
+           "parse_ldconfig", "Fabric", "fabric_dirs", "find_libfabric"]
 
 #: Largest ``ldconfig -p`` output read (a few thousand libraries make a few hundred KiB).
 LDCONFIG_BYTES = 8 << 20
