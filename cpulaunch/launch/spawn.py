@@ -17,13 +17,9 @@ import os
 import sys
 from types import MappingProxyType
 
-try:  # CPython's C module, loaded at the interpreter's start: the same calls and numbers as
-    import _signal as signal  # `signal`'s, without the enums it builds (about 1.3 ms; issue 40)
-except ImportError:  # pragma: no cover - an interpreter without CPython's _signal
-    import signal
-
 from cpulaunch import cpulist
 from cpulaunch.errors import CpulaunchError
+from cpulaunch.machine.exec import signals as signal  # _signal: no enums on the exec path (issue 40)
 from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:

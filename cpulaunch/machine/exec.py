@@ -4,7 +4,8 @@
 check, lscpu, ldconfig): posix_spawn and a pipe, bounded in time and output, nothing left
 behind. :func:`exit_code_of` and :func:`signal_name` are the one rule for turning a
 process's end into a shell-style exit code and a signal's name (the launcher, tune and
-verify use them).
+verify use them). :data:`signals` is the signal module the run path calls (CPython's
+``_signal``, else ``signal``), here and in :mod:`cpulaunch.launch.spawn`.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import os
 
 from cpulaunch.records import TYPE_CHECKING
 
-try:  # CPython's C module, loaded at the interpreter's start: the same numbers as `signal`'s,
-    from _signal import SIGINT, SIGKILL, SIGPIPE, SIGXFSZ  # without its enums (about 1 ms; issue 40)
+try:  # CPython's C module, loaded at the interpreter's start: the same calls and numbers as
+    import _signal as signals  # `signal`'s, without the enums it builds (about 1.3 ms; issue 40).
 except ImportError:  # pragma: no cover - an interpreter without CPython's _signal
-    from signal import SIGINT, SIGKILL, SIGPIPE, SIGXFSZ
+    import signal as signals
 
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
 
-__all__ = ["exit_code_of", "signal_name", "run_quietly", "which", "MAX_OUTPUT"]
+__all__ = ["exit_code_of", "signal_name", "run_quietly", "which", "signals", "MAX_OUTPUT"]
 
 #: Default bound on a child's output kept by :func:`run_quietly`.
 MAX_OUTPUT = 64 << 10
@@ -114,7 +115,7 @@ def run_quietly(argv: Sequence[str], timeout: float = 10.0, *, env: Optional[Map
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, w, 1),
             err,
-        ], setsigdef=(SIGPIPE, SIGINT, SIGXFSZ))
+        ], setsigdef=(signals.SIGPIPE, signals.SIGINT, signals.SIGXFSZ))
     except BaseException:
         os.close(r)
         raise
@@ -128,7 +129,7 @@ def run_quietly(argv: Sequence[str], timeout: float = 10.0, *, env: Optional[Map
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not poller.poll(left * 1000):
-                os.kill(pid, SIGKILL)
+                os.kill(pid, signals.SIGKILL)
                 os.waitpid(pid, 0)
                 raise TimeoutError(f"timed out after {timeout:g} s")
             data = os.read(r, 65536)
