@@ -54,7 +54,10 @@ def _new(name: str, qualname: str, fields: tuple, defaults: tuple):
     if code is None:
         args = ", ".join(f"_{i}" for i in range(len(fields))) + ("," if len(fields) == 1 else "")
         code = _NEW_CODE[len(fields)] = eval(f"lambda _cls, {args}: _tuple_new(_cls, ({args}))", _NEW_GLOBALS).__code__
-    code = code.replace(co_varnames=("_cls", *fields), co_name="__new__", co_qualname=f"{qualname}.__new__")
+    names = {"co_varnames": ("_cls", *fields), "co_name": "__new__"}
+    if hasattr(code, "co_qualname"):  # Python 3.11 and later
+        names["co_qualname"] = f"{qualname}.__new__"
+    code = code.replace(**names)
     new = FunctionType(code, _NEW_GLOBALS, "__new__", defaults or None)
     new.__doc__ = f"Create new instance of {name}({', '.join(fields)})"
     return new
