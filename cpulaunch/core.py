@@ -12,7 +12,7 @@ import os
 import sys
 from types import MappingProxyType
 
-from cpulaunch import cpulist, placement
+from cpulaunch import cpulist, forms, placement
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.exec import which
@@ -397,9 +397,7 @@ def _exec_single(p: Prepared, spec, environ: Mapping[str, str]) -> None:
     if p.lease is not None:  # the program holds the --share-host lease while it runs
         p.lease.keep_across_exec()
     if log.isEnabledFor(_log.INFO):
-        import shlex
-
-        log.info("%s: %s (exec'd)", spec.label, shlex.join(spec.argv))
+        log.info("%s: %s (exec'd)", spec.label, forms.join(spec.argv))
     exec_spec(spec, environ)
 
 

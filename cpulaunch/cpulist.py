@@ -19,15 +19,13 @@ when they know no tighter limit (``topology.Topology.id_limit`` is the probed ma
 
 from __future__ import annotations
 
-import re
-
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.records import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Iterable
+    from typing import Iterable, Optional
 
-__all__ = ["parse", "format", "parse_mask", "CpulistError", "MAX_IDS", "MAX_NODE_IDS"]
+__all__ = ["parse", "format", "parse_mask", "is_digits", "CpulistError", "MAX_IDS", "MAX_NODE_IDS"]
 
 #: Default bound (exclusive) on logical CPU ids: 65,536. Linux's largest NR_CPUS is 8,192
 #: (x86 CONFIG_MAXSMP, powerpc); this leaves room for any kernel while keeping a bogus
@@ -38,14 +36,18 @@ MAX_IDS = 1 << 16
 #: 1 << 10 (x86/arm64 NODES_SHIFT <= 10); node ids are sparse (POWER9 GPUs: 250-255).
 MAX_NODE_IDS = 1 << 12
 
-#: One item: ``N``, ``N-M`` or ``N-M:used/group`` (lib/bitmap.c ``bitmap_parse_region``:
-#: a stride only follows a range). ASCII digits only: ``int()`` would also take "+1",
-#: " 1", "1_0" and non-ASCII digits such as "١".
-_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+)/([0-9]+))?)?")
-_PLAIN = re.compile(r"[0-9]{1,19}(?:,[0-9]{1,19})*")
-_HEX_WORD = re.compile(r"[0-9a-fA-F]{1,8}")
 #: Longer numbers than this are refused before int() (Python caps int() at 4,300 digits).
 _MAX_DIGITS = 19
+_DIGITS = "0123456789"
+_HEX_DIGITS = "0123456789abcdefABCDEF"
+
+
+def is_digits(text: str, most: int = 0) -> bool:
+    """True when ``text`` is one or more ASCII decimal digits (at most ``most`` of them when
+    ``most`` > 0): ``"0712"`` yes; ``""``, ``"+1"``, ``" 1"``, ``"1_0"``, ``"١"`` (a non-ASCII
+    digit, which ``int()`` and ``str.isdigit`` take) no. The one digit test of the run
+    path's parsers, without :mod:`re` (issue 40: its import costs every run milliseconds)."""
+    return text != "" and not text.strip(_DIGITS) and (most <= 0 or len(text) <= most)
 
 
 class CpulistError(CpulaunchError, ValueError):
@@ -86,6 +88,27 @@ def _small(digits: str) -> int:
     return int(digits) if len(digits) <= _MAX_DIGITS else 10**_MAX_DIGITS
 
 
+def _item_parts(item: str) -> Optional[tuple[str, Optional[str], Optional[str], Optional[str]]]:
+    """One list item's digit strings: ``N``, ``N-M`` or ``N-M:used/group`` (lib/bitmap.c
+    ``bitmap_parse_region``: a stride only follows a range) -> (N, M or None, used or None,
+    group or None); None for anything else. ASCII digits only: ``int()`` would also take
+    "+1", " 1", "1_0" and non-ASCII digits such as "١"."""
+    lo, dash, rest = item.partition("-")
+    if not is_digits(lo):
+        return None
+    if not dash:
+        return lo, None, None, None
+    hi, colon, stride = rest.partition(":")
+    if not is_digits(hi):
+        return None
+    if not colon:
+        return lo, hi, None, None
+    used, slash, group = stride.partition("/")
+    if not (slash and is_digits(used) and is_digits(group)):
+        return None
+    return lo, hi, used, group
+
+
 def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
     """Parse kernel list format into a set of non-negative ids, each below ``limit``.
 
@@ -112,22 +135,23 @@ def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
     body = _strip_sysfs_end(text)
     if not body:
         return frozenset()
-    if _PLAIN.fullmatch(body):  # "5", "0,512": most sibling lists, parsed in one go
-        ids = frozenset(map(int, body.split(",")))
+    items = body.split(",")
+    if all(is_digits(item, _MAX_DIGITS) for item in items):  # "5", "0,512": most sibling lists
+        ids = frozenset(map(int, items))
         top = max(ids)
         if top >= limit:
             raise CpulistError(f"id {top} in cpulist {excerpt(body)} is too large "
                                f"(ids must be below {limit})")
         return ids
     out: set[int] = set()
-    for item in body.split(","):
-        m = _ITEM.fullmatch(item)
-        if m is None:
+    for item in items:
+        parts = _item_parts(item)
+        if parts is None:
             raise CpulistError(
                 f"bad item {excerpt(item, 24)} in cpulist {excerpt(body)}: expected N, N-M or "
                 f"N-M:used/group in ASCII digits"
             )
-        lo_s, hi_s, used_s, group_s = m.groups()
+        lo_s, hi_s, used_s, group_s = parts
         lo = _item_id(lo_s, body, limit)
         hi = lo if hi_s is None else _item_id(hi_s, body, limit)
         if hi < lo:
@@ -184,7 +208,7 @@ def parse_mask(text: str, limit: int = MAX_IDS) -> frozenset[int]:
     words = body.split(",")
     out: list[int] = []
     for i, word in enumerate(reversed(words)):  # least significant word first
-        if _HEX_WORD.fullmatch(word) is None:
+        if not (word and len(word) <= 8 and not word.strip(_HEX_DIGITS)):
             raise CpulistError(
                 f"bad cpumask {excerpt(body)}: {excerpt(word, 24)} is not a 32-bit hex word"
             )

@@ -14,6 +14,8 @@ if TYPE_CHECKING:  # the types only: render imports this module's helpers
     from cpulaunch.render import Rendered, RenderedInstance
 
 __all__ = [
+    "quote",
+    "join",
     "RUN_FUNCTION",
     "EVAL_FAILS",
     "TEXT_WIDTH",
@@ -31,6 +33,29 @@ __all__ = [
 ]
 
 
+#: The characters a word may hold and stay unquoted: :func:`shlex.quote`'s (``[\w@%+=:,./-]``
+#: in ASCII).
+_SAFE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-"
+
+
+def quote(word: str) -> str:
+    """``word`` as one word of a POSIX shell command line: :func:`shlex.quote`'s rule (as
+    it is, unless it holds a character outside ``[A-Za-z0-9_@%+=:,./-]`` or is empty; then
+    single-quoted, each ``'`` written ``'"'"'``), without importing :mod:`shlex`, which
+    imports :mod:`re` (issue 40: milliseconds of every dry run). ``tests/test_regex_twins.py``
+    holds the two equal. ``"a b"`` -> ``"'a b'"``; ``"x.py"`` -> ``"x.py"``; ``""`` -> ``"''"``."""
+    if not word:
+        return "''"
+    if not word.strip(_SAFE):
+        return word
+    return "'" + word.replace("'", "'\"'\"'") + "'"
+
+
+def join(words: Sequence[str]) -> str:
+    """The words quoted by :func:`quote` and joined by spaces (:func:`shlex.join`'s rule)."""
+    return " ".join(quote(w) for w in words)
+
+
 def binding_prefix(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> tuple[str, ...]:
     """The command to put in front of the program for a shell script: the numactl prefix,
     or with ``bind="affinity"`` ``taskset -c <cpus>`` (taskset(1)); empty when unbound."""
@@ -42,9 +67,7 @@ def binding_prefix(inst: RenderedInstance, taskset: Optional[str] = "taskset") -
 
 
 def _print_prefix(inst: RenderedInstance, taskset: Optional[str]) -> str:
-    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
-
-    return shlex.join(binding_prefix(inst, taskset))
+    return join(binding_prefix(inst, taskset))
 
 
 #: The shell function --print-env defines: the program runs under the instance's binding,
@@ -58,36 +81,32 @@ EVAL_FAILS = "false\n"
 
 def shell_exports(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> str:
     """POSIX ``export NAME='value'`` lines, safe to ``eval`` whatever the values hold
-    (values that need it quoted by shlex.quote), every planned variable included: one the
+    (values that need it quoted by :func:`quote`), every planned variable included: one the
     user exported and cpulaunch keeps is exported with the kept value after a ``:`` line
     saying so (``:`` is the comment every shell parses, zsh's interactive eval included).
     Then ``CPULAUNCH_PREFIX``, the binding command, and the function :data:`RUN_FUNCTION`
     that runs its arguments under it (``cpulaunch_run python x.py``; no word splitting)."""
-    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
-
     lines = []
     for k, v in _with_kept(inst).items():
         if k in inst.kept:
-            lines.append(": " + shlex.quote(_kept_text(k, inst.kept[k])))
-        lines.append(f"export {k}={shlex.quote(v)}")
+            lines.append(": " + quote(_kept_text(k, inst.kept[k])))
+        lines.append(f"export {k}={quote(v)}")
     prefix = binding_prefix(inst, taskset)
-    lines.append(f"export CPULAUNCH_PREFIX={shlex.quote(shlex.join(prefix))}")
-    lines.append(f"{RUN_FUNCTION}() {{ {shlex.join(prefix) + ' ' if prefix else ''}\"$@\"; }}")
+    lines.append(f"export CPULAUNCH_PREFIX={quote(join(prefix))}")
+    lines.append(f"{RUN_FUNCTION}() {{ {join(prefix) + ' ' if prefix else ''}\"$@\"; }}")
     return "\n".join(lines) + "\n"
 
 
 def dotenv_lines(inst: RenderedInstance, taskset: Optional[str] = "taskset") -> str:
     """``NAME='value'`` lines for POSIX sh's ``set -a; . ./FILE; set +a`` (the target this
-    format is written for: values that need it single-quoted by shlex.quote, so ``$``,
+    format is written for: values that need it single-quoted by :func:`quote`, so ``$``,
     backticks, backslashes and newlines come back exactly as they are), every planned
     variable included (a kept one with its kept value, after a ``#`` comment line)."""
-    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
-
     out = []
     for k, v in {**_with_kept(inst), envvars.PREFIX: _print_prefix(inst, taskset)}.items():
         if k in inst.kept:
             out.append("# " + one_line(_kept_text(k, inst.kept[k])) + "\n")
-        out.append(f"{k}={shlex.quote(v)}\n")
+        out.append(f"{k}={quote(v)}\n")
     return "".join(out)
 
 
@@ -116,13 +135,11 @@ def bind_lines(rendered: "Rendered", stack: str) -> str:
     printed with explicit lists). SGLang (CPU backend): ``SGLANG_CPU_OMP_THREADS_BIND``.
     Values are shell-quoted; docs/guide/integrations.md has the versions checked.
     """
-    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
-
     bind = omp_bind_string(rendered)
     if stack == "vllm":
-        lines = [f"VLLM_CPU_OMP_THREADS_BIND={shlex.quote(bind)}"]
+        lines = [f"VLLM_CPU_OMP_THREADS_BIND={quote(bind)}"]
     elif stack == "sglang":
-        lines = [f"SGLANG_CPU_OMP_THREADS_BIND={shlex.quote(bind)}"]
+        lines = [f"SGLANG_CPU_OMP_THREADS_BIND={quote(bind)}"]
     else:
         raise ValueError(stack)
     return "\n".join(lines) + "\n"
@@ -230,22 +247,20 @@ TEXT_WIDTH = 100
 
 def command_text(env: Mapping[str, str], argv: Sequence[str], width: Optional[int] = None) -> str:
     """One shell command that runs ``argv`` with ``env`` added: ``env NAME=VALUE ... prog
-    args``, every word quoted (shlex.quote). A program whose name holds ``=`` would be read
+    args``, every word quoted (:func:`quote`). A program whose name holds ``=`` would be read
     by env(1) as one more assignment, so it is run through ``sh -c 'exec "$0" "$@"'``.
 
     ``width``: continue the command on new lines (a backslash, then two spaces) so that each
     line holds at most ``width`` columns where its words allow; the program starts a line
     of its own. None: one line."""
-    import shlex  # only text outputs quote (issue 12: not on the exec or JSON path)
-
     words = ["env"] + [f"{k}={v}" for k, v in env.items()]
     argv = list(argv)
     if argv and "=" in argv[0]:
         words += ["sh", "-c", 'exec "$0" "$@"']
     if width is None:
-        return " ".join(shlex.quote(w) for w in words + argv)
-    return " \\\n".join(_fill([shlex.quote(w) for w in words], width)
-                         + _fill([shlex.quote(w) for w in argv], width, "  "))
+        return " ".join(quote(w) for w in words + argv)
+    return " \\\n".join(_fill([quote(w) for w in words], width)
+                         + _fill([quote(w) for w in argv], width, "  "))
 
 
 def _fill(words: list, width: int, first: str = "") -> list:

@@ -2,12 +2,15 @@
 and the planner (plan, placement, settings, render) speak: the placement modes, the
 inference paths, how an instance is bound, what an invocation produces and in which text
 form. On the ground floor, so that the surface imports the planner and never the other way
-round (``tests/test_layers.py``). Constants and enums only: importing this module does nothing.
+round (``tests/test_layers.py``). Constants, enums and one test of a name: importing this module
+does nothing.
 """
 
-import enum
+import os
 
-__all__ = ["PLACEMENT_MODES", "INFERENCE_PATHS", "BindMode", "Output", "Format"]
+from cpulaunch.enums import Enum
+
+__all__ = ["PLACEMENT_MODES", "INFERENCE_PATHS", "BindMode", "Output", "Format", "is_python_name"]
 
 #: The placement modes, at most one of which a request gives (``--ninstances``,
 #: ``--instances-per-socket``, ...): fields of :class:`cpulaunch.plan.Request` and the
@@ -20,7 +23,7 @@ PLACEMENT_MODES = ("ninstances", "instances_per_socket", "instances_per_node", "
 INFERENCE_PATHS = ("auto", "eager", "onednn-graph", "inductor", "zentorch")
 
 
-class BindMode(str, enum.Enum):
+class BindMode(str, Enum):
     """How an instance is bound to its CPUs and memory."""
 
     NUMACTL = "numactl"  #: ``numactl -C CPUS -m NODES program`` (numactl(8)): CPUs and memory
@@ -28,7 +31,7 @@ class BindMode(str, enum.Enum):
     NONE = "none"  #: no binding (OMP_NUM_THREADS and libraries still set)
 
 
-class Output(str, enum.Enum):
+class Output(str, Enum):
     """What the invocation produces."""
 
     RUN = "run"  #: start the program (exec one instance, supervise several)
@@ -37,7 +40,7 @@ class Output(str, enum.Enum):
     SHOW_TOPOLOGY = "show-topology"  #: draw the machine
 
 
-class Format(str, enum.Enum):
+class Format(str, Enum):
     """Text forms of --dry-run, --print-env and --show-topology
     (:data:`cpulaunch.option_table.FORMATS_FOR` says which output takes which)."""
 
@@ -49,3 +52,12 @@ class Format(str, enum.Enum):
     VLLM = "vllm"  #: ``VLLM_CPU_OMP_THREADS_BIND=...`` assignment lines
     SGLANG = "sglang"  #: ``SGLANG_CPU_OMP_THREADS_BIND=...`` assignment lines
     SVG = "svg"  #: a picture of the machine and the instances on it (cpulaunch.svg; --dry-run, --show-topology)
+
+
+def is_python_name(path: str) -> bool:
+    """True when ``path``'s last component names a Python interpreter: ``python`` followed
+    by nothing but digits and dots (``python3``, ``/usr/bin/python3.11``); ``python-config``,
+    ``ipython`` and ``pythonw`` are not. The one test of a program's first word for "is
+    this Python" (render's :func:`cpulaunch.render.runs_python`, the ranks' interpreter)."""
+    name = os.path.basename(path)
+    return name.startswith("python") and not name[6:].strip("0123456789.")

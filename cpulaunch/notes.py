@@ -20,7 +20,7 @@ filters them by level:
 
 from __future__ import annotations
 
-import enum
+from cpulaunch.enums import IntEnum
 from cpulaunch.records import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["Level", "Note", "explain", "advice", "level_of", "retext", "advice_line", "say"]
 
 
-class Level(enum.IntEnum):
+class Level(IntEnum):
     """How much a note matters to a run (ordered: a higher one is shown more readily)."""
 
     EXPLAIN = 20  #: a choice cpulaunch made on its own, explained (shown with -v)

@@ -17,7 +17,7 @@ third-party package.
 
 from __future__ import annotations
 
-import enum
+from cpulaunch.enums import Enum
 
 from cpulaunch.machine.engines import LOCAL_MASTER_ADDR
 from cpulaunch.machine.libraries import ALLOCATOR_CHOICES, OPENMP_CHOICES, REGISTRY
@@ -72,7 +72,7 @@ PATH = Kind("path")
 
 
 def _choice(values) -> Kind:
-    return Kind("choice", tuple(v.value if isinstance(v, enum.Enum) else v for v in values))
+    return Kind("choice", tuple(v.value if isinstance(v, Enum) else v for v in values))
 
 
 def _integer(minimum=None, maximum=None) -> Kind:
@@ -83,7 +83,7 @@ def _seconds() -> Kind:
     return Kind("number", (), 0)
 
 
-class Section(str, enum.Enum):
+class Section(str, Enum):
     """The help sections, in the order ``--help`` prints them."""
 
     PLACEMENT = "Placement"

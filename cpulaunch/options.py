@@ -13,7 +13,6 @@ reads the host; the core (``core.py``) takes an :class:`Options` and does the re
 from __future__ import annotations
 
 import os
-import re
 from types import MappingProxyType
 
 from cpulaunch import cpulist
@@ -607,6 +606,8 @@ def _check_ddp(c: _Check) -> None:
     nnodes = str(c.plain("nnodes"))
     if c.has("standalone") and nnodes != "1":
         raise c.error("nnodes", "--standalone is one machine", "drop one")
+    import re  # --ddp only (issue 40: re costs every run milliseconds)
+
     ranged = re.fullmatch(r"([1-9][0-9]{0,8}):([1-9][0-9]{0,8})", nnodes)
     if not (nnodes.isascii() and nnodes.isdigit() and len(nnodes) <= 9 and int(nnodes) >= 1) and not ranged:
         raise c.error("nnodes", "expected a number of machines (e.g. 2), or MIN:MAX with --rdzv-endpoint HOST:PORT")
@@ -739,6 +740,8 @@ def _std_spec(c: _Check, dest: str) -> Optional[tuple[int, dict]]:
     text = c.v.get(dest)
     if text is None:
         return None
+    import re  # --tee and --redirects only (issue 40)
+
     text = str(text).strip()
     if re.fullmatch(r"[0-3]", text):
         return int(text), {}

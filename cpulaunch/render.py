@@ -31,7 +31,6 @@ Rules and where they come from:
 from __future__ import annotations
 
 import os
-import re
 import sys
 from types import MappingProxyType
 
@@ -41,7 +40,7 @@ from cpulaunch.forms import one_line
 from cpulaunch.machine import numactl
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
 from cpulaunch.machine.recipes import Applied
-from cpulaunch.names import BindMode
+from cpulaunch.names import BindMode, is_python_name
 from cpulaunch.notes import retext
 from cpulaunch.plan import Instance, Plan
 from cpulaunch.records import TYPE_CHECKING, Record
@@ -188,7 +187,7 @@ def runs_python(argv: Sequence[str], python: str) -> bool:
     """
     if not argv:
         return False
-    return argv[0] == python or re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) is not None
+    return argv[0] == python or is_python_name(argv[0])
 
 
 

@@ -77,7 +77,11 @@ def conf_tree(tmp_path):
 PATTERNS = ["ld.so.conf.d/*.conf", "ld.so.conf.d/*", "ld.so.conf.d/.*", "ld.so.conf.d/?.conf", "ld.so.conf.d/[ab].conf",
             "ld.so.conf.d/[!a]*.conf", "ld.so.conf.d/[[]x].conf", "ld.so.conf.d/a.conf", "ld.so.conf.d/none.conf",
             "ld.so.conf.d/gone.conf", "ld.so.conf.d/", "missing/", "missing/*.conf", "empty/*", "ld.so.conf.d/**",
-            "ld.*/*.conf", "*/a.conf", "*.conf", "ld.so.conf.d", "ld.so.conf.d/sub.conf/"]
+            "ld.*/*.conf", "*/a.conf", "*.conf", "ld.so.conf.d", "ld.so.conf.d/sub.conf/",
+            # one star and no other wildcard (matched by head and tail), and their neighbours
+            "ld.so.conf.d/x86*", "ld.so.conf.d/a*.conf", "ld.so.conf.d/*.conf.bak", "ld.so.conf.d/.*.conf",
+            "ld.so.conf.d/*]", "ld.so.conf.d/*x].conf", "ld.so.conf.d/*conf*", "ld.so.conf.d/b.conf*",
+            "ld.so.conf.d/*b.conf", "ld.so.conf.d/a.conf*a.conf"]
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)

@@ -32,7 +32,7 @@ PKG = REPO / "cpulaunch"
 PURE = ("cpulaunch/plan.py", "cpulaunch/render.py", "cpulaunch/forms.py", "cpulaunch/view.py", "cpulaunch/svg.py", "cpulaunch/distributed.py", "cpulaunch/options.py",
         "cpulaunch/option_table.py", "cpulaunch/placement.py", "cpulaunch/settings.py",
         "cpulaunch/cpulist.py", "cpulaunch/errors.py", "cpulaunch/envvars.py", "cpulaunch/names.py", "cpulaunch/notes.py",
-        "cpulaunch/slips.py", "cpulaunch/spelling.py", "cpulaunch/records.py",
+        "cpulaunch/slips.py", "cpulaunch/spelling.py", "cpulaunch/records.py", "cpulaunch/enums.py",
         "cpulaunch/machine/topology.py", "cpulaunch/machine/numactl.py", "cpulaunch/machine/libraries.py",
         "cpulaunch/machine/engines.py", "cpulaunch/machine/platform.py", "cpulaunch/machine/recipes.py")
 #: What pure modules may import besides each other: pure modules of the standard library
@@ -58,7 +58,7 @@ SPAWN_OWNERS = {"subprocess", "os"}
 LAYERS = (
     ("base", ("cpulaunch/errors.py", "cpulaunch/cpulist.py", "cpulaunch/log.py", "cpulaunch/envvars.py",
               "cpulaunch/names.py", "cpulaunch/notes.py", "cpulaunch/slips.py", "cpulaunch/spelling.py",
-              "cpulaunch/records.py")),
+              "cpulaunch/records.py", "cpulaunch/enums.py")),
     ("machine", ("cpulaunch/machine/",)),
     ("planning", ("cpulaunch/plan.py", "cpulaunch/option_table.py", "cpulaunch/options.py", "cpulaunch/distributed.py",
                   "cpulaunch/placement.py", "cpulaunch/settings.py", "cpulaunch/render.py", "cpulaunch/forms.py",
@@ -386,7 +386,7 @@ def test_the_layout_is_what_the_docs_draw():
     assert flat == {"__init__.py", "__main__.py", "cli.py", "cmdline.py", "options.py", "core.py", "plan.py", "render.py", "forms.py",
                     "view.py", "svg.py", "distributed.py", "cpulist.py", "errors.py", "envvars.py", "names.py", "log.py", "api.py",
                     "inference.py", "torch_utils.py", "ddp_wrap.py", "rank_entry.py", "option_table.py", "placement.py", "settings.py",
-                    "notes.py", "slips.py", "spelling.py", "records.py"}
+                    "notes.py", "slips.py", "spelling.py", "records.py", "enums.py"}
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
         "machine", "launch", "tools", "runtime"}
     design = (REPO / "docs" / "dev" / "design.md").read_text()

@@ -40,7 +40,6 @@ python-hostlist under Slurm), so the launch path can check :data:`ENGINE_VARIABL
 
 from __future__ import annotations
 
-import re
 
 from cpulaunch.errors import DistributedError
 from cpulaunch.notes import explain
@@ -171,6 +170,8 @@ def first_host(nodelist: str) -> str:
 
 def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     """Tasks on node ``node_id`` from Slurm's ``"2(x3),1"`` form (3 nodes of 2, then 1)."""
+    import re  # under Slurm only (issue 40: re costs every run milliseconds)
+
     counts: list = []
     for item in tasks_per_node.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)

@@ -23,9 +23,9 @@ from types import MappingProxyType
 from cpulaunch.machine import libraries
 from cpulaunch.machine.exec import which
 from cpulaunch.machine.numactl import MemPolicy
-from cpulaunch.machine.topology import Topology
-
 from cpulaunch.machine.engines import ENGINE_VARIABLES, LOCAL_MASTER_ADDR, RankContext, detect_engine
+from cpulaunch.machine.topology import Topology
+from cpulaunch.names import is_python_name
 from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
@@ -586,10 +586,8 @@ def rank_python(program: Sequence[str], environ: Mapping[str, str]) -> str:
     one (``sys.executable``: cpulaunch runs ``train.py``, ``-m pkg`` and ``-c`` with it, and
     it is the best guess for anything else). ``["python", "x.py"]`` with ``/venv/bin``
     first on PATH -> ``"/venv/bin/python"``."""
-    import re
-
     first = program[0] if program else ""
-    if re.fullmatch(r"python[0-9.]*", os.path.basename(first)):
+    if is_python_name(first):
         found = which(first, path=environ.get("PATH", os.defpath))
         if found:
             return os.path.abspath(found)

@@ -16,7 +16,6 @@ needs (docs/guide/ddp.md).
 from __future__ import annotations
 
 import os
-import re
 from types import MappingProxyType
 from cpulaunch.records import TYPE_CHECKING, Record
 
@@ -192,7 +191,7 @@ def preload_entries(value: str) -> list[str]:
     """Split an LD_PRELOAD value into entries as glibc does: on spaces and colons only
     (ld.so(8); ``elf/rtld.c`` splits on " :"), so an entry holding a tab or a newline
     stays one entry, byte for byte. ``"/a.so:/b.so c.so"`` -> ``["/a.so", "/b.so", "c.so"]``."""
-    return [e for e in re.split("[ :]", value) if e]
+    return [e for e in value.replace(":", " ").split(" ") if e]
 
 
 def identify(entry: str) -> Optional[str]:

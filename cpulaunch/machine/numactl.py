@@ -9,9 +9,8 @@ the very command the launcher runs. Pure.
 
 from __future__ import annotations
 
-import enum
-
 from cpulaunch import cpulist
+from cpulaunch.enums import Enum
 from cpulaunch.records import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["MemPolicy", "argv", "check_argv"]
 
 
-class MemPolicy(str, enum.Enum):
+class MemPolicy(str, Enum):
     """NUMA memory policy of an instance (numactl(8) option in brackets; set_mempolicy(2))."""
 
     BIND = "bind"  #: allocate only on the instance's nodes (--membind)

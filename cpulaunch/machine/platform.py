@@ -22,7 +22,6 @@ Where the tables come from:
 
 from __future__ import annotations
 
-import re
 from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
@@ -215,6 +214,8 @@ def platform_of(cpu: Optional[CpuId]) -> Platform:
             return Platform("Intel", name, ids, "intel")
         if cpu.vendor_id == "HygonGenuine":
             return Platform("Hygon", "Dhyana (Zen 1 based)" if cpu.family == 0x18 else "", ids, "other")
+        import re  # an unknown vendor only (issue 40: re costs every run milliseconds)
+
         return Platform(re.sub(r"[^\w .-]", "", cpu.vendor_id)[:40], "", ids, "other")
     if cpu.arch == "arm64":
         if cpu.implementer is None:
@@ -224,6 +225,8 @@ def platform_of(cpu: Optional[CpuId]) -> Platform:
         vendor, core = ARM_CORES.get(key, (ARM_IMPLEMENTERS.get(cpu.implementer, ""), ""))
         return Platform(vendor, core, ids, "arm-neoverse" if key in _NEOVERSE or "Neoverse" in core else "other")
     if cpu.arch == "power":
+        import re  # POWER only (issue 40)
+
         m = re.match(r"(POWER\w*)", cpu.model_name.upper())
         return Platform("IBM", m.group(1) if m else "POWER", "", "other")
     return Platform()

@@ -59,11 +59,10 @@ The parsers of whole files are pure functions of text (``parse_*`` here).
 from __future__ import annotations
 
 import os
-import re
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
-from cpulaunch.cpulist import CpulistError, excerpt
+from cpulaunch.cpulist import CpulistError, excerpt, is_digits
 from cpulaunch.errors import CpulaunchError, printable
 from cpulaunch.machine import platform
 from cpulaunch.machine.files import FileReader, corrupt
@@ -111,18 +110,18 @@ LSCPU_BYTES = 4 << 20
 CPUINFO_BYTES = 64 << 10
 
 
-_NUMBERED: dict[str, re.Pattern] = {}
-
-
 def _numbered(names: list[str], prefix: str) -> list[int]:
-    """Ids of entries named PREFIX<N> (N in ASCII digits, no leading zero), ascending:
-    ``["cpu0", "cpu12", "cpufreq", "cpu01"]`` -> ``[0, 12]``. One regex scan over the names
-    joined by NUL, which no file name holds (a third of a per-name match on 1,024 CPUs)."""
-    pat = _NUMBERED.get(prefix)
-    if pat is None:
-        pat = _NUMBERED[prefix] = re.compile(
-            r"(?:^|\x00)" + re.escape(prefix) + r"(0|[1-9][0-9]{0,9})(?=\x00|$)")
-    return sorted(map(int, pat.findall("\x00".join(names))))
+    """Ids of entries named PREFIX<N> (N in at most 10 ASCII digits, no leading zero),
+    ascending: ``["cpu0", "cpu12", "cpufreq", "cpu01"]`` -> ``[0, 12]``."""
+    size = len(prefix)
+    ids = []
+    for name in names:
+        if name.startswith(prefix):
+            digits = name[size:]
+            if is_digits(digits, 10) and (digits[0] != "0" or digits == "0"):
+                ids.append(int(digits))
+    ids.sort()
+    return ids
 
 
 def _strip_value(text: Optional[str]) -> str:
@@ -155,7 +154,9 @@ def is_live(root: str | os.PathLike) -> bool:
 
 # --------------------------------------------------------------------------- parsing where read
 
-_INT = re.compile(r"-?[0-9]{1,10}")
+def _is_int(text: str) -> bool:
+    """``text`` is an optional minus and 1-10 ASCII digits (a sysfs id or count)."""
+    return is_digits(text[1:] if text[:1] == "-" else text, 10)
 
 
 def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
@@ -171,7 +172,7 @@ def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
     notes = notes if notes is not None else []
     if kernel_max is not None and _strip_value(kernel_max):
         text = _strip_value(kernel_max)
-        if _INT.fullmatch(text) and int(text) >= 0:
+        if _is_int(text) and int(text) >= 0:
             if int(text) < cpulist.MAX_IDS:
                 return int(text) + 1
             notes.append(f"{CPU_PATH}/kernel_max says {text}: CPU ids bounded at "
@@ -199,7 +200,7 @@ def _number(fs: "FileReader", text: Optional[str], rel: str) -> Optional[int]:
     body = _strip_value(text)
     if not body:
         return None
-    if _INT.fullmatch(body) is None:
+    if not _is_int(body):
         raise corrupt(fs.root, "/" + rel, f"expected an integer, found {excerpt(body)}")
     return int(body)
 
@@ -220,8 +221,15 @@ def _meminfo_total_kb(text: Optional[str]) -> Optional[int]:
     """``MemTotal`` of a node's meminfo in KiB (``"Node 0 MemTotal:  16775084 kB"``)."""
     if not text:
         return None
-    m = re.search(r"MemTotal:[ \t]+([0-9]{1,18})[ \t]*kB", text)
-    return int(m.group(1)) if m else None
+    at = text.find("MemTotal:")
+    while at >= 0:  # "MemTotal:", blanks, 1-18 digits, blanks, "kB"
+        rest = text[at + 9:]
+        value = rest.lstrip(" \t")
+        digits = value[:len(value) - len(value.lstrip("0123456789"))]
+        if len(value) < len(rest) and is_digits(digits, 18) and value[len(digits):].lstrip(" \t")[:2] == "kB":
+            return int(digits)
+        at = text.find("MemTotal:", at + 1)
+    return None
 
 
 def parse_cpuinfo(text: Optional[str]) -> tuple[frozenset[str], str]:
@@ -259,7 +267,7 @@ def parse_lscpu(text: str) -> tuple[tuple[int, Optional[int], Optional[int], Opt
         if not line or line.startswith("#"):
             continue
         fields = (line.split(",") + ["", "", "", ""])[:4]
-        vals = [int(f.strip()) if _INT.fullmatch(f.strip()) else None for f in fields]
+        vals = [int(f.strip()) if _is_int(f.strip()) else None for f in fields]
         if vals[0] is None or vals[0] < 0:
             continue
         rows.append((vals[0], vals[1], vals[2], vals[3]))
@@ -461,11 +469,12 @@ def _read_cfs_quota(fs: FileReader, d: str) -> Optional[float]:
 
 def _status_list(fs: FileReader, status: Optional[str], key: str, limit: int) -> Optional[frozenset]:
     """``key`` (e.g. Cpus_allowed_list) of proc/self/status text, parsed; None if absent."""
-    m = re.search(rf"^{key}:[ \t]*([^\n]*)$", status or "", re.M)
-    if m is None:
+    head = key + ":"
+    line = next((ln for ln in (status or "").split("\n") if ln.startswith(head)), None)
+    if line is None:
         return None
     try:
-        return cpulist.parse(m.group(1), limit)
+        return cpulist.parse(line[len(head):].lstrip(" \t"), limit)
     except CpulistError as exc:
         raise corrupt(fs.root, "/proc/self/status", f"{key}: {exc}") from None
 
@@ -728,17 +737,19 @@ def _read_core(fs: "FileReader", topo: str, limit: int, core_done: set[int],
 
 #: Cache types that hold data: an L2 or L3 is "Unified" (never "Instruction").
 _DATA_CACHES = ("Unified", "Data")
-_SIZE = re.compile(r"([0-9]{1,12})([KMG]?)")
+_SIZE_SHIFT = {"K": 0, "M": 10, "G": 20}
 
 
 def parse_cache_size(text: str) -> Optional[int]:
     """A cache ``size`` file in KiB: ``"32768K"`` -> 32768, ``"1M"`` -> 1024 (the kernel
     writes ``%uK``, Documentation/ABI/testing/sysfs-devices-system-cpu); None when it is
     anything else."""
-    m = _SIZE.fullmatch(_strip_value(text))
-    if m is None:
+    body = _strip_value(text)
+    unit = body[-1:] if body[-1:] in _SIZE_SHIFT else ""
+    digits = body[:len(body) - len(unit)]
+    if not is_digits(digits, 12):
         return None
-    return int(m.group(1)) << {"": 0, "K": 0, "M": 10, "G": 20}[m.group(2)]
+    return int(digits) << _SIZE_SHIFT.get(unit, 0)
 
 
 class _CacheIndexes:

@@ -26,7 +26,7 @@ the tuning guide's).
 
 from __future__ import annotations
 
-import enum
+from cpulaunch.enums import Enum
 from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ __all__ = ["When", "Setting", "Recipe", "Applied", "RECIPES", "RECIPE_CHOICES", 
            "resolve_recipe", "recipe_env", "WAIT_POLICIES", "ZENDNN_SOURCE", "GRAVITON_SOURCE"]
 
 
-class When(str, enum.Enum):
+class When(str, Enum):
     """Where a setting takes effect; elsewhere it is left out."""
 
     ALWAYS = "always"

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import enum
 import os
 import sys
 import time
@@ -87,6 +86,7 @@ from typing import (
 )
 
 from cpulaunch import envvars
+from cpulaunch.enums import Enum
 from cpulaunch.errors import CpulaunchError
 from cpulaunch.machine.probe import parse_cpuinfo
 
@@ -151,7 +151,7 @@ class UnsupportedModelError(CpulaunchError, ValueError):
     instead."""
 
 
-class Bf16Support(str, enum.Enum):
+class Bf16Support(str, Enum):
     """What the CPU offers oneDNN for bf16, from its /proc/cpuinfo feature flags.
 
     The rule is oneDNN's own (``platform::has_data_type_support(bf16)`` in

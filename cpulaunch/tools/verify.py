@@ -64,7 +64,6 @@ FIFO or an endless file under a test's ``root`` costs that fact, never a hang.
 
 from __future__ import annotations
 
-import enum
 import os
 import sys
 from dataclasses import dataclass
@@ -73,6 +72,7 @@ from typing import Any, Mapping, Optional, Sequence
 import click
 
 from cpulaunch import cpulist, envvars
+from cpulaunch.enums import Enum
 from cpulaunch.errors import CpulaunchError, printable
 from cpulaunch.machine.libraries import openmp_runtime_of, preload_entries
 from cpulaunch.machine.proc import (
@@ -110,7 +110,7 @@ __all__ = [
 MIN_BOUND_SHARE = 0.90
 
 
-class Verdict(str, enum.Enum):
+class Verdict(str, Enum):
     """What verify concluded about one instance (``InstanceCheck.status``; "status" in
     verify.json). Rules: module docstring; exit codes: :data:`EXIT_CODES`."""
 
