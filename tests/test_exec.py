@@ -6,6 +6,7 @@ include lines, answers as glob.glob does (glob and contextlib: about 2 ms)."""
 import glob
 import os
 import shutil
+import time
 
 import pytest
 
@@ -91,3 +92,44 @@ def test_glob_files_equals_glob(conf_tree, monkeypatch, pattern, absolute):
     if absolute:
         pattern = os.path.join(str(conf_tree), pattern)
     assert sorted(glob_files(pattern)) == sorted(glob.glob(pattern))
+
+
+def test_a_started_child_runs_on_while_the_caller_works(tmp_path):
+    """start_quietly returns with the child running: it writes a file the caller then sees
+    (before asking for the result); the result is run_quietly's."""
+    from cpulaunch.machine.exec import run_quietly, start_quietly
+
+    flag = tmp_path / "ran"
+    started = start_quietly(["sh", "-c", f"echo out; echo err >&2; : > '{flag}'; exit 3"])
+    deadline = time.monotonic() + 30
+    while not flag.exists():  # an observable state, no fixed sleep
+        assert time.monotonic() < deadline, "the child did not run"
+        time.sleep(0.005)
+    assert started.result() == (3, "out\nerr\n")
+    assert run_quietly(["sh", "-c", "echo out; echo err >&2; exit 3"]) == (3, "out\nerr\n")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(started.pid, os.WNOHANG)  # reaped
+
+
+def test_gather_reaps_numactls_check_when_another_fact_fails(tmp_path, monkeypatch):
+    """The numactl check runs while gather reads the other facts; when one of them fails
+    (a malformed engine variable), the check's child is still reaped before the error
+    goes up."""
+    from cpulaunch.errors import DistributedError
+    from cpulaunch.machine import host, probe
+    from cpulaunch.machine.numactl import MemPolicy
+
+    fake = tmp_path / "numactl"
+    fake.write_text(f"#!/bin/sh\necho $$ > '{tmp_path / 'checked'}'\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    topo = probe.probe("/")
+    query = host.HostQuery(sysroot="/", numactl=True, numactl_policy=MemPolicy.BIND)
+    got = host.gather(query, topo, {"PATH": os.environ["PATH"]})
+    assert got.numactl == str(fake) and got.numactl_usable is True and (tmp_path / "checked").exists()
+    (tmp_path / "checked").unlink()
+    with pytest.raises(DistributedError, match="PALS_RANKID=-1"):
+        host.gather(query, topo, {"PATH": os.environ["PATH"], "PALS_RANKID": "-1"})
+    pid = int((tmp_path / "checked").read_text())  # the check ran, and was waited for:
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - an interpreter without CPython's _sign
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
 
-__all__ = ["exit_code_of", "signal_name", "run_quietly", "which", "signals", "MAX_OUTPUT"]
+__all__ = ["exit_code_of", "signal_name", "run_quietly", "start_quietly", "Quiet", "which", "signals", "MAX_OUTPUT"]
 
 #: Default bound on a child's output kept by :func:`run_quietly`.
 MAX_OUTPUT = 64 << 10
@@ -99,15 +99,64 @@ def run_quietly(argv: Sequence[str], timeout: float = 10.0, *, env: Optional[Map
     code is shell-style (:func:`exit_code_of`). ``env``: its environment (default this
     process's). Uses os.posix_spawnp and a pipe, not :mod:`subprocess`, whose import costs
     about 4 ms of start-up (issue 12); the one helper cpulaunch runs a short child with
-    outside the launcher (numactl's check, lscpu, ldconfig).
+    outside the launcher (numactl's check, lscpu, ldconfig). :func:`start_quietly` and
+    :meth:`Quiet.result` are its two halves, for a caller with other work meanwhile.
 
     Raises:
         OSError: the program cannot be started (ENOENT, EACCES...).
         TimeoutError: it ran longer than ``timeout`` seconds (it is then SIGKILLed and reaped).
     """
-    import select
-    import time
+    return start_quietly(argv, env=env, stderr=stderr).result(timeout, max_output)
 
+
+class Quiet:
+    """A child :func:`start_quietly` started: its pid and the read end of its output pipe.
+    :meth:`result` waits for it, once; until then the child runs on its own."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid, self.fd = pid, fd
+
+    def result(self, timeout: float = 10.0, max_output: int = MAX_OUTPUT) -> tuple[int, str]:
+        """``(exit code, output)`` as :func:`run_quietly` gives them; ``timeout`` seconds
+        from now at most.
+
+        Raises:
+            TimeoutError: the child ran longer (it is then SIGKILLed and reaped).
+        """
+        import select
+        import time
+
+        pid, r = self.pid, self.fd
+        chunks, size = [], 0
+        deadline = time.monotonic() + timeout
+        try:
+            poller = select.poll()
+            poller.register(r, select.POLLIN)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not poller.poll(left * 1000):
+                    os.kill(pid, signals.SIGKILL)
+                    os.waitpid(pid, 0)
+                    raise TimeoutError(f"timed out after {timeout:g} s")
+                data = os.read(r, 65536)
+                if not data:
+                    break
+                if size < max_output:
+                    chunks.append(data)
+                    size += len(data)
+        finally:
+            os.close(r)
+        _, status = os.waitpid(pid, 0)
+        return exit_code_of(os.waitstatus_to_exitcode(status)), b"".join(chunks)[:max_output].decode(errors="replace")
+
+
+def start_quietly(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, stderr: bool = True) -> Quiet:
+    """Start ``argv`` as :func:`run_quietly` does and return at once; the caller must call
+    the result's :meth:`Quiet.result` (which reaps the child).
+
+    Raises:
+        OSError: the program cannot be started (ENOENT, EACCES...).
+    """
     r, w = os.pipe()  # both O_CLOEXEC; dup2 makes the child's 1 and 2 inheritable
     try:
         err = (os.POSIX_SPAWN_DUP2, w, 2) if stderr else (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)
@@ -121,24 +170,4 @@ def run_quietly(argv: Sequence[str], timeout: float = 10.0, *, env: Optional[Map
         raise
     finally:
         os.close(w)
-    chunks, size = [], 0
-    deadline = time.monotonic() + timeout
-    try:
-        poller = select.poll()
-        poller.register(r, select.POLLIN)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not poller.poll(left * 1000):
-                os.kill(pid, signals.SIGKILL)
-                os.waitpid(pid, 0)
-                raise TimeoutError(f"timed out after {timeout:g} s")
-            data = os.read(r, 65536)
-            if not data:
-                break
-            if size < max_output:
-                chunks.append(data)
-                size += len(data)
-    finally:
-        os.close(r)
-    _, status = os.waitpid(pid, 0)
-    return exit_code_of(os.waitstatus_to_exitcode(status)), b"".join(chunks)[:max_output].decode(errors="replace")
+    return Quiet(pid, r)

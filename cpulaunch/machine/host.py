@@ -125,27 +125,47 @@ def check_numactl(prefixes: Sequence[Sequence[str]], timeout: float = 10.0) -> O
     Checks the CPUs and nodes actually planned (not CPU 0 and node 0): a container without
     CAP_SYS_NICE gets ``set_mempolicy: Operation not permitted`` only for some policies,
     and a cpuset may refuse some CPUs. One short exec per distinct prefix, through
-    :func:`cpulaunch.machine.exec.run_quietly` (no subprocess import).
+    :func:`cpulaunch.machine.exec.start_quietly` (no subprocess import).
 
     Args:
         prefixes: numactl command lines without the program (each
             :func:`cpulaunch.machine.numactl.argv`).
     """
-    from cpulaunch.machine.exec import run_quietly
-
     seen = set()
     for prefix in prefixes:
         key = tuple(prefix)
         if key in seen:
             continue
         seen.add(key)
-        try:
-            code, output = run_quietly(list(prefix) + ["true"], timeout)
-        except (OSError, TimeoutError) as exc:
-            return f"{' '.join(prefix)} could not run ({exc})"
-        if code != 0:
-            msg = output.strip().splitlines()
-            return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
+        reason = _check_result(prefix, _start_check(prefix), timeout)
+        if reason:
+            return reason
+    return None
+
+
+def _start_check(prefix: Sequence[str]):
+    """``prefix`` + ``true`` started (a :class:`cpulaunch.machine.exec.Quiet`), or why it
+    could not start (a str)."""
+    from cpulaunch.machine.exec import start_quietly
+
+    try:
+        return start_quietly(list(prefix) + ["true"])
+    except OSError as exc:
+        return f"{' '.join(prefix)} could not run ({exc})"
+
+
+def _check_result(prefix: Sequence[str], started, timeout: float = 10.0) -> Optional[str]:
+    """None when the check :func:`_start_check` started exits 0, else numactl's reason
+    (its last line), the start's failure or the timeout."""
+    if isinstance(started, str):
+        return started
+    try:
+        code, output = started.result(timeout)
+    except TimeoutError as exc:
+        return f"{' '.join(prefix)} could not run ({exc})"
+    if code != 0:
+        msg = output.strip().splitlines()
+        return f"`{' '.join(prefix)}` failed: {msg[-1] if msg else 'exit %d' % code}"
     return None
 
 
@@ -186,22 +206,28 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
     from cpulaunch.machine.probe import is_live
 
     live = is_live(query.sysroot)
-    found = {name: find(libraries.REGISTRY[name], environ) for name in query.libraries}
     numactl = which("numactl") if query.numactl else None
-    usable, reason = None, ""
+    usable, reason, check = None, "", None
     if live and numactl and query.numactl_policy is not None:
-        argv = numactl_mod.check_argv(numactl, topo, query.numactl_policy)
-        reason = check_numactl([argv[:-1]]) or ""
-        usable = not reason
-    engine = detect_engine(environ) if any(v in environ for v in ENGINE_VARIABLES) else None
-    port = free_port() if query.free_port and engine is None else None
-    ccl = fabric = None
-    if query.ccl_program is not None:
-        ccl = ccl_binding(rank_python(query.ccl_program, environ), environ, _usable_cache(environ))
-        fabric = find_libfabric(environ) if ccl.path is not None else None
-    zentorch = None
-    if query.zentorch_program is not None:
-        zentorch = zentorch_binding(rank_python(query.zentorch_program, environ), environ, _usable_cache(environ))
+        # numactl's check runs while the other facts are read (it takes a few ms; issue 40)
+        prefix = numactl_mod.check_argv(numactl, topo, query.numactl_policy)[:-1]
+        check = _start_check(prefix)
+    try:
+        found = {name: find(libraries.REGISTRY[name], environ) for name in query.libraries}
+        engine = detect_engine(environ) if any(v in environ for v in ENGINE_VARIABLES) else None
+        port = free_port() if query.free_port and engine is None else None
+        ccl = fabric = None
+        if query.ccl_program is not None:
+            ccl = ccl_binding(rank_python(query.ccl_program, environ), environ, _usable_cache(environ))
+            fabric = find_libfabric(environ) if ccl.path is not None else None
+        zentorch = None
+        if query.zentorch_program is not None:
+            zentorch = zentorch_binding(rank_python(query.zentorch_program, environ), environ,
+                                        _usable_cache(environ))
+    finally:  # the check's child is reaped whatever happened meanwhile
+        if check is not None:
+            reason = _check_result(prefix, check) or ""
+            usable = not reason
     return Host(
         live=live,
         environ=dict(environ),
