@@ -40,20 +40,62 @@ except ImportError:  # pragma: no cover - other interpreters
 #: Names a record class may not define (namedtuple's own, as typing.NamedTuple forbids them).
 _PROHIBITED = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults",
                          "_make", "_replace", "_asdict", "_source"})
+_tuple_new = tuple.__new__
 #: The globals of every record's ``__new__`` (namedtuple's, shared).
-_NEW_GLOBALS = {"_tuple_new": tuple.__new__, "__builtins__": {}, "__name__": __name__}
+_NEW_GLOBALS = {"_tuple_new": _tuple_new, "__builtins__": {}, "__name__": __name__}
 #: {number of fields: the code of namedtuple's ``__new__`` for that many, with placeholder names}.
 _NEW_CODE = {}
+#: namedtuple's ``__new__`` for 0 to 24 fields (:func:`_new_source`), compiled with this module,
+#: so that their code comes from its cached bytecode: compiling one at run time took 25-190 us
+#: here, and a run builds records of 16 sizes (issue 40). More fields are compiled when met.
+#: ``tests/test_records.py`` holds each to :func:`_new_source`.
+_NEW_TEMPLATES = (
+    lambda _cls: _tuple_new(_cls, ()),
+    lambda _cls, _0,: _tuple_new(_cls, (_0,)),
+    lambda _cls, _0, _1: _tuple_new(_cls, (_0, _1)),
+    lambda _cls, _0, _1, _2: _tuple_new(_cls, (_0, _1, _2)),
+    lambda _cls, _0, _1, _2, _3: _tuple_new(_cls, (_0, _1, _2, _3)),
+    lambda _cls, _0, _1, _2, _3, _4: _tuple_new(_cls, (_0, _1, _2, _3, _4)),
+    lambda _cls, _0, _1, _2, _3, _4, _5: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21, _22: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21, _22)),
+    lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21, _22, _23: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21, _22, _23)),
+)
+
+
+def _new_source(size: int) -> str:
+    """The source of namedtuple's ``__new__`` for ``size`` fields, placeholder names:
+    ``lambda _cls, _0, _1: _tuple_new(_cls, (_0, _1))``."""
+    args = ", ".join(f"_{i}" for i in range(size)) + ("," if size == 1 else "")
+    return f"lambda _cls{', ' if size else ''}{args}: _tuple_new(_cls, ({args}))"
 
 
 def _new(name: str, qualname: str, fields: tuple, defaults: tuple):
     """The ``__new__`` :func:`collections.namedtuple` compiles for ``fields`` (``lambda _cls,
-    a, b: _tuple_new(_cls, (a, b))``), from the code of the first class with as many fields,
-    renamed."""
+    a, b: _tuple_new(_cls, (a, b))``), from :data:`_NEW_TEMPLATES` (or the code compiled for
+    the first class with as many fields), renamed."""
     code = _NEW_CODE.get(len(fields))
     if code is None:
-        args = ", ".join(f"_{i}" for i in range(len(fields))) + ("," if len(fields) == 1 else "")
-        code = _NEW_CODE[len(fields)] = eval(f"lambda _cls, {args}: _tuple_new(_cls, ({args}))", _NEW_GLOBALS).__code__
+        if len(fields) < len(_NEW_TEMPLATES):
+            code = _NEW_TEMPLATES[len(fields)].__code__
+        else:
+            code = eval(_new_source(len(fields)), _NEW_GLOBALS).__code__
+        _NEW_CODE[len(fields)] = code
     names = {"co_varnames": ("_cls", *fields), "co_name": "__new__"}
     if hasattr(code, "co_qualname"):  # Python 3.11 and later
         names["co_qualname"] = f"{qualname}.__new__"

@@ -143,3 +143,36 @@ def test_a_subclass_of_a_record_is_an_ordinary_class_as_of_a_namedtuple():
     assert Derived.__mro__ == (Derived, Base, Record, tuple, object)
     assert repr(Derived(2)) == "Derived(size=2)" == repr(TheirDerived(2)).replace("Their", "")
     assert pickle.loads(pickle.dumps(Derived(4))) == Derived(4) and type(Derived(4)._replace(size=1)) is Derived
+
+
+def test_the_precompiled_new_methods_are_their_source():
+    """records' table of namedtuple's ``__new__`` per number of fields (compiled with the
+    module, so a run compiles none) holds the code its source line compiles to."""
+    from cpulaunch import records
+
+    assert len(records._NEW_TEMPLATES) == 25
+    for size, template in enumerate(records._NEW_TEMPLATES):
+        want = eval(records._new_source(size), {"_tuple_new": tuple.__new__}).__code__
+        got = template.__code__
+        assert (got.co_code, got.co_varnames, got.co_names, got.co_consts, got.co_argcount) == \
+            (want.co_code, want.co_varnames, want.co_names, want.co_consts, want.co_argcount), size
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 24, 25, 30])
+def test_a_record_of_any_size_is_made_as_namedtuple_makes_it(size):
+    """From the table (up to 24 fields) and compiled at run time (more)."""
+    fields = [f"f{i}" for i in range(size)]
+    ours = _record_class(fields)
+    theirs = typing.NamedTuple("Theirs", [(f, int) for f in fields])
+    values = list(range(size))
+    assert ours(*values) == theirs(*values) and ours._fields == theirs._fields
+    assert ours(**dict(zip(fields, values)))._asdict() == theirs(*values)._asdict()
+    assert ours.__new__.__code__.co_varnames == theirs.__new__.__code__.co_varnames
+    if size:
+        with pytest.raises(TypeError):
+            ours(*values, 0)
+
+
+def _record_class(fields):
+    """A record class with ``fields`` (all int), made as a class statement would."""
+    return type(Record)("Ours", (Record,), {"__annotations__": dict.fromkeys(fields, int), "__qualname__": "Ours"})
