@@ -19,13 +19,13 @@ from cpulaunch.machine.exec import which
 from cpulaunch.machine.topology import Topology
 from cpulaunch.options import BindMode, Format, Options, Output
 from cpulaunch.plan import Plan
-from cpulaunch.render import Rendered, Settings
-from cpulaunch.settings import resolve_settings, supervised
 from cpulaunch.spelling import Spellings
 from cpulaunch.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
     from typing import Callable, Mapping, Optional
+
+    from cpulaunch.render import Rendered, Settings
 
     #: ``--verify``'s check, called once with (the rendered plan, the settings, {instance
     #: index: pid}, the run's folder or None) while the instances run.
@@ -153,7 +153,11 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
     topo = probe_topology(opts, caches=placement.cache_need(opts, environ))
     if opts.output is Output.SHOW_TOPOLOGY:
         return Prepared(opts=opts, topo=topo)
-    host = host_mod.gather(host_query(opts), topo, environ)
+    gathering = host_mod.start_gather(host_query(opts), topo, environ)
+    try:  # the planner's last modules (settings, render, forms) load while numactl's check runs (issue 40)
+        import cpulaunch.settings  # noqa: F401
+    finally:
+        host = gathering.host()
     if opts.share_host is not None:
         return _prepare_shared(opts, topo, host, environ)
     return _prepare_plan(opts, topo, host, environ)
@@ -162,6 +166,7 @@ def prepare(opts: Options, environ: Mapping[str, str]) -> Prepared:
 def _prepare_plan(opts: Options, topo: Topology, host, environ: Mapping[str, str]) -> Prepared:
     """Plan and render on ``topo`` (:func:`prepare` without the probe)."""
     from cpulaunch.render import render
+    from cpulaunch.settings import resolve_settings, supervised
 
     program = _resolve_program(opts, host.python)
     ddp_info, label, instance_env, run_environ, programs = None, "instance", {}, environ, {}
@@ -414,6 +419,7 @@ def execute(p: Prepared, environ: Mapping[str, str], verifier: Optional[Verifier
     """
     _require_program(p.program, _sizes_given(p.opts))
     from cpulaunch import notes as _notes
+    from cpulaunch.settings import supervised
 
     _notes.say(p.rendered.notes, log)
     lopts = p.opts.launch

@@ -133,3 +133,27 @@ def test_gather_reaps_numactls_check_when_another_fact_fails(tmp_path, monkeypat
     pid = int((tmp_path / "checked").read_text())  # the check ran, and was waited for:
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def test_start_gather_returns_while_numactls_check_runs(tmp_path, monkeypatch):
+    """start_gather returns with numactl's check still running (the run path imports its
+    last modules meanwhile); Gathering.host() waits for its verdict. The fake numactl
+    blocks on a FIFO until the test writes to it (and gives up, failing, after 20 s)."""
+    from cpulaunch.machine import host, probe
+    from cpulaunch.machine.numactl import MemPolicy
+
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    fake = tmp_path / "numactl"
+    fake.write_text(f"#!/bin/sh\nexec timeout 20 sh -c 'read x < \"{fifo}\"'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    query = host.HostQuery(sysroot="/", numactl=True, numactl_policy=MemPolicy.BIND)
+    started = time.monotonic()
+    gathering = host.start_gather(query, probe.probe("/"), {"PATH": os.environ["PATH"]})
+    assert time.monotonic() - started < 10  # it did not wait for the check
+    with open(fifo, "w") as go:  # opens once the check reads; releases it
+        go.write("go\n")
+    got = gathering.host()
+    assert (got.numactl, got.numactl_usable, got.numactl_reason) == (str(fake), True, "")
+    assert gathering.host() is got  # waited once

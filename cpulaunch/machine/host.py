@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
     from cpulaunch.machine.libfinder import Fabric
 
-__all__ = ["Host", "HostQuery", "gather", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding",
+__all__ = ["Host", "HostQuery", "gather", "start_gather", "Gathering", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding",
            "cache_dir", "own_cache_dir", "clear_cache", "network_interfaces", "verdict_key", "verdict_name", "rank_python",
            "ccl_collective_check", "CCL_MODULE",
            "CCL_CHECK_SECONDS", "Extension", "CCL", "ZENTORCH", "extension_binding", "zentorch_binding"]
@@ -196,10 +196,41 @@ def free_port(host: str = LOCAL_MASTER_ADDR) -> Optional[int]:
 
 
 def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host:
-    """Read every host fact the run needs, once (the only host reads besides the probe).
+    """Read every host fact the run needs, once (the only host reads besides the probe):
+    :func:`start_gather`, waited for.
 
     Raises:
         cpulaunch.errors.DistributedError: an engine's variables are present but unusable.
+    """
+    return start_gather(query, topo, environ).host()
+
+
+class Gathering:
+    """The host facts :func:`start_gather` read, numactl's check perhaps still running:
+    :meth:`host` waits for it (once) and gives the :class:`Host`. Whoever starts one calls
+    :meth:`host`, also when failing meanwhile (it reaps the check's child)."""
+
+    def __init__(self, host: Host, check=None, prefix: Sequence[str] = ()) -> None:
+        self._host, self._check, self._prefix = host, check, prefix
+
+    def host(self) -> Host:
+        """The facts, numactl's verdict included (:func:`check_numactl`'s reason)."""
+        if self._check is not None:
+            check, self._check = self._check, None
+            reason = _check_result(self._prefix, check) or ""
+            self._host = self._host._replace(numactl_usable=not reason, numactl_reason=reason)
+        return self._host
+
+
+def start_gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Gathering:
+    """Start numactl's check (a few ms: :func:`check_numactl` on the CPUs and nodes this
+    process may use, with the query's policy) and read the other host facts meanwhile; the
+    caller may do more work before :meth:`Gathering.host` waits for the check (issue 40:
+    the run path imports its last modules then).
+
+    Raises:
+        cpulaunch.errors.DistributedError: an engine's variables are present but unusable
+            (the check's child reaped first).
     """
     from cpulaunch.machine import numactl as numactl_mod
     from cpulaunch.machine.libfinder import find, find_libfabric
@@ -207,9 +238,8 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
 
     live = is_live(query.sysroot)
     numactl = which("numactl") if query.numactl else None
-    usable, reason, check = None, "", None
+    check, prefix = None, ()
     if live and numactl and query.numactl_policy is not None:
-        # numactl's check runs while the other facts are read (it takes a few ms; issue 40)
         prefix = numactl_mod.check_argv(numactl, topo, query.numactl_policy)[:-1]
         check = _start_check(prefix)
     try:
@@ -224,26 +254,27 @@ def gather(query: HostQuery, topo: Topology, environ: Mapping[str, str]) -> Host
         if query.zentorch_program is not None:
             zentorch = zentorch_binding(rank_python(query.zentorch_program, environ), environ,
                                         _usable_cache(environ))
-    finally:  # the check's child is reaped whatever happened meanwhile
+        host = Host(
+            live=live,
+            environ=dict(environ),
+            python=sys.executable,
+            libraries=found,
+            numactl=numactl,
+            numactl_usable=None,
+            numactl_reason="",
+            taskset=which("taskset"),
+            engine=engine,
+            free_port=port,
+            ccl=ccl,
+            fabric=fabric,
+            zentorch=zentorch,
+            interfaces=network_interfaces(query.sysroot) if live and query.interfaces else None,
+        )
+    except BaseException:
         if check is not None:
-            reason = _check_result(prefix, check) or ""
-            usable = not reason
-    return Host(
-        live=live,
-        environ=dict(environ),
-        python=sys.executable,
-        libraries=found,
-        numactl=numactl,
-        numactl_usable=usable,
-        numactl_reason=reason,
-        taskset=which("taskset"),
-        engine=engine,
-        free_port=port,
-        ccl=ccl,
-        fabric=fabric,
-        zentorch=zentorch,
-        interfaces=network_interfaces(query.sysroot) if live and query.interfaces else None,
-    )
+            _check_result(prefix, check)  # reap the check's child before the error goes up
+        raise
+    return Gathering(host, check, prefix)
 
 
 # --------------------------------------------------------------------------- oneCCL's bindings
