@@ -39,6 +39,7 @@ MAX_NODE_IDS = 1 << 12
 #: Longer numbers than this are refused before int() (Python caps int() at 4,300 digits).
 _MAX_DIGITS = 19
 _DIGITS = "0123456789"
+_DIGITS_COMMA = "0123456789,"
 _HEX_DIGITS = "0123456789abcdefABCDEF"
 
 
@@ -136,8 +137,8 @@ def parse(text: str, limit: int = MAX_IDS) -> frozenset[int]:
     if not body:
         return frozenset()
     items = body.split(",")
-    if all(is_digits(item, _MAX_DIGITS) for item in items):  # "5", "0,512": most sibling lists
-        ids = frozenset(map(int, items))
+    if not body.strip(_DIGITS_COMMA) and "" not in items and max(map(len, items)) <= _MAX_DIGITS:
+        ids = frozenset(map(int, items))  # "5", "0,512": most sibling lists, in C-level steps
         top = max(ids)
         if top >= limit:
             raise CpulistError(f"id {top} in cpulist {excerpt(body)} is too large "

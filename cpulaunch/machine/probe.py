@@ -114,12 +114,8 @@ def _numbered(names: list[str], prefix: str) -> list[int]:
     """Ids of entries named PREFIX<N> (N in at most 10 ASCII digits, no leading zero),
     ascending: ``["cpu0", "cpu12", "cpufreq", "cpu01"]`` -> ``[0, 12]``."""
     size = len(prefix)
-    ids = []
-    for name in names:
-        if name.startswith(prefix):
-            digits = name[size:]
-            if is_digits(digits, 10) and (digits[0] != "0" or digits == "0"):
-                ids.append(int(digits))
+    tails = [name[size:] for name in names if name.startswith(prefix)]
+    ids = [int(t) for t in tails if t and not t.strip("0123456789") and len(t) <= 10 and (t[0] != "0" or t == "0")]
     ids.sort()
     return ids
 
@@ -156,7 +152,8 @@ def is_live(root: str | os.PathLike) -> bool:
 
 def _is_int(text: str) -> bool:
     """``text`` is an optional minus and 1-10 ASCII digits (a sysfs id or count)."""
-    return is_digits(text[1:] if text[:1] == "-" else text, 10)
+    digits = text[1:] if text[:1] == "-" else text
+    return 0 < len(digits) <= 10 and not digits.strip("0123456789")
 
 
 def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
