@@ -14,8 +14,9 @@ once, in a rotated order) so that drifting background load hits all of them equa
 - ``python -c pass``: the interpreter's own start-up (the venv's python, or with
   ``--installed`` ``sys.executable``, the real binary, never a pyenv shim), the floor of any
   Python launcher;
-- ``python -m cpulaunch --dry-run true`` and the installed ``cpulaunch`` console script
-  with ``--dry-run true``: probe, plan and render, nothing executed;
+- ``python -m cpulaunch --dry-run true`` and the installed ``cpulaunch`` command (the
+  ``#!python`` script scripts/cpulaunch as pip installs it) with ``--dry-run true``: probe,
+  plan and render, nothing executed;
 - ``python -m cpulaunch true`` and ``cpulaunch true``: the real exec path (numactl, then
   ``true``);
 - ``python -m torch.backends.xeon.run_cpu --no-python true``: PyTorch's launcher (it
@@ -26,7 +27,7 @@ once, in a rotated order) so that drifting background load hits all of them equa
 
 When PATH holds a pyenv shim for ``cpulaunch`` or ``python`` (a bash script that asks pyenv
 for the version, then execs the real file), the shim is timed too, in rows marked "(PATH
-shim)"; the console-script rows use the real file next to ``sys.executable``: a shim costs
+shim)"; the installed command's rows use the real file next to ``sys.executable``: a shim costs
 the same for any command of that installation, it is not cpulaunch's.
 
 Output: median, min, max and spread ((max - min) / median) of each command over
@@ -118,8 +119,8 @@ def path_shim(name: str) -> str | None:
     return None
 
 
-def console_scripts(py: str = sys.executable) -> tuple[str | None, str | None]:
-    """(real cpulaunch console script, a cpulaunch shim on PATH).
+def installed_commands(py: str = sys.executable) -> tuple[str | None, str | None]:
+    """(the real installed cpulaunch command, a cpulaunch shim on PATH).
 
     The real one is next to ``py`` (the scripts dir of that installation; for
     ``sys.executable`` also sysconfig's); else whatever PATH gives when it is not a shim.
@@ -143,7 +144,7 @@ def commands(args, trees: dict | None = None, py: str = sys.executable) -> list[
     """[(key, label, argv)] in a fixed order; keys are used for the overhead sums. ``py``:
     the python whose cpulaunch is timed (the wheel's venv)."""
     true = shutil.which("true") or "/bin/true"
-    real, shim = console_scripts(py)
+    real, shim = installed_commands(py)
     cmds = [
         ("true", "true (no launcher)", [true]),
         ("pass", "python -c pass", [py, "-c", "pass"]),
@@ -155,10 +156,10 @@ def commands(args, trees: dict | None = None, py: str = sys.executable) -> list[
         ("m_dry", "python -m cpulaunch --dry-run true", [py, "-m", "cpulaunch", "--dry-run", "true"]),
     ]
     if real:
-        cmds.append(("cs_dry", "cpulaunch --dry-run true (console script)", [real, "--dry-run", "true"]))
+        cmds.append(("cs_dry", "cpulaunch --dry-run true (installed command)", [real, "--dry-run", "true"]))
     cmds.append(("m_exec", "python -m cpulaunch true", [py, "-m", "cpulaunch", "true"]))
     if real:
-        cmds.append(("cs_exec", "cpulaunch true (console script)", [real, "true"]))
+        cmds.append(("cs_exec", "cpulaunch true (installed command)", [real, "true"]))
     if shim:
         cmds.append(("shim_exec", "cpulaunch true (PATH shim)", [shim, "true"]))
     for n, root in sorted((trees or {}).items()):
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
 
 def _measure(args, env, trees, py: str = sys.executable) -> int:
     cmds = commands(args, trees, py)
-    real, shim = console_scripts(py)
+    real, shim = installed_commands(py)
     print(f"bench_startup: {args.repeats} repeats of {len(cmds)} commands, interleaved "
           f"round-robin (rotated start); python = {py}"
           + ("" if py == sys.executable else " (the wheel's venv)"))
@@ -237,7 +238,7 @@ def _measure(args, env, trees, py: str = sys.executable) -> int:
         probe = subprocess.run([py, "-c", "import cpulaunch; print(cpulaunch.__file__)"], env=env,
                                capture_output=True, text=True)
         print(f"  cpulaunch imported from {probe.stdout.strip() or probe.stderr.strip()[-300:]}")
-    print(f"  console script: {real or 'not found'}"
+    print(f"  installed command: {real or 'not found'}"
           + (f"; PATH's cpulaunch is a shim ({shim}), timed separately" if shim else ""))
     if args.quick:
         print("  --quick: a smoke run; the figures mean little")
