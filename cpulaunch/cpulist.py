@@ -46,8 +46,11 @@ _HEX_DIGITS = "0123456789abcdefABCDEF"
 def is_digits(text: str, most: int = 0) -> bool:
     """True when ``text`` is one or more ASCII decimal digits (at most ``most`` of them when
     ``most`` > 0): ``"0712"`` yes; ``""``, ``"+1"``, ``" 1"``, ``"1_0"``, ``"١"`` (a non-ASCII
-    digit, which ``int()`` and ``str.isdigit`` take) no. The one digit test of the run
-    path's parsers, without :mod:`re` (issue 40: its import costs every run milliseconds)."""
+    digit, which ``int()`` and ``str.isdigit`` take) no. The digit test of the run path's
+    parsers, without :mod:`re` (issue 40: its import costs every run milliseconds); the
+    loops that meet one file per CPU (this module's plain lists, the probe's numbered
+    folders and id files) write the same ``strip`` inline, a call less per item on 8,192
+    CPUs. ``tests/test_regex_twins.py`` holds each to the expression it replaced."""
     return text != "" and not text.strip(_DIGITS) and (most <= 0 or len(text) <= most)
 
 

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
     from cpulaunch.machine.libfinder import Fabric
 
-__all__ = ["Host", "HostQuery", "gather", "start_gather", "Gathering", "free_port", "dist_version", "check_numactl", "CclBinding", "ccl_binding",
+__all__ = ["Host", "HostQuery", "gather", "start_gather", "Gathering", "free_port", "dist_version", "check_numactl",
+           "CclBinding", "ccl_binding",
            "cache_dir", "own_cache_dir", "clear_cache", "network_interfaces", "verdict_key", "verdict_name", "rank_python",
            "ccl_collective_check", "CCL_MODULE",
            "CCL_CHECK_SECONDS", "Extension", "CCL", "ZENTORCH", "extension_binding", "zentorch_binding"]

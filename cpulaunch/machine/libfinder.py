@@ -144,9 +144,9 @@ def glob_files(pattern: str) -> list[str]:
     folder's entries that :func:`fnmatch.fnmatch` the pattern, hidden ones only for a
     pattern that starts with a dot, as glob's own loop does (a name with one ``*`` and no
     other wildcard, ``*.conf``, by its head and tail, without fnmatch, which imports re).
-    Otherwise :func:`glob.glob` itself. Ours for that common case because importing glob (and the contextlib it
-    imports) costs every run about 2 ms (issue 40); ``tests/test_exec.py`` holds the two
-    equal.
+    Otherwise :func:`glob.glob` itself. Ours for that common case because importing glob
+    (and the contextlib it imports) costs every run about 2 ms (issue 40);
+    ``tests/test_exec.py`` holds the two equal.
 
     Args:
         pattern: a path with shell wildcards (``*``, ``?``, ``[...]``).
