@@ -25,7 +25,7 @@ from cpulaunch.records import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Iterable, Optional
 
-__all__ = ["parse", "format", "parse_mask", "is_digits", "CpulistError", "MAX_IDS", "MAX_NODE_IDS"]
+__all__ = ["parse", "format", "parse_mask", "is_digits", "DIGITS", "CpulistError", "MAX_IDS", "MAX_NODE_IDS"]
 
 #: Default bound (exclusive) on logical CPU ids: 65,536. Linux's largest NR_CPUS is 8,192
 #: (x86 CONFIG_MAXSMP, powerpc); this leaves room for any kernel while keeping a bogus
@@ -38,8 +38,9 @@ MAX_NODE_IDS = 1 << 12
 
 #: Longer numbers than this are refused before int() (Python caps int() at 4,300 digits).
 _MAX_DIGITS = 19
-_DIGITS = "0123456789"
-_DIGITS_COMMA = "0123456789,"
+#: The ASCII decimal digits: the set the run path's digit tests ``strip`` (:func:`is_digits`).
+DIGITS = "0123456789"
+_DIGITS_COMMA = DIGITS + ","
 _HEX_DIGITS = "0123456789abcdefABCDEF"
 
 
@@ -51,7 +52,7 @@ def is_digits(text: str, most: int = 0) -> bool:
     loops that meet one file per CPU (this module's plain lists, the probe's numbered
     folders and id files) write the same ``strip`` inline, a call less per item on 8,192
     CPUs. ``tests/test_regex_twins.py`` holds each to the expression it replaced."""
-    return text != "" and not text.strip(_DIGITS) and (most <= 0 or len(text) <= most)
+    return text != "" and not text.strip(DIGITS) and (most <= 0 or len(text) <= most)
 
 
 class CpulistError(CpulaunchError, ValueError):

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 import signal
 import threading
 import time
@@ -56,7 +55,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpulaunch import cpulist
+from cpulaunch import cpulist, forms
 from cpulaunch import log as _log
 from cpulaunch.launch.group import (
     _HANDLED,
@@ -424,7 +423,7 @@ def _run_group(specs, base_environ, *, log_dir, run_info, keep_going, grace_peri
     try:
         log_files = run.take_logs() if run is not None else {}
         for spec in specs:
-            log.info("%s: %s", spec.label, shlex.join(spec.argv))
+            log.info("%s: %s", spec.label, forms.join(spec.argv))
             if spec.index in log_files:
                 log.info("%s: output in %s and %s", spec.label, *(f[0] for f in log_files[spec.index]))
         group = ProcessGroup(specs, base_environ, stdin_for=stdin_for, prefix_output=prefix_output,

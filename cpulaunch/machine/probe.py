@@ -62,7 +62,7 @@ import os
 
 from cpulaunch import cpulist
 from cpulaunch import log as _log
-from cpulaunch.cpulist import CpulistError, excerpt, is_digits
+from cpulaunch.cpulist import DIGITS, CpulistError, excerpt, is_digits
 from cpulaunch.errors import CpulaunchError, printable
 from cpulaunch.machine import platform
 from cpulaunch.machine.files import FileReader, corrupt
@@ -115,7 +115,7 @@ def _numbered(names: list[str], prefix: str) -> list[int]:
     ascending: ``["cpu0", "cpu12", "cpufreq", "cpu01"]`` -> ``[0, 12]``."""
     size = len(prefix)
     tails = [name[size:] for name in names if name.startswith(prefix)]
-    ids = [int(t) for t in tails if t and not t.strip("0123456789") and len(t) <= 10 and (t[0] != "0" or t == "0")]
+    ids = [int(t) for t in tails if t and not t.strip(DIGITS) and len(t) <= 10 and (t[0] != "0" or t == "0")]
     ids.sort()
     return ids
 
@@ -153,7 +153,7 @@ def is_live(root: str | os.PathLike) -> bool:
 def _is_int(text: str) -> bool:
     """``text`` is an optional minus and 1-10 ASCII digits (a sysfs id or count)."""
     digits = text[1:] if text[:1] == "-" else text
-    return 0 < len(digits) <= 10 and not digits.strip("0123456789")
+    return 0 < len(digits) <= 10 and not digits.strip(DIGITS)
 
 
 def cpu_limit(kernel_max: Optional[str], possible: Optional[str],
@@ -222,7 +222,7 @@ def _meminfo_total_kb(text: Optional[str]) -> Optional[int]:
     while at >= 0:  # "MemTotal:", blanks, 1-18 digits, blanks, "kB"
         rest = text[at + 9:]
         value = rest.lstrip(" \t")
-        digits = value[:len(value) - len(value.lstrip("0123456789"))]
+        digits = value[:len(value) - len(value.lstrip(DIGITS))]
         if len(value) < len(rest) and is_digits(digits, 18) and value[len(digits):].lstrip(" \t")[:2] == "kB":
             return int(digits)
         at = text.find("MemTotal:", at + 1)
