@@ -114,7 +114,9 @@ def _configure_logging(verbose: int, now: bool = False, quiet: bool = False) -> 
 def _basic_config(level: int) -> None:
     import logging
 
-    logging.basicConfig(level=level, format="cpulaunch: %(message)s", stream=sys.stderr)
+    from cpulaunch import log
+
+    logging.basicConfig(level=level, format=log.PREFIX + "%(message)s", stream=sys.stderr)
 
 
 def _one_line(text: str) -> str:

@@ -31,6 +31,7 @@ from cpulaunch.launch.spawn import LaunchError, ProcessSpec, exec_spec
 from cpulaunch.launch.supervise import describe_failure, run_group
 
 PY = sys.executable
+REPO = Path(__file__).resolve().parent.parent
 NCPUS = len(os.sched_getaffinity(0))
 need2 = pytest.mark.skipif(NCPUS < 2, reason="needs 2 allowed CPUs for 2 instances")
 
@@ -198,6 +199,39 @@ def test_exec_spec_failure_is_launch_error_and_restores_launcher(tmp_path):
         assert str(exc.value) == f"cannot run {argv[0]!r}: {cause}"
     assert {s: signal.getsignal(s) for s in before} == before
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
+
+
+@pytest.mark.parametrize("layout", ["denied then found", "denied only", "missing only", "dir then found",
+                                    "slash", "empty PATH entry", "no PATH"])
+def test_exec_searches_path_as_os_execvpe_does(tmp_path, layout):
+    """spawn._execvpe (the exec path's PATH search, without os.execvpe's import of warnings)
+    against os.execvpe on the same folders, each in a child process: the same program runs,
+    or the same error is raised (EACCES from a non-executable file wins over a later
+    ENOENT; a file found after it runs)."""
+    denied, found, missing = tmp_path / "denied", tmp_path / "found", tmp_path / "missing"
+    denied.mkdir()
+    found.mkdir()
+    (denied / "prog").write_text("#!/bin/sh\necho denied\n")
+    (found / "prog").write_text("#!/bin/sh\necho found $0\n")
+    (found / "prog").chmod(0o755)
+    (tmp_path / "file").write_text("")
+    paths = {"denied then found": f"{denied}:{tmp_path / 'file'}:{found}", "denied only": f"{missing}:{denied}",
+             "missing only": str(missing), "dir then found": f"{tmp_path}:{found}", "slash": str(missing),
+             "empty PATH entry": f":{found}", "no PATH": None}
+    prog = str(found / "prog") if layout == "slash" else "prog"
+    env = {"LC_ALL": "C"} if paths[layout] is None else {"PATH": paths[layout]}
+    code = ("import os, sys\nfrom cpulaunch.launch import spawn\n"
+            "run = os.execvpe if sys.argv[1] == 'os' else spawn._execvpe\n"
+            "try:\n    run(sys.argv[2], [sys.argv[2]], eval(sys.argv[3]))\n"
+            "except OSError as exc:\n    print(type(exc).__name__, exc.errno, exc.filename)\n")
+    runs = [subprocess.run([PY, "-c", code, way, prog, repr(env)], capture_output=True, text=True, cwd=found,
+                           env=dict(os.environ, PYTHONPATH=str(REPO))) for way in ("os", "ours")]
+    assert [(r.returncode, r.stdout, r.stderr) for r in runs][0] == [(r.returncode, r.stdout, r.stderr)
+                                                                      for r in runs][1]
+    expected = {"denied then found": "found", "denied only": "PermissionError 13", "missing only":
+                "FileNotFoundError 2", "dir then found": "found", "slash": "found",
+                "empty PATH entry": "found", "no PATH": "FileNotFoundError 2"}[layout]
+    assert runs[1].stdout.startswith(expected), runs[1].stdout
 
 
 def test_non_utf8_env_value_reaches_child_byte_for_byte(tmp_path):

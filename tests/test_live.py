@@ -211,14 +211,17 @@ def test_plain_launch_path_imports_only_what_it_needs():
 def test_the_exec_path_imports_no_signal_module():
     """Issue 40: a one-instance run that execs its program (numactl's check child, then
     exec_spec) resets the signals with CPython's _signal, not the signal module, whose
-    enums cost each run about 1.3 ms; nor does it import typing, subprocess or json
-    (logging comes where a note is printed: numactl not installed, for one). The probe
-    replaces os.execvpe, to print what was imported at the exec."""
+    enums cost each run about 1.3 ms; nor does it import typing, subprocess or json, nor
+    logging where a note is printed (numactl not installed, for one: cpulaunch.log writes it).
+    The probe replaces os.execve, to print what was imported at the exec. (That no run
+    imports warnings, which os.execvpe's PATH search would, test_wheel.py checks from a
+    wheel: this checkout's editable install has imported it before any run.)"""
     code = ("import os, sys\n"
             "def at_exec(prog, argv, env):\n"
-            "    print(prog, sorted(m for m in sys.modules if m in ('signal', 'typing', 'subprocess', 'json')))\n"
+            "    print(prog, sorted(m for m in sys.modules if m in ('signal', 'typing', 'subprocess', 'json',\n"
+            "                                                        'logging')))\n"
             "    os._exit(0)\n"
-            "os.execvpe = at_exec\n"
+            "os.execve = at_exec\n"
             "from cpulaunch import cmdline\n"
             "cmdline.main(['--allocator', 'default', 'true'])\n")
     proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -142,20 +142,21 @@ NOT_ON_A_RUN = ("typing", "shutil", "signal", "glob", "struct", "contextlib", "p
                 "logging", "click", "importlib", "urllib", "ipaddress", "threading", "tempfile", "platform",
                 "inspect", "dataclasses", "re", "enum", "functools", "collections", "operator", "shlex", "fnmatch",
                 "warnings", "runpy")
-#: The runs timed: the dry run, and the exec path with -q: a run prints its one note through
-#: logging (which imports threading, traceback...) where the machine lacks numactl or an
-#: allocator, and a dry run writes its notes in the plan.
-RUNS = (["--dry-run", "true"], ["-q", "true"])
+#: The runs: the dry run, the exec path quiet and with -v (its lines and notes are written
+#: without logging, cpulaunch.log), and a run on a PATH without numactl, which prints a note
+#: ("numactl not found here"; tests/test_log.py).
+RUNS = (["--dry-run", "true"], ["-q", "true"], ["-v", "true"], ["no numactl", "true"])
 #: Standard modules a plain run from the wheel may import beyond `python -c pass`'s: 6 here
 #: (__future__, _collections, errno, gc, select, types); math and bisect come where a cgroup
 #: quota or a split plan needs them.
 WHEEL_RUN_BUDGET = {"cpulaunch": 35, "other": 9}
 
 
-def _imported(argv, cwd) -> set:
+def _imported(argv, cwd, env=None) -> set:
     """The modules ``python -X importtime`` reports for ``argv`` (a list starting with the
-    interpreter), as names."""
-    proc = _run(argv, cwd, env={"PYTHONDONTWRITEBYTECODE": ""})
+    interpreter), as names; ``env``: variables to set besides."""
+    proc = _run(argv, cwd, env={"PYTHONDONTWRITEBYTECODE": "", **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("import time:") and "self [us]" not in ln]
     return {ln.rsplit("|", 1)[1].strip() for ln in lines}
 
@@ -168,7 +169,14 @@ def test_a_run_from_the_wheel_keeps_its_import_budget(installed, args):
     bin_dir, work = installed
     python = str(bin_dir / "python")
     base = _imported([python, "-X", "importtime", "-c", "pass"], work)
-    new = _imported([python, "-X", "importtime", str(bin_dir / "cpulaunch"), *args], work) - base
+    env = {}
+    if args[0] == "no numactl":
+        args, path = args[1:], work / "no-numactl"
+        path.mkdir(exist_ok=True)
+        if not (path / "true").exists():
+            (path / "true").symlink_to(shutil.which("true"))
+        env = {"PATH": str(path)}
+    new = _imported([python, "-X", "importtime", str(bin_dir / "cpulaunch"), *args], work, env) - base
     ours = sorted(m for m in new if m == "cpulaunch" or m.startswith("cpulaunch."))
     others = sorted(new - set(ours))
     assert "cpulaunch.option_table" in ours and "gc" in others, (ours, others)  # the report was read

@@ -211,9 +211,8 @@ class Follower:
     def __init__(self, topo, rendered, planned: int, replan: Callable, root: str = "/") -> None:
         # What a change needs is imported now, before the instances start, so that a change
         # costs no import: the first one took 15 ms more than the next here, and 0.57 s in a
-        # guest under emulation (docs/guide/placement.md), most of it imports.
-        import logging  # noqa: F401 - the first message's import (cpulaunch.log)
-
+        # guest under emulation (docs/guide/placement.md), most of it imports. Its messages
+        # need none: the command line's are written without logging (cpulaunch.log).
         from cpulaunch.machine import affinity  # noqa: F401
         from cpulaunch.machine.files import FileReader, write_file
         from cpulaunch.machine.probe import cpuset_file

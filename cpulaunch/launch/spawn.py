@@ -167,6 +167,34 @@ def _child_setup(signals: Tuple[int, ...], affinity, launcher_pid: int, prctl,
     return setup
 
 
+def _execvpe(file: str, argv: list, env: Mapping[str, str]) -> NoReturn:
+    """``os.execvpe(file, argv, env)`` without its one import: the search of ``env``'s PATH
+    (``os.defpath`` when it has none) that os.py's ``_execvpe`` makes, step for step: a
+    ``file`` with a slash is exec'd as it is; otherwise each folder in turn, going on past a
+    missing file or folder (ENOENT, ENOTDIR) and past any other error, and raising the first
+    such other error (EACCES for a file that is not executable), else the last one.
+
+    Why not os.execvpe: its ``os.get_exec_path`` imports :mod:`warnings` for every bare
+    program name, and a run imports nothing it does not use (issue 40; tests/test_wheel.py).
+
+    Raises:
+        OSError: as execve(2) does, per the rule above; ValueError: a NUL byte.
+    """
+    if "/" in file:
+        os.execve(file, argv, env)
+    saved = last = None
+    name = os.fsencode(file)  # as os.py does: an error's filename is then bytes there too
+    for folder in env.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(os.fsencode(folder), name), argv, env)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last = exc
+        except OSError as exc:
+            last = exc
+            saved = saved or exc
+    raise saved or last or FileNotFoundError(2, "No such file or directory", file)
+
+
 def exec_spec(spec: ProcessSpec, base_environ: Mapping[str, str]) -> NoReturn:
     """Replace this process with ``spec`` (a single instance needs no supervisor).
 
@@ -199,7 +227,7 @@ def exec_spec(spec: ProcessSpec, base_environ: Mapping[str, str]) -> NoReturn:
     saved_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     _reset_signals(signals)
     try:
-        os.execvpe(spec.argv[0], list(spec.argv), env)
+        _execvpe(spec.argv[0], list(spec.argv), env)
     except (OSError, ValueError) as exc:
         for s, h in saved.items():
             if h is not None:
