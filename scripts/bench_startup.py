@@ -19,6 +19,8 @@ once, in a rotated order) so that drifting background load hits all of them equa
   plan and render, nothing executed;
 - ``python -m cpulaunch true`` and ``cpulaunch true``: the real exec path (numactl, then
   ``true``);
+- ``cpulaunch true`` with a PATH that holds ``true`` and no numactl: a machine without
+  numactl, where the run binds with sched_setaffinity and prints its one note;
 - ``python -m torch.backends.xeon.run_cpu --no-python true``: PyTorch's launcher (it
   imports torch, so seconds; run by ``sys.executable``, which has torch);
 - ``cpulaunch --sysroot TREE --dry-run --format json --instances-per-socket true`` on a
@@ -162,6 +164,8 @@ def commands(args, trees: dict | None = None, py: str = sys.executable) -> list[
         cmds.append(("cs_exec", "cpulaunch true (installed command)", [real, "true"]))
     if shim:
         cmds.append(("shim_exec", "cpulaunch true (PATH shim)", [shim, "true"]))
+    if real:
+        cmds.append(("cs_nonuma", "cpulaunch true, no numactl on PATH (its note)", [real, "true"]))
     for n, root in sorted((trees or {}).items()):
         cmds.append((f"tree{n}", f"cpulaunch --sysroot <{n}-CPU tree> --dry-run --format json",
                      [real or py, *([] if real else ["-m", "cpulaunch"]), "--sysroot", str(root),
@@ -252,17 +256,28 @@ def _measure(args, env, trees, py: str = sys.executable) -> int:
     if py == sys.executable and os.environ.get("PYTHONDONTWRITEBYTECODE"):
         print("  PYTHONDONTWRITEBYTECODE is set: cpulaunch's .pyc files compiled once with "
               "compileall, as pip does at install")
+    # A machine without numactl: a PATH holding only `true` (the run's program).
+    no_numactl = Path(tempfile.mkdtemp(prefix="cpulaunch-bench-no-numactl-"))
+    (no_numactl / "true").symlink_to(shutil.which("true") or "/bin/true")
+    envs = {"cs_nonuma": {**env, "PATH": str(no_numactl)}}
+    try:
+        return _timed(args, cmds, env, envs, trees, py)
+    finally:
+        shutil.rmtree(no_numactl, ignore_errors=True)
+
+
+def _timed(args, cmds, env, envs, trees, py) -> int:
     # Untimed runs of each first: page cache, .pyc files.
     for _ in range(2):
-        for _key, _label, cmd in cmds:
-            benchkit.time_once(cmd, env)
+        for key, _label, cmd in cmds:
+            benchkit.time_once(cmd, envs.get(key, env))
 
     times: dict[str, list[float]] = {key: [] for key, _, _ in cmds}
     window = benchkit.LoadWindow()
     for rep in range(args.repeats):
         order = cmds[rep % len(cmds):] + cmds[:rep % len(cmds)]
         for key, _label, cmd in order:
-            times[key].append(benchkit.time_once(cmd, env))
+            times[key].append(benchkit.time_once(cmd, envs.get(key, env)))
     load = window.load()
 
     stats = {key: summary(xs) for key, xs in times.items()}
@@ -294,7 +309,8 @@ def _measure(args, env, trees, py: str = sys.executable) -> int:
     tag = " [busy machine]" if busy else ""
     for key, name in (("m_exec", "python -m cpulaunch true"), ("cs_exec", "cpulaunch true"),
                       ("m_dry", "python -m cpulaunch --dry-run true"),
-                      ("cs_dry", "cpulaunch --dry-run true")):
+                      ("cs_dry", "cpulaunch --dry-run true"),
+                      ("cs_nonuma", "cpulaunch true without numactl")):
         if key not in stats:
             continue
         added = stats[key]["median_ms"] - base
