@@ -167,6 +167,21 @@ def test_two_jobs_started_at_once_get_disjoint_cpus(tmp_path, leases, jobs):
     b.release()
 
 
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_run_says_where_the_leases_are_with_v_only(leases, verbose):
+    """Issue 40 (silent when all is well): where the leases are is cpulaunch's own choice,
+    explained under -v; a plain --share-host run on a free machine prints nothing. The dry
+    run keeps the note (test above)."""
+    proc = subprocess.run([sys.executable, "-m", "cpulaunch", *(["-v"] if verbose else []), "--share-host",
+                           "--lease-dir", str(leases), "--allocator", "default", "--bind", "affinity",
+                           "--mem-policy", "none", "true"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "--share-host" in line]
+    assert said == ([f"cpulaunch: note: --share-host: leases in {leases}"] if verbose else []), proc.stderr
+    if not verbose:
+        assert proc.stderr == ""
+
+
 def test_dry_run_shows_who_holds_what_and_plans_on_the_rest(tmp_path, leases, jobs):
     a = start(jobs, tmp_path, "a", leases, *ONE_CORE)
     cpu = a.report()["cpus"][0]

@@ -92,6 +92,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 from cpulaunch import cpulist
 from cpulaunch import log as _log
 from cpulaunch.errors import CpulaunchError, printable
+from cpulaunch.notes import explain
 from cpulaunch.records import Record
 
 __all__ = ["SHARED", "FALLBACK", "OLD_FOLDERS", "HOST_KEY", "PATIENCE", "SETTLE", "RACE_TIME", "MAX_FILES",
@@ -1218,8 +1219,10 @@ def held_text(leases: Leases) -> str:
 
 
 def notes(leases: Leases, claimed: bool) -> tuple[str, ...]:
-    """The notes a plan on shared cores carries: where the leases are, who holds what."""
-    out = [f"--share-host: leases in {leases.space.shown}"]
+    """The notes a plan on shared cores carries: where the leases are (an explanation: a
+    run prints it with -v only, issue 40), who holds what (shown: the plan leaves those
+    cores out), lease folders read only in part."""
+    out = [explain(f"--share-host: leases in {leases.space.shown}")]
     if leases.held:
         out.append(f"--share-host: {held_text(leases)}; planned on the other cores")
     for folder in leases.capped:
