@@ -41,7 +41,7 @@ from cpulaunch.machine import numactl
 from cpulaunch.machine.libraries import REGISTRY, by_choice, identify, preload_entries
 from cpulaunch.machine.recipes import Applied
 from cpulaunch.names import BindMode, is_python_name
-from cpulaunch.notes import retext
+from cpulaunch.notes import explain, retext
 from cpulaunch.plan import Instance, Plan
 from cpulaunch.records import TYPE_CHECKING, Record
 
@@ -117,6 +117,10 @@ class Settings(Record):
             :func:`cpulaunch.settings.resolve_settings`); None: none.
         bind_fallback: numactl was asked for but is missing or refuses here, so ``bind`` is
             ``BindMode.AFFINITY`` (the fallback's own note says memory is not bound; no second note).
+        one_memory_node: the job may allocate memory on one NUMA node only (the machine's
+            one node with memory, or the only one its cpuset's mems allow): a memory policy
+            and the first touch put every page there alike, so --bind affinity's note that
+            memory is not bound explains and does not warn (a run prints it with -v).
     """
 
     omp_runtime: str = "gnu"
@@ -136,6 +140,7 @@ class Settings(Record):
     instance_program: Mapping[int, tuple[str, ...]] = MappingProxyType({})
     recipe: Optional[Applied] = None
     bind_fallback: bool = False
+    one_memory_node: bool = False
 
 
 class RenderedInstance(Record):
@@ -307,15 +312,17 @@ def _memory_not_bound_note(plan: Plan, settings: Settings) -> Optional[str]:
     """Under --bind affinity (asked for, or numactl's fallback) no memory policy is set:
     the note saying the planned one is not applied and where pages go instead (the kernel's
     default policy: first touch, mm/mempolicy.c); None when numactl binds or nothing
-    planned a memory policy."""
+    planned a memory policy. Where the job has one memory node (``one_memory_node``) the
+    note is an explanation (issue 40): binding would put the pages where they go anyway."""
     planned = sorted({i.mem_policy.value for i in plan.instances if i.mem_policy.value != "none"})
     if settings.bind is not BindMode.AFFINITY or not planned or settings.bind_fallback:
         return None
     fix = ("use --bind numactl to bind memory" if settings.numactl  # "": not installed here (settings)
            else "numactl, which would bind memory, is not installed here")  # never suggest what cannot run
-    return ("memory is not bound: CPUs are bound with sched_setaffinity (--bind affinity), which sets "
+    text = ("memory is not bound: CPUs are bound with sched_setaffinity (--bind affinity), which sets "
             f"no memory policy, so --mem-policy {', '.join(planned)} is not applied and pages follow the "
             f"first touch (each lands on the node of the CPU that first writes it); {fix}")
+    return explain(text) if settings.one_memory_node else text
 
 
 def _expected_env(bound_cpus: Sequence[int], mem_policy: str, mem_nodes: Sequence[int]) -> dict:

@@ -20,6 +20,7 @@ from cpulaunch.machine import libraries
 from cpulaunch.machine.libfinder import find
 
 XEON = "hw-32intel64-2p8co2t+8ve"
+HYBRID = "hw-20em64t-hybrid-1p6c2t+2ca4co1t"  # one package, one NUMA node
 PY = sys.executable
 HAS_NUMACTL = shutil.which("numactl") is not None
 HAS_TCMALLOC = find(libraries.REGISTRY["tcmalloc"], os.environ) is not None
@@ -129,6 +130,32 @@ def test_the_plan_notes_carry_their_level(sysroots):
     assert any(k.startswith("MASTER_PORT") and v is notes.Level.EXPLAIN for k, v in levels.items())
 
 
+@pytest.mark.parametrize("machine, level", [(HYBRID, notes.Level.EXPLAIN), (XEON, notes.Level.DIFFERS)])
+def test_bind_affinity_warns_of_unbound_memory_only_where_a_policy_would_matter(sysroots, machine, level):
+    """--bind affinity's "memory is not bound" note: where the job has one memory node, a
+    memory policy and the first touch put every page there alike, so the note explains (a
+    run prints it with -v); with two nodes it differs from what was asked (shown). The dry
+    run keeps it either way."""
+    import cpulaunch
+
+    rendered = cpulaunch.plan_instances(("true",), environ={}, sysroot=str(sysroots[machine]), bind="affinity",
+                                        allocator="default")
+    (note,) = [n for n in rendered.notes if n.startswith("memory is not bound")]
+    assert notes.level_of(note) is level
+
+
+def test_one_memory_node_counts_the_nodes_the_cpuset_allows(sysroots):
+    """The cgroup's cpuset.mems narrows the nodes a job allocates on (cpuset(7)): two nodes
+    with memory, one allowed, is one memory node."""
+    from cpulaunch import settings
+    from cpulaunch.machine.probe import probe
+
+    topo = probe(sysroots[XEON])
+    assert settings._memory_nodes(topo) == {0, 1}
+    assert settings._memory_nodes(topo._replace(allowed_mems=frozenset({1}))) == {1}
+    assert settings._memory_nodes(topo._replace(allowed_mems=frozenset({0, 1, 2}))) == {0, 1}
+
+
 # --------------------------------------------------------------------------- real runs
 
 
@@ -187,6 +214,33 @@ def test_bind_affinity_without_numactl_does_not_suggest_it(tmp_path):
     (memory,) = [n for n in plan["notes"] if n.startswith("memory is not bound")]
     assert memory.endswith("; numactl, which would bind memory, is not installed here"), memory
     assert not any("--bind numactl" in n for n in plan["notes"]), plan["notes"]
+
+
+def _memory_nodes_here() -> set:
+    """This machine's NUMA nodes with memory that this process may allocate on, read
+    straight from sysfs and /proc/self/status (not through cpulaunch)."""
+    from cpulaunch import cpulist
+
+    try:
+        with open("/sys/devices/system/node/has_memory") as f:
+            nodes = set(cpulist.parse(f.read().strip()))
+    except FileNotFoundError:
+        nodes = {0}  # a kernel without NUMA: one node
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Mems_allowed_list:"):
+                nodes &= set(cpulist.parse(line.split(":", 1)[1].strip()))
+    return nodes
+
+
+def test_bind_affinity_run_says_memory_is_unbound_where_it_matters():
+    """A real --bind affinity run: on one memory node (these 2-vCPU machines) it prints
+    nothing of its own and the note only with -v; with more nodes, the note."""
+    args = ("--bind", "affinity", "--allocator", "default", "true")
+    memory = [ln for ln in own_lines(run(*args).stderr) if "memory is not bound" in ln]
+    verbose = [ln for ln in own_lines(run("-v", *args).stderr) if "memory is not bound" in ln]
+    assert len(verbose) == 1, verbose
+    assert memory == ([] if len(_memory_nodes_here()) == 1 else verbose)
 
 
 def test_quiet_prints_errors_only():
