@@ -92,7 +92,7 @@ def _write(msg, args: tuple) -> bool:
     Returns False, having written nothing, when the message cannot be formatted: the
     caller then hands it to :mod:`logging`, which reports the fault in its own way ("---
     Logging error ---"). A stream that is gone or closed (``OSError``, ``ValueError``) loses
-    the line silently, as logging's handler does with ``logging.raiseExceptions`` off.
+    the line silently: logging's handler would report the failure on that same stream.
     """
     try:
         text = str(msg)
