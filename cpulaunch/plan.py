@@ -1173,7 +1173,8 @@ def _memory(topo: Topology, policy: MemPolicy, i: int, nodes: tuple, notes: list
     with_memory = [n for n in nodes if topo.nodes[n].has_memory]
     allowed = getattr(topo, "allowed_mems", None)
     source = getattr(topo, "allowed_mems_source", "") or "the cgroup cpuset"
-    mem_nodes = [n for n in with_memory if allowed is None or n in allowed]
+    usable = topo.usable_memory_nodes
+    mem_nodes = [n for n in with_memory if n in usable]
     if not mem_nodes:
         if with_memory:
             notes.append(

@@ -39,14 +39,6 @@ def supervised(opts: Options, n_instances: int, elastic: bool = False) -> bool:
             or lopts.verify_after is not None or lopts.follow_cpuset)
 
 
-def _memory_nodes(topo) -> frozenset:
-    """NUMA node ids this job may allocate memory on: the nodes with memory, less those its
-    cpuset's mems leave out (cpuset(7): allocations stay inside cpuset.mems whatever the
-    memory policy)."""
-    nodes = topo.memory_nodes
-    return nodes if topo.allowed_mems is None else nodes & topo.allowed_mems
-
-
 def resolve_settings(opts: Options, topo, host, environ: Mapping[str, str], label: str = "instance",
                      instance_env: Optional[Mapping[int, Mapping[str, str]]] = None,
                      relayed: bool = False,
@@ -109,7 +101,7 @@ def resolve_settings(opts: Options, topo, host, environ: Mapping[str, str], labe
         kmp_blocktime=opts.kmp_blocktime, dataloader_workers=opts.request.dataloader_workers,
         instance_program=dict(instance_program or {}),
         bind_fallback=opts.bind is BindMode.NUMACTL and bind is BindMode.AFFINITY,
-        one_memory_node=len(_memory_nodes(topo)) == 1,
+        one_memory_node=len(topo.usable_memory_nodes) == 1,
         recipe=_applied_recipe(topo, opts.recipe, omp, alloc, opts.omp_wait_policy, opts.zendnn_matmul_algo),
     )
     return settings, notes

@@ -147,13 +147,12 @@ def test_bind_affinity_warns_of_unbound_memory_only_where_a_policy_would_matter(
 def test_one_memory_node_counts_the_nodes_the_cpuset_allows(sysroots):
     """The cgroup's cpuset.mems narrows the nodes a job allocates on (cpuset(7)): two nodes
     with memory, one allowed, is one memory node."""
-    from cpulaunch import settings
     from cpulaunch.machine.probe import probe
 
     topo = probe(sysroots[XEON])
-    assert settings._memory_nodes(topo) == {0, 1}
-    assert settings._memory_nodes(topo._replace(allowed_mems=frozenset({1}))) == {1}
-    assert settings._memory_nodes(topo._replace(allowed_mems=frozenset({0, 1, 2}))) == {0, 1}
+    assert topo.usable_memory_nodes == {0, 1}
+    assert topo._replace(allowed_mems=frozenset({1})).usable_memory_nodes == {1}
+    assert topo._replace(allowed_mems=frozenset({0, 1, 2})).usable_memory_nodes == {0, 1}
 
 
 # --------------------------------------------------------------------------- real runs

@@ -342,6 +342,14 @@ class Topology(_TopologyFields):
         """Ids of nodes that have memory."""
         return frozenset(n.id for n in self.nodes.values() if n.has_memory)
 
+    @property
+    def usable_memory_nodes(self) -> frozenset[int]:
+        """Ids of the nodes this process may allocate memory on: those with memory, less
+        the ones its cgroup's cpuset.mems leaves out (cpuset(7): allocations stay inside
+        cpuset.mems whatever the memory policy); all with memory when that is unknown."""
+        nodes = self.memory_nodes
+        return nodes if self.allowed_mems is None else nodes & self.allowed_mems
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (the ``topology`` member of ``--dry-run --format json``)."""
         return {
